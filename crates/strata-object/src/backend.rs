@@ -1,0 +1,703 @@
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde::{Deserialize, Serialize};
+use strata_telemetry::Telemetry;
+use strata_types::{Error, ErrorKind, IoContext, IoEvent, ObjectMeta, Op, Outcome, Result, Tier, validate_key};
+
+use crate::classify::classify;
+use crate::retry::{PartRetry, RetryPolicy};
+
+/// Connection options for a backend. Anything left unset falls back to the standard AWS environment variables
+/// (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...)
+/// for S3, then to built-in defaults (region `us-east-1`, path-style addressing when an endpoint is given).
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackendOptions {
+    /// S3 endpoint, e.g. `http://127.0.0.1:9000`. Unset: AWS.
+    pub endpoint: Option<String>,
+    /// S3 region.
+    pub region: Option<String>,
+    /// Access key id.
+    pub access_key_id: Option<String>,
+    /// Secret access key.
+    pub secret_access_key: Option<String>,
+    /// Session token for temporary credentials.
+    pub session_token: Option<String>,
+    /// Use virtual-hosted-style requests (`bucket.host`). Default: path-style (`host/bucket`), which every
+    /// S3-compatible server accepts.
+    pub virtual_hosted_style: Option<bool>,
+    /// Send unsigned requests (public buckets).
+    pub skip_signature: Option<bool>,
+    /// Per-request timeout in seconds (default 60).
+    pub request_timeout_secs: Option<u64>,
+}
+
+impl fmt::Debug for BackendOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendOptions")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &self.secret_access_key.as_ref().map(|_| "<redacted>"))
+            .field("session_token", &self.session_token.as_ref().map(|_| "<redacted>"))
+            .field("virtual_hosted_style", &self.virtual_hosted_style)
+            .field("skip_signature", &self.skip_signature)
+            .field("request_timeout_secs", &self.request_timeout_secs)
+            .finish()
+    }
+}
+
+/// How a put treats an existing object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutMode {
+    /// Replace whatever is there.
+    Overwrite,
+    /// Fail with [`ErrorKind::AlreadyExists`] if the object exists.
+    Create,
+    /// Replace only if the current ETag is this one, else [`ErrorKind::PreconditionFailed`].
+    IfMatch(String),
+}
+
+/// What a successful put returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutOutcome {
+    /// New ETag, when the backend reports one.
+    pub etag: Option<String>,
+    /// New version id, when the backend versions objects.
+    pub version: Option<String>,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListPage {
+    /// Objects in key order.
+    pub objects: Vec<ObjectMeta>,
+    /// With a delimiter: the common prefixes ("directories"), each ending in `/`.
+    pub common_prefixes: Vec<String>,
+    /// Pass as `start_after` to get the next page; `None` on the last page.
+    pub next_start_after: Option<String>,
+}
+
+/// A storage backend named by URL. Cheap to clone.
+#[derive(Clone)]
+pub struct Backend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: Arc<str>,
+    scheme: &'static str,
+    store: Arc<dyn ObjectStore>,
+    retry: RetryPolicy,
+    telemetry: Arc<Telemetry>,
+}
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend").field("id", &self.inner.id).finish()
+    }
+}
+
+impl Backend {
+    /// Open the backend named by `url`:
+    ///
+    /// | URL | backend |
+    /// | --- | --- |
+    /// | `s3://bucket` or `s3://bucket/prefix` | any S3-compatible service ([`BackendOptions`]) |
+    /// | `file:///abs/path` | a local or POSIX file system directory (created if missing) |
+    /// | `memory://` or `memory://name` | a new, empty in-process store |
+    /// | `gs://bucket/prefix` | Google Cloud Storage (feature `gcp`) |
+    /// | `az://container/prefix` | Azure Blob Storage (feature `azure`) |
+    pub fn open(
+        url: &str,
+        options: &BackendOptions,
+        retry: RetryPolicy,
+        telemetry: Arc<Telemetry>,
+    ) -> Result<Self> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| Error::invalid_input(format!("invalid backend URL {url:?}: {e}")))?;
+        let prefix = parsed.path().trim_matches('/').to_string();
+        let (scheme, store, id): (&'static str, Arc<dyn ObjectStore>, String) = match parsed.scheme() {
+            "s3" | "s3a" => {
+                let bucket = host_of(&parsed, url)?;
+                let store = build_s3(&bucket, options, url)?;
+                let endpoint = options
+                    .endpoint
+                    .clone()
+                    .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+                    .or_else(|| std::env::var("AWS_ENDPOINT").ok())
+                    .unwrap_or_else(|| "aws".into());
+                let id = format!("s3://{bucket}/{prefix}@{}", endpoint.trim_end_matches('/'));
+                ("s3", Arc::new(store), id)
+            }
+            "file" => {
+                if parsed.host_str().is_some_and(|h| !h.is_empty() && h != "localhost") {
+                    return Err(Error::invalid_input(format!(
+                        "invalid file URL {url:?}: use file:///absolute/path (three slashes)"
+                    )));
+                }
+                let path = parsed
+                    .to_file_path()
+                    .map_err(|_| Error::invalid_input(format!("invalid file URL {url:?}")))?;
+                std::fs::create_dir_all(&path)
+                    .map_err(|e| Error::from_io(e, format!("creating backend directory {}", path.display())))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&path)
+                    .map_err(|e| classify(e, &format!("opening {url}")))?
+                    .with_automatic_cleanup(true);
+                let id = format!("file://{}", path.display());
+                // The prefix is already part of the directory.
+                return Ok(Self::from_store(id, "file", Arc::new(fs), retry, telemetry));
+            }
+            "memory" => {
+                let name = parsed.host_str().unwrap_or_default();
+                let id = format!("memory://{name}/{prefix}");
+                ("memory", Arc::new(object_store::memory::InMemory::new()), id)
+            }
+            #[cfg(feature = "gcp")]
+            "gs" => {
+                let bucket = host_of(&parsed, url)?;
+                let store = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_bucket_name(&bucket)
+                    .with_retry(object_store::RetryConfig { max_retries: 0, ..Default::default() })
+                    .build()
+                    .map_err(|e| classify(e, &format!("configuring {url}")))?;
+                ("gs", Arc::new(store), format!("gs://{bucket}/{prefix}"))
+            }
+            #[cfg(feature = "azure")]
+            "az" | "azure" => {
+                let container = host_of(&parsed, url)?;
+                let store = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_container_name(&container)
+                    .with_retry(object_store::RetryConfig { max_retries: 0, ..Default::default() })
+                    .build()
+                    .map_err(|e| classify(e, &format!("configuring {url}")))?;
+                ("az", Arc::new(store), format!("az://{container}/{prefix}"))
+            }
+            s @ ("gs" | "az" | "azure") => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "backend scheme {s}:// is not compiled in: build Strata with the `{}` feature",
+                        if s == "gs" { "gcp" } else { "azure" }
+                    ),
+                ));
+            }
+            other => {
+                return Err(Error::invalid_input(format!(
+                    "unknown backend URL scheme {other:?} in {url:?}: expected s3://, file://, memory://, gs:// or az://"
+                )));
+            }
+        };
+        let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+            store
+        } else {
+            validate_key(&prefix)?;
+            Arc::new(object_store::prefix::PrefixStore::new(store, prefix.as_str()))
+        };
+        Ok(Self::from_store(id, scheme, store, retry, telemetry))
+    }
+
+    /// Wrap an existing `object_store` (for embedding and tests).
+    pub fn from_store(
+        id: impl Into<Arc<str>>,
+        scheme: &'static str,
+        store: Arc<dyn ObjectStore>,
+        retry: RetryPolicy,
+        telemetry: Arc<Telemetry>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                id: id.into(),
+                scheme,
+                store,
+                retry,
+                telemetry,
+            }),
+        }
+    }
+
+    /// The canonical backend id (part of every cache key). Credentials never appear in it.
+    pub fn id(&self) -> &Arc<str> {
+        &self.inner.id
+    }
+
+    /// The URL scheme (`s3`, `file`, `memory`, ...).
+    pub fn scheme(&self) -> &'static str {
+        self.inner.scheme
+    }
+
+    /// The telemetry hub events go to.
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.inner.telemetry
+    }
+
+    fn emit(&self, ctx: &IoContext, op: Op, key: &str, bytes: u64, start: Instant, outcome: Outcome) {
+        self.inner.telemetry.emit(IoEvent {
+            at: SystemTime::now(),
+            op,
+            backend: self.inner.id.clone(),
+            key: key.into(),
+            bytes,
+            latency: start.elapsed(),
+            tier: Tier::Backend,
+            outcome,
+            ctx: ctx.clone(),
+        });
+    }
+
+    async fn observe<T>(
+        &self,
+        ctx: &IoContext,
+        op: Op,
+        key: &str,
+        bytes_of: impl Fn(&T) -> u64,
+        fut: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let start = Instant::now();
+        let r = fut.await;
+        match &r {
+            Ok(v) => self.emit(ctx, op, key, bytes_of(v), start, Outcome::Ok),
+            Err(e) => self.emit(ctx, op, key, 0, start, Outcome::Err(e.kind())),
+        }
+        r
+    }
+
+    /// Metadata of `key`.
+    pub async fn head(&self, ctx: &IoContext, key: &str) -> Result<ObjectMeta> {
+        let path = to_path(key)?;
+        let what = format!("HEAD {}/{key}", self.inner.id);
+        self.observe(ctx, Op::Head, key, |_| 0, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::Head, || async {
+                    self.inner.store.head(&path).await.map(convert_meta).map_err(|e| classify(e, &what))
+                })
+                .await
+        })
+        .await
+    }
+
+    /// The whole object.
+    pub async fn get(&self, ctx: &IoContext, key: &str) -> Result<(ObjectMeta, Bytes)> {
+        let path = to_path(key)?;
+        let what = format!("GET {}/{key}", self.inner.id);
+        self.observe(ctx, Op::Get, key, |(_, b): &(ObjectMeta, Bytes)| b.len() as u64, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::Get, || async {
+                    let r = self.inner.store.get(&path).await.map_err(|e| classify(e, &what))?;
+                    let meta = convert_meta(r.meta.clone());
+                    let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
+                    Ok((meta, bytes))
+                })
+                .await
+        })
+        .await
+    }
+
+    /// Bytes `range` of `key`. With `if_match`, the read fails with [`ErrorKind::PreconditionFailed`] unless the
+    /// object's ETag is still that one, so the bytes of two versions are never mixed. Short reads (a
+    /// truncated body) are errors, never silently returned.
+    pub async fn get_range(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<Bytes> {
+        let path = to_path(key)?;
+        if range.end <= range.start {
+            return Ok(Bytes::new());
+        }
+        let what = format!("GET {}/{key} bytes {}-{}", self.inner.id, range.start, range.end - 1);
+        let want = range.end - range.start;
+        self.observe(ctx, Op::Get, key, |b: &Bytes| b.len() as u64, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::Get, || async {
+                    let opts = object_store::GetOptions::new()
+                        .with_range(Some(range.clone()))
+                        .with_if_match(if_match.map(str::to_string));
+                    let r = self
+                        .inner
+                        .store
+                        .get_opts(&path, opts)
+                        .await
+                        .map_err(|e| classify(e, &what))?;
+                    if let (Some(expect), Some(got)) = (if_match, r.meta.e_tag.as_deref())
+                        && expect != got
+                    {
+                        return Err(Error::new(
+                            ErrorKind::PreconditionFailed,
+                            format!("{what}: object changed (ETag {got}, expected {expect})"),
+                        ));
+                    }
+                    let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
+                    if (bytes.len() as u64) != want {
+                        return Err(Error::new(
+                            ErrorKind::Unavailable,
+                            format!("{what}: short read, got {} of {want} bytes", bytes.len()),
+                        ));
+                    }
+                    Ok(bytes)
+                })
+                .await
+        })
+        .await
+    }
+
+    /// Write `bytes` to `key` in one request.
+    pub async fn put(&self, ctx: &IoContext, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome> {
+        let path = to_path(key)?;
+        let what = format!("PUT {}/{key}", self.inner.id);
+        let len = bytes.len() as u64;
+        let mode = match mode {
+            PutMode::Overwrite => object_store::PutMode::Overwrite,
+            PutMode::Create => object_store::PutMode::Create,
+            PutMode::IfMatch(etag) => object_store::PutMode::Update(object_store::UpdateVersion {
+                e_tag: Some(etag),
+                version: None,
+            }),
+        };
+        self.observe(ctx, Op::Put, key, |_| len, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::Put, || async {
+                    let opts = object_store::PutOptions {
+                        mode: mode.clone(),
+                        ..Default::default()
+                    };
+                    let r = self
+                        .inner
+                        .store
+                        .put_opts(&path, bytes.clone().into(), opts)
+                        .await
+                        .map_err(|e| classify(e, &what))?;
+                    Ok(PutOutcome {
+                        etag: r.e_tag,
+                        version: r.version,
+                    })
+                })
+                .await
+        })
+        .await
+    }
+
+    /// Start a multipart upload to `key`. Nothing is visible at `key` until [`MultipartUpload::complete`].
+    /// `part_size` is clamped to at least 5 MiB (the S3 minimum).
+    pub async fn put_multipart(&self, ctx: &IoContext, key: &str, part_size: usize) -> Result<MultipartUpload> {
+        let path = to_path(key)?;
+        let what = format!("multipart PUT {}/{key}", self.inner.id);
+        let policy = Arc::new(PartRetry {
+            policy: self.inner.retry,
+            telemetry: self.inner.telemetry.clone(),
+        });
+        let opts = object_store::PutMultipartOptions::default().with_retry_policy(policy);
+        let upload = self
+            .inner
+            .retry
+            .run(&self.inner.telemetry, Op::Put, || async {
+                self.inner
+                    .store
+                    .put_multipart_opts(&path, opts.clone())
+                    .await
+                    .map_err(|e| classify(e, &what))
+            })
+            .await?;
+        Ok(MultipartUpload {
+            backend: self.clone(),
+            ctx: ctx.clone(),
+            key: key.to_string(),
+            writer: Some(object_store::WriteMultipart::new_with_chunk_size(
+                upload,
+                part_size.max(5 * 1024 * 1024),
+            )),
+            bytes: 0,
+            start: Instant::now(),
+        })
+    }
+
+    /// One page of at most `max_keys` objects under `prefix` (a key prefix, not necessarily ending in `/`),
+    /// starting after `start_after`. Without a delimiter the listing is recursive.
+    pub async fn list_page(
+        &self,
+        ctx: &IoContext,
+        prefix: &str,
+        start_after: Option<&str>,
+        max_keys: usize,
+    ) -> Result<ListPage> {
+        let what = format!("LIST {}/{prefix}", self.inner.id);
+        let (dir, name_prefix) = split_prefix(prefix)?;
+        let max_keys = max_keys.max(1);
+        self.observe(ctx, Op::List, prefix, |_| 0, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::List, || async {
+                    let stream = match start_after {
+                        Some(s) => self.inner.store.list_with_offset(dir.as_ref(), &Path::from(s)),
+                        None => self.inner.store.list(dir.as_ref()),
+                    };
+                    let mut stream = stream
+                        .map_err(|e| classify(e, &what))
+                        .try_filter(|m| futures::future::ready(m.location.as_ref().starts_with(&*name_prefix)));
+                    let mut objects = Vec::new();
+                    while let Some(m) = stream.next().await {
+                        objects.push(convert_meta(m?));
+                    }
+                    // Backends list in arbitrary order (local directories do): sort, then page.
+                    objects.sort_by(|a, b| a.key.cmp(&b.key));
+                    if let Some(s) = start_after {
+                        objects.retain(|o| o.key.as_str() > s);
+                    }
+                    let next = if objects.len() > max_keys {
+                        objects.truncate(max_keys);
+                        objects.last().map(|o| o.key.clone())
+                    } else {
+                        None
+                    };
+                    Ok(ListPage {
+                        objects,
+                        common_prefixes: Vec::new(),
+                        next_start_after: next,
+                    })
+                })
+                .await
+        })
+        .await
+    }
+
+    /// Everything directly under `prefix` with `/` as the delimiter: objects plus common prefixes.
+    pub async fn list_delimited(&self, ctx: &IoContext, prefix: &str) -> Result<ListPage> {
+        let what = format!("LIST {}/{prefix} (delimited)", self.inner.id);
+        let (dir, name_prefix) = split_prefix(prefix)?;
+        self.observe(ctx, Op::List, prefix, |_| 0, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::List, || async {
+                    let r = self
+                        .inner
+                        .store
+                        .list_with_delimiter(dir.as_ref())
+                        .await
+                        .map_err(|e| classify(e, &what))?;
+                    let mut objects: Vec<ObjectMeta> = r
+                        .objects
+                        .into_iter()
+                        .filter(|m| m.location.as_ref().starts_with(&*name_prefix))
+                        .map(convert_meta)
+                        .collect();
+                    objects.sort_by(|a, b| a.key.cmp(&b.key));
+                    let mut common_prefixes: Vec<String> = r
+                        .common_prefixes
+                        .into_iter()
+                        .map(|p| format!("{p}/"))
+                        .filter(|p| p.starts_with(&*name_prefix))
+                        .collect();
+                    common_prefixes.sort();
+                    Ok(ListPage {
+                        objects,
+                        common_prefixes,
+                        next_start_after: None,
+                    })
+                })
+                .await
+        })
+        .await
+    }
+
+    /// Delete `key`. Deleting a missing key succeeds (S3 semantics).
+    pub async fn delete(&self, ctx: &IoContext, key: &str) -> Result<()> {
+        let path = to_path(key)?;
+        let what = format!("DELETE {}/{key}", self.inner.id);
+        self.observe(ctx, Op::Delete, key, |_| 0, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::Delete, || async {
+                    match self.inner.store.delete(&path).await {
+                        Ok(()) => Ok(()),
+                        Err(object_store::Error::NotFound { .. }) => Ok(()),
+                        Err(e) => Err(classify(e, &what)),
+                    }
+                })
+                .await
+        })
+        .await
+    }
+
+    /// Server-side copy of `from` to `to` inside this backend.
+    pub async fn copy(&self, ctx: &IoContext, from: &str, to: &str) -> Result<()> {
+        let (src, dst) = (to_path(from)?, to_path(to)?);
+        let what = format!("COPY {}/{from} -> {to}", self.inner.id);
+        self.observe(ctx, Op::Copy, to, |_| 0, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::Copy, || async {
+                    self.inner.store.copy(&src, &dst).await.map_err(|e| classify(e, &what))
+                })
+                .await
+        })
+        .await
+    }
+}
+
+/// A multipart upload in progress. Parts are uploaded as data arrives (up to 8 in flight); nothing is visible
+/// until [`Self::complete`]. Dropping it without completing leaves no object (call [`Self::abort`] to also free
+/// the parts at the backend promptly).
+pub struct MultipartUpload {
+    backend: Backend,
+    ctx: IoContext,
+    key: String,
+    writer: Option<object_store::WriteMultipart>,
+    bytes: u64,
+    start: Instant,
+}
+
+impl fmt::Debug for MultipartUpload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultipartUpload")
+            .field("backend", &self.backend.inner.id)
+            .field("key", &self.key)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl MultipartUpload {
+    const MAX_PARTS_IN_FLIGHT: usize = 8;
+
+    /// Append bytes; waits while too many parts are in flight (bounded memory).
+    pub async fn write(&mut self, bytes: Bytes) -> Result<()> {
+        let what = format!("multipart PUT {}/{}", self.backend.inner.id, self.key);
+        let w = self
+            .writer
+            .as_mut()
+            .ok_or_else(|| Error::internal(format!("{what}: upload already finished")))?;
+        w.wait_for_capacity(Self::MAX_PARTS_IN_FLIGHT)
+            .await
+            .map_err(|e| classify(e, &what))?;
+        self.bytes += bytes.len() as u64;
+        w.put(bytes);
+        Ok(())
+    }
+
+    /// Upload the last part and make the object visible.
+    pub async fn complete(mut self) -> Result<PutOutcome> {
+        let what = format!("multipart PUT {}/{}", self.backend.inner.id, self.key);
+        let w = self
+            .writer
+            .take()
+            .ok_or_else(|| Error::internal(format!("{what}: upload already finished")))?;
+        let r = w.finish().await.map_err(|e| classify(e, &what));
+        let outcome = match &r {
+            Ok(_) => Outcome::Ok,
+            Err(e) => Outcome::Err(e.kind()),
+        };
+        self.backend
+            .emit(&self.ctx, Op::Put, &self.key, self.bytes, self.start, outcome);
+        let r = r?;
+        Ok(PutOutcome {
+            etag: r.e_tag,
+            version: r.version,
+        })
+    }
+
+    /// Abandon the upload and free its parts at the backend.
+    pub async fn abort(mut self) -> Result<()> {
+        let what = format!("abort multipart {}/{}", self.backend.inner.id, self.key);
+        match self.writer.take() {
+            Some(w) => w.abort().await.map_err(|e| classify(e, &what)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn host_of(url: &url::Url, raw: &str) -> Result<String> {
+    match url.host_str() {
+        Some(h) if !h.is_empty() => Ok(h.to_string()),
+        _ => Err(Error::invalid_input(format!("backend URL {raw:?} has no bucket name"))),
+    }
+}
+
+fn build_s3(bucket: &str, o: &BackendOptions, url: &str) -> Result<object_store::aws::AmazonS3> {
+    use object_store::aws::AmazonS3Builder;
+    let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    let endpoint = o
+        .endpoint
+        .clone()
+        .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+        .or_else(|| std::env::var("AWS_ENDPOINT").ok());
+    if let Some(ep) = &endpoint {
+        b = b.with_endpoint(ep).with_allow_http(ep.starts_with("http://"));
+    }
+    let region = o
+        .region
+        .clone()
+        .or_else(|| std::env::var("AWS_REGION").ok())
+        .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+        .unwrap_or_else(|| "us-east-1".into());
+    b = b.with_region(region);
+    if let Some(k) = &o.access_key_id {
+        b = b.with_access_key_id(k);
+    }
+    if let Some(s) = &o.secret_access_key {
+        b = b.with_secret_access_key(s);
+    }
+    if let Some(t) = &o.session_token {
+        b = b.with_token(t);
+    }
+    b = b.with_virtual_hosted_style_request(o.virtual_hosted_style.unwrap_or(endpoint.is_none()));
+    if o.skip_signature.unwrap_or(false) {
+        b = b.with_skip_signature(true);
+    }
+    let timeout = Duration::from_secs(o.request_timeout_secs.unwrap_or(60).max(1));
+    let client = object_store::ClientOptions::new()
+        .with_timeout(timeout)
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_pool_max_idle_per_host(64)
+        .with_allow_http(endpoint.as_deref().is_some_and(|e| e.starts_with("http://")));
+    b.with_client_options(client)
+        // Strata retries in one place (RetryPolicy), so object_store's own loop is off.
+        .with_retry(object_store::RetryConfig {
+            max_retries: 0,
+            ..Default::default()
+        })
+        .build()
+        .map_err(|e| classify(e, &format!("configuring {url}")).with_retryable(false))
+}
+
+fn to_path(key: &str) -> Result<Path> {
+    validate_key(key)?;
+    Path::parse(key).map_err(|e| Error::invalid_input(format!("invalid object key {key:?}: {e}")))
+}
+
+/// Split a listing prefix into the directory to list and the name prefix to filter by.
+fn split_prefix(prefix: &str) -> Result<(Option<Path>, String)> {
+    if prefix.is_empty() {
+        return Ok((None, String::new()));
+    }
+    if prefix.contains('\0') || prefix.split('/').any(|s| s == "..") || prefix.starts_with('/') {
+        return Err(Error::invalid_input(format!("invalid listing prefix {prefix:?}")));
+    }
+    let dir = match prefix.rfind('/') {
+        Some(i) if i > 0 => Some(to_path(&prefix[..i])?),
+        _ => None,
+    };
+    Ok((dir, prefix.to_string()))
+}
+
+fn convert_meta(m: object_store::ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        key: m.location.to_string(),
+        size: m.size,
+        etag: m.e_tag,
+        version: m.version,
+        last_modified_unix: m.last_modified.timestamp(),
+    }
+}

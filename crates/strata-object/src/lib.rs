@@ -1,0 +1,20 @@
+//! Object backends addressed by URL.
+//!
+//! A [`Backend`] wraps an [`object_store::ObjectStore`] and adds what Strata needs around it:
+//!
+//! - **Addressing by URL**: `s3://bucket/prefix`, `file:///path`, `memory://name`, and `gs://` / `az://` when
+//!   built with the `gcp` / `azure` features. See [`Backend::open`].
+//! - **Typed errors**: every failure is a [`strata_types::Error`] with a kind and a retryable flag
+//!   ([`classify`] maps `object_store` errors, HTTP statuses and transport failures).
+//! - **Bounded retries**: `object_store`'s own request retries are switched off and replaced by one
+//!   [`RetryPolicy`] (exponential backoff with full jitter, a bounded attempt count) that retries only retryable
+//!   errors and counts each retry in telemetry. Multipart part uploads use the same policy.
+//! - **I/O events**: every operation emits an [`strata_types::IoEvent`] with the serving tier `backend`.
+
+mod backend;
+mod classify;
+mod retry;
+
+pub use backend::{Backend, BackendOptions, ListPage, MultipartUpload, PutMode, PutOutcome};
+pub use classify::classify;
+pub use retry::RetryPolicy;

@@ -1,0 +1,300 @@
+//! I/O events and the metrics derived from them.
+//!
+//! Every backend operation and every cache lookup produces an [`IoEvent`]. [`Telemetry::emit`] does two things
+//! with it, both without blocking:
+//!
+//! 1. It updates the Prometheus metrics in place (atomic counters and histograms), so metrics are exact even
+//!    when consumers fall behind.
+//! 2. It offers the event to every subscriber's bounded channel with `try_send`. A full channel drops the event
+//!    and counts it in `strata_events_dropped_total`: telemetry is lossy under pressure, I/O never waits for it.
+//!
+//! Later analytics (heat maps, stall attribution, placement) subscribe with [`Telemetry::subscribe`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
+use strata_types::{ErrorKind, IoEvent, Op, Outcome, Tier};
+use tokio::sync::mpsc;
+
+pub use strata_types::IoContext;
+
+/// Latency buckets (seconds): 50 µs to 30 s, covering RAM hits to slow object-store reads.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0,
+];
+
+/// The metric families derived from I/O events.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    bytes: IntCounterVec,
+    latency: HistogramVec,
+    cache_hits: IntCounterVec,
+    cache_misses: IntCounter,
+    backend_errors: IntCounterVec,
+    backend_retries: IntCounterVec,
+    events_dropped: IntCounter,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new("strata_io_requests_total", "I/O operations by op, serving tier and outcome"),
+            &["op", "tier", "outcome"],
+        )
+        .expect("static metric definition");
+        let bytes = IntCounterVec::new(
+            Opts::new("strata_io_bytes_total", "Bytes moved by op and serving tier"),
+            &["op", "tier"],
+        )
+        .expect("static metric definition");
+        let latency = HistogramVec::new(
+            HistogramOpts::new("strata_io_latency_seconds", "Latency of I/O operations by op and tier")
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            &["op", "tier"],
+        )
+        .expect("static metric definition");
+        let cache_hits = IntCounterVec::new(
+            Opts::new("strata_cache_hits_total", "Cache block lookups served, by tier"),
+            &["tier"],
+        )
+        .expect("static metric definition");
+        let cache_misses = IntCounter::new(
+            "strata_cache_misses_total",
+            "Cache block lookups no tier could serve (filled from the backend)",
+        )
+        .expect("static metric definition");
+        let backend_errors = IntCounterVec::new(
+            Opts::new("strata_backend_errors_total", "Failed backend operations (after retries), by op and error kind"),
+            &["op", "kind"],
+        )
+        .expect("static metric definition");
+        let backend_retries = IntCounterVec::new(
+            Opts::new("strata_backend_retries_total", "Backend operation retries, by op and the error kind retried"),
+            &["op", "kind"],
+        )
+        .expect("static metric definition");
+        let events_dropped = IntCounter::new(
+            "strata_events_dropped_total",
+            "I/O events dropped because a telemetry subscriber was full",
+        )
+        .expect("static metric definition");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(bytes.clone()),
+            Box::new(latency.clone()),
+            Box::new(cache_hits.clone()),
+            Box::new(cache_misses.clone()),
+            Box::new(backend_errors.clone()),
+            Box::new(backend_retries.clone()),
+            Box::new(events_dropped.clone()),
+        ] {
+            registry.register(c).expect("metric names are unique");
+        }
+        Self {
+            registry,
+            requests,
+            bytes,
+            latency,
+            cache_hits,
+            cache_misses,
+            backend_errors,
+            backend_retries,
+            events_dropped,
+        }
+    }
+
+    fn record(&self, ev: &IoEvent) {
+        let op = ev.op.as_str();
+        let tier = ev.tier.as_str();
+        let outcome = match ev.outcome {
+            Outcome::Ok => "ok",
+            Outcome::Err(_) => "error",
+        };
+        self.requests.with_label_values(&[op, tier, outcome]).inc();
+        if ev.bytes > 0 {
+            self.bytes.with_label_values(&[op, tier]).inc_by(ev.bytes);
+        }
+        self.latency
+            .with_label_values(&[op, tier])
+            .observe(ev.latency.as_secs_f64());
+        if ev.op == Op::CacheLookup {
+            match ev.tier {
+                Tier::Miss => self.cache_misses.inc(),
+                t => self.cache_hits.with_label_values(&[t.as_str()]).inc(),
+            }
+        } else if let Outcome::Err(kind) = ev.outcome {
+            self.backend_errors.with_label_values(&[op, kind.as_str()]).inc();
+        }
+    }
+
+    /// The Prometheus text exposition of every family.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let families = self.registry.gather();
+        // Encoding into a Vec cannot fail for well-formed families.
+        let _ = TextEncoder::new().encode(&families, &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Current value of `strata_backend_retries_total` summed over labels (for tests and stats).
+    pub fn retries_total(&self) -> u64 {
+        sum_counter_vec(&self.backend_retries)
+    }
+
+    /// Current value of `strata_backend_errors_total` summed over labels.
+    pub fn backend_errors_total(&self) -> u64 {
+        sum_counter_vec(&self.backend_errors)
+    }
+
+    /// Current value of `strata_cache_hits_total{tier}`.
+    pub fn cache_hits(&self, tier: Tier) -> u64 {
+        self.cache_hits.with_label_values(&[tier.as_str()]).get()
+    }
+
+    /// Current value of `strata_cache_misses_total`.
+    pub fn cache_misses(&self) -> u64 {
+        self.cache_misses.get()
+    }
+}
+
+fn sum_counter_vec(v: &IntCounterVec) -> u64 {
+    use prometheus::core::Collector;
+    v.collect()
+        .iter()
+        .flat_map(|mf| mf.get_metric().iter().map(|m| m.get_counter().get_value() as u64))
+        .sum()
+}
+
+/// The event hub: metrics plus bounded, lossy fan-out to subscribers. Share it as `Arc<Telemetry>`.
+#[derive(Debug)]
+pub struct Telemetry {
+    metrics: Metrics,
+    subscribers: RwLock<Vec<mpsc::Sender<IoEvent>>>,
+    emitted: AtomicU64,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self {
+            metrics: Metrics::new(),
+            subscribers: RwLock::new(Vec::new()),
+            emitted: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Telemetry {
+    /// A new hub with no subscribers.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Record an event: metrics in place, then offered to each subscriber without waiting.
+    pub fn emit(&self, ev: IoEvent) {
+        self.metrics.record(&ev);
+        self.emitted.fetch_add(1, Ordering::Relaxed);
+        let subs = self.subscribers.read();
+        let mut closed = false;
+        for tx in subs.iter() {
+            match tx.try_send(ev.clone()) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => self.metrics.events_dropped.inc(),
+                Err(mpsc::error::TrySendError::Closed(_)) => closed = true,
+            }
+        }
+        drop(subs);
+        if closed {
+            self.subscribers.write().retain(|tx| !tx.is_closed());
+        }
+    }
+
+    /// Record one retry of a backend operation after an error of `kind`.
+    pub fn record_retry(&self, op: Op, kind: ErrorKind) {
+        self.metrics
+            .backend_retries
+            .with_label_values(&[op.as_str(), kind.as_str()])
+            .inc();
+    }
+
+    /// Subscribe to the event stream through a channel of `capacity` events (at least 1). Events that find the
+    /// channel full are dropped and counted. Dropping the receiver unsubscribes.
+    pub fn subscribe(&self, capacity: usize) -> mpsc::Receiver<IoEvent> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        self.subscribers.write().push(tx);
+        rx
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Events emitted so far.
+    pub fn emitted(&self) -> u64 {
+        self.emitted.load(Ordering::Relaxed)
+    }
+
+    /// Events dropped because a subscriber was full.
+    pub fn dropped(&self) -> u64 {
+        self.metrics.events_dropped.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn ev(op: Op, tier: Tier, outcome: Outcome) -> IoEvent {
+        IoEvent {
+            at: SystemTime::now(),
+            op,
+            backend: "memory://".into(),
+            key: "k".into(),
+            bytes: 10,
+            latency: Duration::from_millis(1),
+            tier,
+            outcome,
+            ctx: IoContext::default(),
+        }
+    }
+
+    #[test]
+    fn metrics_follow_events() {
+        let t = Telemetry::new();
+        t.emit(ev(Op::CacheLookup, Tier::Ram, Outcome::Ok));
+        t.emit(ev(Op::CacheLookup, Tier::Miss, Outcome::Ok));
+        t.emit(ev(Op::Get, Tier::Backend, Outcome::Err(ErrorKind::Unavailable)));
+        t.record_retry(Op::Get, ErrorKind::Unavailable);
+        assert_eq!(t.metrics().cache_hits(Tier::Ram), 1);
+        assert_eq!(t.metrics().cache_misses(), 1);
+        assert_eq!(t.metrics().backend_errors_total(), 1);
+        assert_eq!(t.metrics().retries_total(), 1);
+        let text = t.metrics().render();
+        assert!(text.contains("strata_io_bytes_total{op=\"cache_lookup\",tier=\"ram\"} 10"), "{text}");
+        assert!(text.contains("strata_io_latency_seconds_bucket"));
+    }
+
+    #[tokio::test]
+    async fn full_subscribers_drop_and_count() {
+        let t = Telemetry::new();
+        let mut rx = t.subscribe(2);
+        for _ in 0..5 {
+            t.emit(ev(Op::Get, Tier::Backend, Outcome::Ok));
+        }
+        assert_eq!(t.dropped(), 3);
+        assert_eq!(t.emitted(), 5);
+        assert!(rx.recv().await.is_some());
+        drop(rx);
+        t.emit(ev(Op::Get, Tier::Backend, Outcome::Ok));
+        assert!(t.subscribers.read().is_empty(), "closed subscriber is pruned");
+    }
+}
