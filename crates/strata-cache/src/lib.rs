@@ -1,1 +1,986 @@
-//! placeholder
+//! Strata's tiered block cache.
+//!
+//! Objects are cached as fixed-size blocks (default 8 MiB) keyed by [`strata_types::BlockKey`]: backend, key,
+//! *version* and block index, so a changed object is never served from stale blocks.
+//!
+//! ```text
+//!  read(range) ─▶ readahead buffer ─▶ RAM tier ─▶ disk tier ─▶ single-flight fill ─▶ backend (ranged GET, If-Match)
+//!                                        ▲            ▲                 │
+//!                                        └────────────┴── admit ◀───────┘  (disk writes via a bounded, lossy queue)
+//! ```
+//!
+//! - **Tiers** ([`BlockCache`]): RAM (a map of `Bytes`) and disk ([`disk`] module: one checksummed file per
+//!   block). Both use the scan-resistant [`policy`] (LRU order + TinyLFU admission). The disk tier is advisory:
+//!   any error there is a miss plus a counter.
+//! - **Single-flight**: concurrent misses of one block share one backend read (a spawned task whose result is
+//!   shared), so 32 readers of a cold object cost one origin GET per block.
+//! - **Budget**: bytes being fetched are bounded by a global semaphore (`inflight_budget`). Demand reads wait
+//!   for it; readahead only uses what is free.
+//! - **Readahead** ([`CachedObject`]): a reader that moves forward block by block gets a window that doubles up
+//!   to `readahead_blocks`; prefetched blocks are held by the reader (and their budget with them) until used.
+//! - **Pinning**: a pinned prefix's blocks are never evicted from the pinning tier (disk when present); pinned
+//!   bytes are capped, and pins survive restarts (`pins.json` in the disk directory).
+
+mod config;
+pub mod disk;
+pub mod policy;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use strata_object::Backend;
+use strata_telemetry::Telemetry;
+use strata_types::{
+    BlockKey, Error, ErrorKind, IoContext, IoEvent, ObjectId, ObjectMeta, Op, Outcome, Result, Tier,
+};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use config::{CacheConfig, DiskConfig};
+pub use policy::PolicyKind;
+
+use disk::DiskTier;
+use policy::{Digest, Policy};
+
+/// Budget accounting unit (the semaphore counts KiB so that a terabyte budget fits in `u32` permits).
+const UNIT: u64 = 1024;
+
+type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
+
+/// A pinned prefix of one backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinSpec {
+    /// Canonical backend id.
+    pub backend: String,
+    /// Key prefix.
+    pub prefix: String,
+}
+
+impl PinSpec {
+    fn matches(&self, k: &BlockKey) -> bool {
+        *k.object.backend == *self.backend && k.object.key.starts_with(&self.prefix)
+    }
+}
+
+/// Statistics of one tier.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TierStats {
+    /// Capacity in bytes.
+    pub capacity_bytes: u64,
+    /// Bytes held.
+    pub used_bytes: u64,
+    /// Bytes held by pinned blocks.
+    pub pinned_bytes: u64,
+    /// Blocks held.
+    pub blocks: u64,
+    /// Lookups served by this tier.
+    pub hits: u64,
+    /// Blocks evicted.
+    pub evictions: u64,
+    /// Blocks the admission filter kept out.
+    pub admissions_rejected: u64,
+}
+
+/// Fault counters of the disk tier.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiskFaults {
+    /// Blocks whose checksum, length or header did not verify on read (dropped, served from elsewhere).
+    pub checksum_failures: u64,
+    /// Reads that failed with an I/O error (treated as misses).
+    pub read_errors: u64,
+    /// Writes that failed with an I/O error other than a full disk.
+    pub write_errors: u64,
+    /// Writes that failed because the device was full (ENOSPC).
+    pub no_space: u64,
+    /// Blocks not written because the write queue was full.
+    pub writes_dropped: u64,
+    /// Partial or damaged files removed when the tier was opened.
+    pub removed_on_start: u64,
+}
+
+/// A snapshot of the cache's state and counters (served as JSON by `GET /v1/cache`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CacheStats {
+    /// Block size in bytes.
+    pub block_size: u64,
+    /// Replacement policy.
+    pub policy: String,
+    /// RAM tier.
+    pub ram: TierStats,
+    /// Disk tier, if configured.
+    pub disk: Option<TierStats>,
+    /// Disk tier faults.
+    pub disk_faults: DiskFaults,
+    /// Lookups no tier could serve.
+    pub misses: u64,
+    /// Hits / (hits + misses) since start.
+    pub hit_ratio: f64,
+    /// Backend reads made to fill blocks.
+    pub fills: u64,
+    /// Bytes read from backends to fill blocks.
+    pub fill_bytes: u64,
+    /// Lookups that joined a fill already in flight instead of reading the backend again.
+    pub single_flight_joins: u64,
+    /// Blocks fetched ahead of a sequential reader.
+    pub readahead_blocks: u64,
+    /// Readahead skipped because the in-flight budget was used up.
+    pub readahead_skipped: u64,
+    /// Reads refused because the object changed at the backend while it was being read.
+    pub stale_version_errors: u64,
+    /// Fills that failed at the backend.
+    pub fill_errors: u64,
+    /// Budget for bytes in flight from backends.
+    pub inflight_budget_bytes: u64,
+    /// Bytes in flight now.
+    pub inflight_bytes: u64,
+    /// Pinned prefixes.
+    pub pins: Vec<PinSpec>,
+}
+
+/// Result of pinning a prefix.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PinReport {
+    /// Blocks already cached that are now pinned.
+    pub pinned_blocks: u64,
+    /// Blocks that could not be pinned because the pinned-bytes cap was reached.
+    pub refused_blocks: u64,
+}
+
+/// Progress of a warm-up, reported after each block.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WarmProgress {
+    /// Objects found under the prefix.
+    pub objects: u64,
+    /// Total bytes of those objects.
+    pub total_bytes: u64,
+    /// Bytes now cached (fetched or already there).
+    pub done_bytes: u64,
+    /// Blocks fetched from the backend.
+    pub fetched_blocks: u64,
+    /// Blocks that were already cached.
+    pub cached_blocks: u64,
+    /// Blocks that failed.
+    pub failed_blocks: u64,
+    /// The first errors (at most 10), as `key: message`.
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    ram_hits: AtomicU64,
+    disk_hits: AtomicU64,
+    misses: AtomicU64,
+    ram_evictions: AtomicU64,
+    ram_rejected: AtomicU64,
+    fills: AtomicU64,
+    fill_bytes: AtomicU64,
+    joins: AtomicU64,
+    readahead: AtomicU64,
+    readahead_skipped: AtomicU64,
+    stale: AtomicU64,
+    fill_errors: AtomicU64,
+    writes_dropped: AtomicU64,
+}
+
+#[derive(Debug)]
+struct RamTier {
+    policy: Policy,
+    map: HashMap<Digest, (BlockKey, Bytes)>,
+}
+
+#[derive(Debug)]
+struct DiskJob {
+    key: BlockKey,
+    digest: Digest,
+    data: Bytes,
+    done: Option<oneshot::Sender<()>>,
+}
+
+/// How a fill treats admission and the disk queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FillMode {
+    /// A reader is waiting: wait for budget; normal admission; lossy disk write.
+    Demand,
+    /// Readahead: the caller already holds the budget.
+    Readahead,
+    /// Explicit warm-up: wait for budget; forced disk admission; wait for the disk write.
+    Warm,
+}
+
+struct Inner {
+    cfg: CacheConfig,
+    telemetry: Arc<Telemetry>,
+    ram: Mutex<RamTier>,
+    disk: Option<Arc<DiskTier>>,
+    inflight: Mutex<HashMap<Digest, SharedFetch>>,
+    budget: Arc<Semaphore>,
+    budget_units: u64,
+    pins: RwLock<Vec<PinSpec>>,
+    pins_path: Option<PathBuf>,
+    counters: Counters,
+    disk_tx: Mutex<Option<mpsc::Sender<DiskJob>>>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+}
+
+/// The tiered block cache. Cheap to clone; all clones share one cache.
+#[derive(Clone)]
+pub struct BlockCache {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for BlockCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockCache").field("cfg", &self.inner.cfg).finish()
+    }
+}
+
+fn percent(v: u64, pct: u64) -> u64 {
+    (v as u128 * pct as u128 / 100) as u64
+}
+
+fn units(bytes: u64) -> u32 {
+    bytes.div_ceil(UNIT).max(1).min(u32::MAX as u64) as u32
+}
+
+impl BlockCache {
+    /// Open the cache: validates the configuration, opens (and re-indexes) the disk tier, reloads pins and
+    /// starts the disk writers. Must be called inside a Tokio runtime.
+    pub fn open(cfg: CacheConfig, telemetry: Arc<Telemetry>) -> Result<Self> {
+        cfg.validate()?;
+        let bs = cfg.block_size.bytes();
+        let pin_share = cfg.pinned_max_percent as u64;
+        let disk = match &cfg.disk {
+            Some(d) => Some(Arc::new(DiskTier::open(
+                &d.dir,
+                d.capacity.bytes(),
+                percent(d.capacity.bytes(), pin_share),
+                cfg.policy,
+                bs,
+            )?)),
+            None => None,
+        };
+        let ram_pin_cap = if disk.is_some() {
+            0
+        } else {
+            percent(cfg.ram_capacity.bytes(), pin_share)
+        };
+        let ram = RamTier {
+            policy: Policy::new(
+                cfg.policy,
+                cfg.ram_capacity.bytes(),
+                ram_pin_cap,
+                (cfg.ram_capacity.bytes() / bs).max(16) as usize,
+            ),
+            map: HashMap::new(),
+        };
+        let budget_units = cfg.inflight_budget.bytes() / UNIT;
+        let pins_path = cfg.disk.as_ref().map(|d| d.dir.join("pins.json"));
+        let pins: Vec<PinSpec> = match &pins_path {
+            Some(p) if p.exists() => std::fs::read(p)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_else(|| {
+                    tracing::warn!(path = %p.display(), "unreadable pins file ignored");
+                    Vec::new()
+                }),
+            _ => Vec::new(),
+        };
+        let (tx, rx) = mpsc::channel::<DiskJob>(cfg.disk_write_queue);
+        let inner = Arc::new(Inner {
+            budget: Arc::new(Semaphore::new(budget_units as usize)),
+            budget_units,
+            cfg,
+            telemetry,
+            ram: Mutex::new(ram),
+            disk,
+            inflight: Mutex::new(HashMap::new()),
+            pins: RwLock::new(pins.clone()),
+            pins_path,
+            counters: Counters::default(),
+            disk_tx: Mutex::new(None),
+            tasks: TaskTracker::new(),
+            cancel: CancellationToken::new(),
+        });
+        if let Some(disk) = &inner.disk {
+            for p in &pins {
+                disk.pin_matching(|k| p.matches(k));
+            }
+            *inner.disk_tx.lock() = Some(tx);
+            let rx = Arc::new(tokio::sync::Mutex::new(rx));
+            for _ in 0..2 {
+                let (rx, disk) = (rx.clone(), disk.clone());
+                inner.tasks.spawn(async move {
+                    loop {
+                        let job = rx.lock().await.recv().await;
+                        let Some(job) = job else { break };
+                        let disk = disk.clone();
+                        let _ = tokio::task::spawn_blocking(move || {
+                            let _ = disk.write(&job.key, &job.digest, &job.data);
+                            if let Some(done) = job.done {
+                                let _ = done.send(());
+                            }
+                        })
+                        .await;
+                    }
+                });
+            }
+        }
+        Ok(Self { inner })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &CacheConfig {
+        &self.inner.cfg
+    }
+
+    /// The telemetry hub.
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.inner.telemetry
+    }
+
+    /// Look up the object's current version at the backend and return a reader for it.
+    pub async fn open_object(&self, ctx: &IoContext, backend: &Backend, key: &str) -> Result<CachedObject> {
+        let meta = backend.head(ctx, key).await?;
+        Ok(self.object_from_meta(ctx, backend, meta))
+    }
+
+    /// A reader for an object whose metadata the caller already has (from a listing, say).
+    pub fn object_from_meta(&self, ctx: &IoContext, backend: &Backend, meta: ObjectMeta) -> CachedObject {
+        let id = ObjectId::new(backend.id().clone(), meta.key.as_str(), meta.version_tag());
+        CachedObject {
+            cache: self.clone(),
+            obj: Arc::new(ObjState {
+                backend: backend.clone(),
+                meta,
+                id,
+            }),
+            ctx: ctx.clone(),
+            ra: Mutex::new(Readahead::default()),
+        }
+    }
+
+    /// Bytes `range` of `key`, through the cache (opens the object, then reads).
+    pub async fn read(&self, ctx: &IoContext, backend: &Backend, key: &str, range: Range<u64>) -> Result<Bytes> {
+        self.open_object(ctx, backend, key).await?.read(range).await
+    }
+
+    fn emit_lookup(&self, ctx: &IoContext, key: &BlockKey, tier: Tier, bytes: u64, start: Instant) {
+        self.inner.telemetry.emit(IoEvent {
+            at: SystemTime::now(),
+            op: Op::CacheLookup,
+            backend: key.object.backend.clone(),
+            key: key.object.key.clone(),
+            bytes,
+            latency: start.elapsed(),
+            tier,
+            outcome: Outcome::Ok,
+            ctx: ctx.clone(),
+        });
+    }
+
+    /// Look a block up in RAM, then disk. Records the request in both tiers' policies.
+    async fn lookup(&self, ctx: &IoContext, key: &BlockKey, d: &Digest) -> Option<Bytes> {
+        let start = Instant::now();
+        let c = &self.inner.counters;
+        {
+            let mut ram = self.inner.ram.lock();
+            ram.policy.record_request(d);
+            if let Some((_, b)) = ram.map.get(d) {
+                let b = b.clone();
+                drop(ram);
+                c.ram_hits.fetch_add(1, Ordering::Relaxed);
+                if let Some(disk) = &self.inner.disk {
+                    disk.record_request(d);
+                }
+                self.emit_lookup(ctx, key, Tier::Ram, b.len() as u64, start);
+                return Some(b);
+            }
+        }
+        if let Some(disk) = &self.inner.disk {
+            disk.record_request(d);
+            if disk.contains(d) {
+                let (disk2, key2, d2) = (disk.clone(), key.clone(), *d);
+                let got = tokio::task::spawn_blocking(move || disk2.get(&key2, &d2))
+                    .await
+                    .ok()
+                    .flatten();
+                if let Some(b) = got {
+                    c.disk_hits.fetch_add(1, Ordering::Relaxed);
+                    self.insert_ram(key, *d, &b, false);
+                    self.emit_lookup(ctx, key, Tier::Disk, b.len() as u64, start);
+                    return Some(b);
+                }
+            }
+        }
+        c.misses.fetch_add(1, Ordering::Relaxed);
+        self.emit_lookup(ctx, key, Tier::Miss, 0, start);
+        None
+    }
+
+    fn insert_ram(&self, key: &BlockKey, d: Digest, b: &Bytes, force: bool) {
+        // RAM pins only when there is no disk tier (otherwise the disk tier holds pinned data).
+        let pin = self.inner.disk.is_none() && self.is_pinned(key);
+        let mut ram = self.inner.ram.lock();
+        let a = ram.policy.admit(d, b.len() as u64, pin, force);
+        for v in &a.evicted {
+            ram.map.remove(v);
+        }
+        if a.admitted {
+            ram.map.insert(d, (key.clone(), b.clone()));
+        }
+        drop(ram);
+        let c = &self.inner.counters;
+        c.ram_evictions.fetch_add(a.evicted.len() as u64, Ordering::Relaxed);
+        if !a.admitted {
+            c.ram_rejected.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn is_pinned(&self, key: &BlockKey) -> bool {
+        self.inner.pins.read().iter().any(|p| p.matches(key))
+    }
+
+    /// Queue a block for the disk tier. Returns a receiver that fires when written, if `wait`.
+    async fn store_disk(&self, key: &BlockKey, d: Digest, data: &Bytes, mode: FillMode) {
+        let Some(disk) = &self.inner.disk else { return };
+        let force = mode == FillMode::Warm;
+        let a = disk.reserve(key, d, data.len() as u64, self.is_pinned(key), force);
+        if !a.admitted {
+            return;
+        }
+        let tx = self.inner.disk_tx.lock().clone();
+        let Some(tx) = tx else {
+            disk.drop_entry(&d);
+            return;
+        };
+        let (done_tx, done_rx) = oneshot::channel();
+        let job = DiskJob {
+            key: key.clone(),
+            digest: d,
+            data: data.clone(),
+            done: force.then_some(done_tx),
+        };
+        if force {
+            if tx.send(job).await.is_err() {
+                disk.drop_entry(&d);
+                return;
+            }
+            let _ = done_rx.await;
+        } else if tx.try_send(job).is_err() {
+            disk.drop_entry(&d);
+            self.inner.counters.writes_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Fetch a block from the backend, or join the fetch already in flight. The fetch runs as its own task, so
+    /// a caller that gives up does not cancel it for the others.
+    fn fetch(
+        &self,
+        ctx: &IoContext,
+        obj: &Arc<ObjState>,
+        index: u64,
+        mode: FillMode,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> SharedFetch {
+        let key = BlockKey::new(obj.id.clone(), index);
+        let d = key.digest();
+        let mut inflight = self.inner.inflight.lock();
+        if let Some(f) = inflight.get(&d) {
+            self.inner.counters.joins.fetch_add(1, Ordering::Relaxed);
+            return f.clone();
+        }
+        // The fill may have finished between our lookup and taking this lock.
+        if let Some((_, b)) = self.inner.ram.lock().map.get(&d) {
+            return futures::future::ready(Ok(b.clone())).boxed().shared();
+        }
+        let this = self.clone();
+        let (ctx, obj) = (ctx.clone(), obj.clone());
+        let handle = self.inner.tasks.spawn(async move {
+            let guard = InflightGuard {
+                cache: this.clone(),
+                digest: d,
+            };
+            let cancel = this.inner.cancel.clone();
+            let r = tokio::select! {
+                r = this.fill(&ctx, &obj, key, d, mode, permit) => r,
+                _ = cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "cache is shutting down")),
+            };
+            drop(guard);
+            r
+        });
+        let fut = async move {
+            handle
+                .await
+                .unwrap_or_else(|e| Err(Error::internal(format!("block fill task failed: {e}"))))
+        }
+        .boxed()
+        .shared();
+        inflight.insert(d, fut.clone());
+        fut
+    }
+
+    async fn fill(
+        &self,
+        ctx: &IoContext,
+        obj: &ObjState,
+        key: BlockKey,
+        d: Digest,
+        mode: FillMode,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<Bytes> {
+        let bs = self.inner.cfg.block_size.bytes();
+        let start = key.index * bs;
+        let end = (start + bs).min(obj.meta.size);
+        // Readahead's budget is held by the reader's prefetch buffer until the block is consumed.
+        let _permit = match (permit, mode) {
+            (Some(p), _) => Some(p),
+            (None, FillMode::Readahead) => None,
+            (None, _) => Some(
+                self.inner
+                    .budget
+                    .clone()
+                    .acquire_many_owned(units(end - start))
+                    .await
+                    .map_err(|_| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?,
+            ),
+        };
+        let c = &self.inner.counters;
+        let r = obj
+            .backend
+            .get_range(ctx, &obj.meta.key, start..end, obj.meta.etag.as_deref())
+            .await;
+        let bytes = match r {
+            Ok(b) => b,
+            Err(e) => {
+                c.fill_errors.fetch_add(1, Ordering::Relaxed);
+                if e.kind() == ErrorKind::PreconditionFailed {
+                    c.stale.fetch_add(1, Ordering::Relaxed);
+                    return Err(e.context(format!(
+                        "{} changed at the backend while being read; reopen it to read the new version",
+                        obj.meta.key
+                    )));
+                }
+                return Err(e);
+            }
+        };
+        c.fills.fetch_add(1, Ordering::Relaxed);
+        c.fill_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.insert_ram(&key, d, &bytes, mode == FillMode::Warm && self.inner.disk.is_none());
+        self.store_disk(&key, d, &bytes, mode).await;
+        Ok(bytes)
+    }
+
+    /// Read one block: tiers first, then the backend.
+    async fn block(&self, ctx: &IoContext, obj: &Arc<ObjState>, index: u64) -> Result<Bytes> {
+        let key = BlockKey::new(obj.id.clone(), index);
+        let d = key.digest();
+        if let Some(b) = self.lookup(ctx, &key, &d).await {
+            return Ok(b);
+        }
+        self.fetch(ctx, obj, index, FillMode::Demand, None).await
+    }
+
+    /// Whether a block is held by any tier (no policy side effects).
+    fn holds(&self, d: &Digest) -> bool {
+        self.inner.ram.lock().map.contains_key(d) || self.inner.disk.as_ref().is_some_and(|t| t.contains(d))
+    }
+
+    /// Prefetch every object under `prefix` into the cache, `concurrency` blocks at a time (at least 1).
+    /// Blocks already cached are skipped. Errors of single objects are counted and reported, not fatal.
+    pub async fn warm(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        prefix: &str,
+        concurrency: usize,
+        progress: impl Fn(&WarmProgress),
+    ) -> Result<WarmProgress> {
+        let mut objects = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = backend.list_page(ctx, prefix, after.as_deref(), 1000).await?;
+            objects.extend(page.objects);
+            match page.next_start_after {
+                Some(s) => after = Some(s),
+                None => break,
+            }
+        }
+        let bs = self.inner.cfg.block_size.bytes();
+        let mut p = WarmProgress {
+            objects: objects.len() as u64,
+            total_bytes: objects.iter().map(|o| o.size).sum(),
+            ..Default::default()
+        };
+        progress(&p);
+        let mut work = Vec::new();
+        for meta in objects {
+            let obj = Arc::new(ObjState {
+                id: ObjectId::new(backend.id().clone(), meta.key.as_str(), meta.version_tag()),
+                backend: backend.clone(),
+                meta,
+            });
+            for i in 0..obj.meta.size.div_ceil(bs) {
+                work.push((obj.clone(), i));
+            }
+        }
+        let cancel = self.inner.cancel.clone();
+        let mut stream = futures::stream::iter(work)
+            .map(|(obj, i)| async move {
+                let len = (obj.meta.size - i * bs).min(bs);
+                let d = BlockKey::new(obj.id.clone(), i).digest();
+                if self.holds(&d) {
+                    return (obj, len, Ok(false));
+                }
+                let r = self.fetch(ctx, &obj, i, FillMode::Warm, None).await;
+                (obj, len, r.map(|_| true))
+            })
+            .buffer_unordered(concurrency.max(1));
+        loop {
+            let next = tokio::select! {
+                n = stream.next() => n,
+                _ = cancel.cancelled() => return Err(Error::new(ErrorKind::Cancelled, "cache is shutting down")),
+            };
+            let Some((obj, len, r)) = next else { break };
+            match r {
+                Ok(true) => {
+                    p.fetched_blocks += 1;
+                    p.done_bytes += len;
+                }
+                Ok(false) => {
+                    p.cached_blocks += 1;
+                    p.done_bytes += len;
+                }
+                Err(e) => {
+                    p.failed_blocks += 1;
+                    if p.errors.len() < 10 {
+                        p.errors.push(format!("{}: {e}", obj.meta.key));
+                    }
+                }
+            }
+            progress(&p);
+        }
+        Ok(p)
+    }
+
+    /// Pin `prefix` of `backend` (a canonical backend id): its cached blocks are not evicted, and blocks cached
+    /// later are pinned as they arrive, up to the pinned-bytes cap. Persisted across restarts.
+    pub fn pin(&self, backend: &str, prefix: &str) -> Result<PinReport> {
+        let spec = PinSpec {
+            backend: backend.to_string(),
+            prefix: prefix.to_string(),
+        };
+        {
+            let mut pins = self.inner.pins.write();
+            if !pins.contains(&spec) {
+                pins.push(spec.clone());
+            }
+        }
+        self.save_pins()?;
+        let (pinned, refused) = match &self.inner.disk {
+            Some(disk) => disk.pin_matching(|k| spec.matches(k)),
+            None => {
+                let mut ram = self.inner.ram.lock();
+                let ram = &mut *ram;
+                let (mut ok, mut refused) = (0, 0);
+                for (d, (k, _)) in ram.map.iter() {
+                    if spec.matches(k) {
+                        if ram.policy.pin(d) {
+                            ok += 1;
+                        } else {
+                            refused += 1;
+                        }
+                    }
+                }
+                (ok, refused)
+            }
+        };
+        Ok(PinReport {
+            pinned_blocks: pinned,
+            refused_blocks: refused,
+        })
+    }
+
+    /// Remove a pin. Returns whether it existed. Blocks still covered by another pin stay pinned.
+    pub fn unpin(&self, backend: &str, prefix: &str) -> Result<bool> {
+        let spec = PinSpec {
+            backend: backend.to_string(),
+            prefix: prefix.to_string(),
+        };
+        let existed = {
+            let mut pins = self.inner.pins.write();
+            let before = pins.len();
+            pins.retain(|p| *p != spec);
+            before != pins.len()
+        };
+        self.save_pins()?;
+        let rest = self.inner.pins.read().clone();
+        let release = |k: &BlockKey| spec.matches(k) && !rest.iter().any(|p| p.matches(k));
+        match &self.inner.disk {
+            Some(disk) => disk.unpin_matching(release),
+            None => {
+                let mut ram = self.inner.ram.lock();
+                let ram = &mut *ram;
+                for (d, (k, _)) in ram.map.iter() {
+                    if release(k) {
+                        ram.policy.unpin(d);
+                    }
+                }
+            }
+        }
+        Ok(existed)
+    }
+
+    fn save_pins(&self) -> Result<()> {
+        let Some(path) = &self.inner.pins_path else {
+            return Ok(());
+        };
+        let body = serde_json::to_vec_pretty(&*self.inner.pins.read())
+            .map_err(|e| Error::internal(format!("encoding pins: {e}")))?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, body)
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .map_err(|e| Error::from_io(e, format!("saving {}", path.display())))
+    }
+
+    /// A snapshot of the counters and usage.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.inner.counters;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (ram_cap, ram_used, ram_pinned, ram_blocks) = {
+            let r = self.inner.ram.lock();
+            (r.policy.capacity(), r.policy.used(), r.policy.pinned_bytes(), r.policy.len() as u64)
+        };
+        let ram = TierStats {
+            capacity_bytes: ram_cap,
+            used_bytes: ram_used,
+            pinned_bytes: ram_pinned,
+            blocks: ram_blocks,
+            hits: ld(&c.ram_hits),
+            evictions: ld(&c.ram_evictions),
+            admissions_rejected: ld(&c.ram_rejected),
+        };
+        let mut faults = DiskFaults {
+            writes_dropped: ld(&c.writes_dropped),
+            ..Default::default()
+        };
+        let disk = self.inner.disk.as_ref().map(|t| {
+            let (cap, used, pinned, blocks) = t.usage();
+            let dc = &t.counters;
+            faults.checksum_failures = ld(&dc.checksum_failures);
+            faults.read_errors = ld(&dc.read_errors);
+            faults.write_errors = ld(&dc.write_errors);
+            faults.no_space = ld(&dc.no_space);
+            faults.removed_on_start = ld(&dc.removed_on_start);
+            TierStats {
+                capacity_bytes: cap,
+                used_bytes: used,
+                pinned_bytes: pinned,
+                blocks: blocks as u64,
+                hits: ld(&c.disk_hits),
+                evictions: ld(&dc.evictions),
+                admissions_rejected: ld(&dc.rejected),
+            }
+        });
+        let hits = ram.hits + disk.as_ref().map_or(0, |d| d.hits);
+        let misses = ld(&c.misses);
+        let avail = self.inner.budget.available_permits() as u64;
+        CacheStats {
+            block_size: self.inner.cfg.block_size.bytes(),
+            policy: format!("{:?}", self.inner.cfg.policy).to_lowercase(),
+            ram,
+            disk,
+            disk_faults: faults,
+            misses,
+            hit_ratio: if hits + misses == 0 {
+                0.0
+            } else {
+                hits as f64 / (hits + misses) as f64
+            },
+            fills: ld(&c.fills),
+            fill_bytes: ld(&c.fill_bytes),
+            single_flight_joins: ld(&c.joins),
+            readahead_blocks: ld(&c.readahead),
+            readahead_skipped: ld(&c.readahead_skipped),
+            stale_version_errors: ld(&c.stale),
+            fill_errors: ld(&c.fill_errors),
+            inflight_budget_bytes: self.inner.budget_units * UNIT,
+            inflight_bytes: self.inner.budget_units.saturating_sub(avail) * UNIT,
+            pins: self.inner.pins.read().clone(),
+        }
+    }
+
+    /// Stop background work: readahead and fills are cancelled, queued disk writes are finished, and the call
+    /// returns when every task has ended. The disk tier is consistent afterwards (every block file complete).
+    pub async fn shutdown(&self) {
+        self.inner.cancel.cancel();
+        self.inner.disk_tx.lock().take();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+
+    /// Path of a block's file on the disk tier (for tools and fault-injection tests).
+    pub fn disk_path_of(&self, key: &BlockKey) -> Option<PathBuf> {
+        self.inner.disk.as_ref().map(|d| d.path_of(&key.digest()))
+    }
+}
+
+struct InflightGuard {
+    cache: BlockCache,
+    digest: Digest,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.cache.inner.inflight.lock().remove(&self.digest);
+    }
+}
+
+#[derive(Debug)]
+struct ObjState {
+    backend: Backend,
+    meta: ObjectMeta,
+    id: ObjectId,
+}
+
+#[derive(Default)]
+struct Readahead {
+    /// The block a sequential reader would read next.
+    next: Option<u64>,
+    window: u32,
+    prefetched: HashMap<u64, (SharedFetch, OwnedSemaphorePermit)>,
+}
+
+/// A reader of one version of one object through the cache. Reads are verified against that version: if the
+/// object changes at the backend, uncached blocks fail with [`ErrorKind::PreconditionFailed`] instead of mixing
+/// versions.
+pub struct CachedObject {
+    cache: BlockCache,
+    obj: Arc<ObjState>,
+    ctx: IoContext,
+    ra: Mutex<Readahead>,
+}
+
+impl std::fmt::Debug for CachedObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedObject").field("id", &self.obj.id).finish()
+    }
+}
+
+impl CachedObject {
+    /// The object's metadata as of opening.
+    pub fn meta(&self) -> &ObjectMeta {
+        &self.obj.meta
+    }
+
+    /// The whole object.
+    pub async fn read_all(&self) -> Result<Bytes> {
+        self.read(0..self.obj.meta.size).await
+    }
+
+    /// Bytes `range`; the end is clamped to the object's size. A start past the end is an error.
+    pub async fn read(&self, range: Range<u64>) -> Result<Bytes> {
+        let size = self.obj.meta.size;
+        if range.start > size || range.start > range.end {
+            return Err(Error::invalid_input(format!(
+                "range {}..{} is outside {} ({} bytes)",
+                range.start, range.end, self.obj.meta.key, size
+            )));
+        }
+        let end = range.end.min(size);
+        if range.start == end {
+            return Ok(Bytes::new());
+        }
+        let bs = self.cache.inner.cfg.block_size.bytes();
+        let (first, last) = (range.start / bs, (end - 1) / bs);
+        self.schedule_readahead(first, last, end);
+        let par = self.cache.inner.cfg.read_parallelism;
+        let blocks: Vec<Bytes> = futures::stream::iter(first..=last)
+            .map(|i| self.block(i))
+            .buffered(par)
+            .try_collect()
+            .await?;
+        let slice_of = |i: u64, b: &Bytes| -> Result<Bytes> {
+            let bstart = i * bs;
+            let lo = range.start.max(bstart) - bstart;
+            let hi = end.min(bstart + b.len() as u64) - bstart;
+            if hi < lo || hi > b.len() as u64 {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("block {i} of {} is shorter than expected", self.obj.meta.key),
+                ));
+            }
+            Ok(b.slice(lo as usize..hi as usize))
+        };
+        if blocks.len() == 1 {
+            return slice_of(first, &blocks[0]);
+        }
+        let mut out = BytesMut::with_capacity((end - range.start) as usize);
+        for (n, b) in blocks.iter().enumerate() {
+            out.extend_from_slice(&slice_of(first + n as u64, b)?);
+        }
+        Ok(out.freeze())
+    }
+
+    async fn block(&self, i: u64) -> Result<Bytes> {
+        let pre = self.ra.lock().prefetched.remove(&i);
+        if let Some((fut, permit)) = pre {
+            let r = fut.await;
+            drop(permit);
+            if r.is_ok() {
+                return r;
+            }
+        }
+        self.cache.block(&self.ctx, &self.obj, i).await
+    }
+
+    fn schedule_readahead(&self, first: u64, last: u64, end: u64) {
+        let cfg = &self.cache.inner.cfg;
+        if cfg.readahead_blocks == 0 {
+            return;
+        }
+        let bs = cfg.block_size.bytes();
+        let nblocks = self.obj.meta.size.div_ceil(bs);
+        let mut ra = self.ra.lock();
+        let sequential = match ra.next {
+            None => first == 0,
+            Some(n) => first == n || first + 1 == n,
+        };
+        ra.next = Some(end / bs);
+        if !sequential {
+            ra.window = 0;
+            ra.prefetched.clear();
+            return;
+        }
+        ra.window = (ra.window * 2).clamp(1, cfg.readahead_blocks);
+        ra.prefetched.retain(|&i, _| i > last);
+        let upto = (last + ra.window as u64).min(nblocks.saturating_sub(1));
+        for i in last + 1..=upto {
+            if ra.prefetched.contains_key(&i) {
+                continue;
+            }
+            let d = BlockKey::new(self.obj.id.clone(), i).digest();
+            if self.cache.holds(&d) {
+                continue;
+            }
+            let len = (self.obj.meta.size - i * bs).min(bs);
+            let Ok(permit) = self.cache.inner.budget.clone().try_acquire_many_owned(units(len)) else {
+                self.cache.inner.counters.readahead_skipped.fetch_add(1, Ordering::Relaxed);
+                break;
+            };
+            let fut = self.cache.fetch(&self.ctx, &self.obj, i, FillMode::Readahead, None);
+            self.cache.inner.counters.readahead.fetch_add(1, Ordering::Relaxed);
+            ra.prefetched.insert(i, (fut, permit));
+        }
+    }
+}

@@ -1,0 +1,106 @@
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use strata_types::{ByteSize, Error, Result};
+
+use crate::policy::PolicyKind;
+
+/// Configuration of a [`crate::BlockCache`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheConfig {
+    /// Block size: the unit of caching, checksumming and backend reads. Default 8 MiB.
+    pub block_size: ByteSize,
+    /// Capacity of the RAM tier.
+    pub ram_capacity: ByteSize,
+    /// The disk tier, if any.
+    pub disk: Option<DiskConfig>,
+    /// Replacement policy of both tiers.
+    pub policy: PolicyKind,
+    /// Most bytes that may be pinned, as a share of the pinning tier (disk if present, else RAM). Default 50%.
+    pub pinned_max_percent: u8,
+    /// Largest readahead window in blocks for a sequential reader (0 disables readahead). Default 4.
+    pub readahead_blocks: u32,
+    /// Global budget for bytes being fetched from backends (demand reads, readahead and warm-up together).
+    /// Default 512 MiB; at least two blocks.
+    pub inflight_budget: ByteSize,
+    /// Blocks fetched concurrently for one large read. Default 8.
+    pub read_parallelism: usize,
+    /// Blocks waiting to be written to the disk tier; past this, new blocks are not written (lossy, counted).
+    /// Default 32.
+    pub disk_write_queue: usize,
+}
+
+/// The disk tier's directory and capacity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskConfig {
+    /// Directory for block files (local NVMe). Created if missing.
+    pub dir: PathBuf,
+    /// Capacity in bytes.
+    pub capacity: ByteSize,
+}
+
+impl CacheConfig {
+    /// Defaults with the given RAM capacity and disk tier.
+    pub fn new(ram_capacity: ByteSize, disk: Option<DiskConfig>) -> Self {
+        Self {
+            block_size: ByteSize::mib(8),
+            ram_capacity,
+            disk,
+            policy: PolicyKind::Tinylfu,
+            pinned_max_percent: 50,
+            readahead_blocks: 4,
+            inflight_budget: ByteSize::mib(512),
+            read_parallelism: 8,
+            disk_write_queue: 32,
+        }
+    }
+
+    /// Check every field; the error names the field and the allowed range.
+    pub fn validate(&self) -> Result<()> {
+        let bs = self.block_size.bytes();
+        if !(64 * 1024..=256 * 1024 * 1024).contains(&bs) {
+            return Err(Error::config(format!(
+                "cache.block_size = {}: must be between 64KiB and 256MiB",
+                self.block_size
+            )));
+        }
+        if self.ram_capacity.bytes() < bs {
+            return Err(Error::config(format!(
+                "cache.ram_capacity = {}: must hold at least one block ({})",
+                self.ram_capacity, self.block_size
+            )));
+        }
+        if let Some(d) = &self.disk
+            && d.capacity.bytes() < bs
+        {
+            return Err(Error::config(format!(
+                "cache.disk_capacity = {}: must hold at least one block ({}); to run without a disk tier set \
+                 cache.disk_enabled = false",
+                d.capacity, self.block_size
+            )));
+        }
+        if self.pinned_max_percent > 90 {
+            return Err(Error::config(format!(
+                "cache.pinned_max_percent = {}: at most 90, so unpinned data can still be cached",
+                self.pinned_max_percent
+            )));
+        }
+        if self.readahead_blocks > 64 {
+            return Err(Error::config(format!("cache.readahead_blocks = {}: at most 64", self.readahead_blocks)));
+        }
+        if self.inflight_budget.bytes() < 2 * bs || self.inflight_budget.bytes() > (1u64 << 40) {
+            return Err(Error::config(format!(
+                "cache.inflight_budget = {}: must be at least two blocks ({}) and at most 1TiB",
+                self.inflight_budget,
+                ByteSize(2 * bs)
+            )));
+        }
+        if !(1..=256).contains(&self.read_parallelism) {
+            return Err(Error::config(format!("cache.read_parallelism = {}: must be 1..=256", self.read_parallelism)));
+        }
+        if !(1..=4096).contains(&self.disk_write_queue) {
+            return Err(Error::config(format!("cache.disk_write_queue = {}: must be 1..=4096", self.disk_write_queue)));
+        }
+        Ok(())
+    }
+}

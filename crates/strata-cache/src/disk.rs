@@ -1,0 +1,480 @@
+//! The disk tier: one file per block under `<dir>/blocks/xx/<digest>`, written to `<dir>/tmp` and renamed into
+//! place, so a block file is either complete or absent.
+//!
+//! File format (little endian):
+//!
+//! ```text
+//! magic "STRATAB1" | key_len u32 | key (BlockKey::canonical) | data_len u64 | blake3(data) 32 B | data
+//! ```
+//!
+//! The index lives in memory and is rebuilt at start by reading every header: files with a bad header or the
+//! wrong length are removed, `tmp/` is emptied (partial writes from a crash). Checksums are verified on every
+//! read; a mismatch removes the file and counts a checksum failure. Any I/O error (EIO, ENOSPC, a file deleted
+//! underneath us) is a miss plus a counter, never a failed read: the disk tier is advisory.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use strata_types::{BlockKey, Error, ErrorKind, Result};
+
+use crate::policy::{Admission, Digest, Policy, PolicyKind};
+
+const MAGIC: &[u8; 8] = b"STRATAB1";
+const MAX_KEY_LEN: usize = 8 * 1024;
+
+/// Counters of the disk tier.
+#[derive(Debug, Default)]
+pub(crate) struct DiskCounters {
+    pub checksum_failures: AtomicU64,
+    pub read_errors: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub no_space: AtomicU64,
+    pub removed_on_start: AtomicU64,
+    pub evictions: AtomicU64,
+    pub rejected: AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct DiskEntry {
+    pub key: BlockKey,
+    /// False while the file is being written: lookups treat the block as absent.
+    pub ready: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct DiskTier {
+    dir: PathBuf,
+    state: Mutex<State>,
+    pub counters: DiskCounters,
+}
+
+#[derive(Debug)]
+struct State {
+    policy: Policy,
+    index: HashMap<Digest, DiskEntry>,
+}
+
+fn hex(d: &Digest) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Digest> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(i * 2..i * 2 + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Parse a canonical block key back into a [`BlockKey`].
+fn parse_canonical(s: &str) -> Option<BlockKey> {
+    let mut it = s.split('\0');
+    let backend = it.next()?;
+    let key = it.next()?;
+    let version = it.next()?;
+    let index = it.next()?.parse().ok()?;
+    if it.next().is_some() {
+        return None;
+    }
+    Some(BlockKey::new(strata_types::ObjectId::new(backend, key, version), index))
+}
+
+struct Header {
+    key: String,
+    data_len: u64,
+    hash: [u8; 32],
+    header_len: u64,
+}
+
+fn read_header(r: &mut impl Read) -> std::io::Result<Option<Header>> {
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Ok(None);
+    }
+    let mut n = [0u8; 4];
+    r.read_exact(&mut n)?;
+    let key_len = u32::from_le_bytes(n) as usize;
+    if key_len > MAX_KEY_LEN {
+        return Ok(None);
+    }
+    let mut key = vec![0u8; key_len];
+    r.read_exact(&mut key)?;
+    let Ok(key) = String::from_utf8(key) else {
+        return Ok(None);
+    };
+    let mut len = [0u8; 8];
+    r.read_exact(&mut len)?;
+    let mut hash = [0u8; 32];
+    r.read_exact(&mut hash)?;
+    Ok(Some(Header {
+        key,
+        data_len: u64::from_le_bytes(len),
+        hash,
+        header_len: (8 + 4 + key_len + 8 + 32) as u64,
+    }))
+}
+
+impl DiskTier {
+    /// Open (or create) the tier in `dir`, rebuilding the index from the files there.
+    pub fn open(dir: &Path, capacity: u64, pinned_cap: u64, kind: PolicyKind, block_size: u64) -> Result<Self> {
+        let blocks = dir.join("blocks");
+        let tmp = dir.join("tmp");
+        for d in [&blocks, &tmp] {
+            fs::create_dir_all(d).map_err(|e| Error::from_io(e, format!("creating {}", d.display())))?;
+        }
+        let counters = DiskCounters::default();
+        // Partial writes from a crash.
+        if let Ok(rd) = fs::read_dir(&tmp) {
+            for e in rd.flatten() {
+                if fs::remove_file(e.path()).is_ok() {
+                    counters.removed_on_start.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let hint = (capacity / block_size.max(1)).max(16) as usize;
+        let mut policy = Policy::new(kind, capacity, pinned_cap, hint);
+        let mut index = HashMap::new();
+        let mut found = Vec::new();
+        for sub in fs::read_dir(&blocks).map_err(|e| Error::from_io(e, format!("reading {}", blocks.display())))? {
+            let Ok(sub) = sub else { continue };
+            let Ok(rd) = fs::read_dir(sub.path()) else { continue };
+            for f in rd.flatten() {
+                let path = f.path();
+                let valid = (|| {
+                    let digest = unhex(path.file_name()?.to_str()?)?;
+                    let meta = f.metadata().ok()?;
+                    let mut file = fs::File::open(&path).ok()?;
+                    let h = read_header(&mut file).ok()??;
+                    let key = parse_canonical(&h.key)?;
+                    if key.digest() != digest || meta.len() != h.header_len + h.data_len {
+                        return None;
+                    }
+                    let mtime = meta.modified().ok()?;
+                    Some((mtime, digest, h.data_len, key))
+                })();
+                match valid {
+                    Some(v) => found.push(v),
+                    None => {
+                        let _ = fs::remove_file(&path);
+                        counters.removed_on_start.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        // Oldest first, so the LRU order approximates the order before the restart. Newest win when the
+        // capacity shrank.
+        found.sort_by_key(|(t, ..)| *t);
+        let skip = {
+            let mut total = 0u64;
+            let mut keep = 0usize;
+            for (_, _, len, _) in found.iter().rev() {
+                if total + len > capacity {
+                    break;
+                }
+                total += len;
+                keep += 1;
+            }
+            found.len() - keep
+        };
+        for (i, (_, digest, len, key)) in found.into_iter().enumerate() {
+            if i < skip || !policy.restore(digest, len) {
+                let _ = fs::remove_file(block_path(&blocks, &digest));
+                counters.removed_on_start.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            index.insert(digest, DiskEntry { key, ready: true });
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            state: Mutex::new(State { policy, index }),
+            counters,
+        })
+    }
+
+    fn blocks(&self) -> PathBuf {
+        self.dir.join("blocks")
+    }
+
+    pub fn contains(&self, d: &Digest) -> bool {
+        self.state.lock().index.contains_key(d)
+    }
+
+    /// Record a request (for the frequency sketch and LRU order).
+    pub fn record_request(&self, d: &Digest) {
+        self.state.lock().policy.record_request(d);
+    }
+
+    /// Read and verify a block. Blocking: call from `spawn_blocking`. `None` on miss, error or corruption.
+    pub fn get(&self, key: &BlockKey, d: &Digest) -> Option<Bytes> {
+        if !self.state.lock().index.get(d).is_some_and(|e| e.ready) {
+            return None;
+        }
+        let path = block_path(&self.blocks(), d);
+        match read_block(&path, key) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                match e.kind() {
+                    ErrorKind::Corrupt => {
+                        self.counters.checksum_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(path = %path.display(), error = %e, "corrupt cache block dropped");
+                    }
+                    _ => {
+                        self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(path = %path.display(), error = %e, "cache block read failed; treated as a miss");
+                    }
+                }
+                self.drop_entry(d);
+                None
+            }
+        }
+    }
+
+    /// Decide whether to store a block (admission), evicting victims. Returns the admission; the caller then
+    /// writes with [`Self::write`] if admitted.
+    pub fn reserve(&self, key: &BlockKey, d: Digest, size: u64, pin: bool, force: bool) -> Admission {
+        let mut st = self.state.lock();
+        if st.index.contains_key(&d) {
+            return Admission {
+                admitted: false,
+                ..Default::default()
+            };
+        }
+        let a = st.policy.admit(d, size, pin, force);
+        if a.admitted {
+            st.index.insert(d, DiskEntry { key: key.clone(), ready: false });
+        } else {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+        for v in &a.evicted {
+            st.index.remove(v);
+        }
+        drop(st);
+        for v in &a.evicted {
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            let _ = fs::remove_file(block_path(&self.blocks(), v));
+        }
+        a
+    }
+
+    /// Write a reserved block. Blocking. On failure the reservation is released and counters say why.
+    pub fn write(&self, key: &BlockKey, d: &Digest, data: &Bytes) -> Result<()> {
+        let r = write_block(&self.dir, key, d, data);
+        if let Err(e) = &r {
+            if e.kind() == ErrorKind::NoSpace {
+                self.counters.no_space.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::warn!(error = %e, "cache block write failed; block not cached on disk");
+            self.drop_entry(d);
+            return r;
+        }
+        let mut st = self.state.lock();
+        match st.index.get_mut(d) {
+            Some(e) => e.ready = true,
+            None => {
+                // Evicted while being written: the file must not outlive its index entry.
+                drop(st);
+                let _ = fs::remove_file(block_path(&self.blocks(), d));
+            }
+        }
+        Ok(())
+    }
+
+    /// Forget a block and delete its file.
+    pub fn drop_entry(&self, d: &Digest) {
+        let mut st = self.state.lock();
+        st.policy.remove(d);
+        st.index.remove(d);
+        drop(st);
+        let _ = fs::remove_file(block_path(&self.blocks(), d));
+    }
+
+    /// Pin every held block matching `pred`; returns (pinned, refused for the cap).
+    pub fn pin_matching(&self, pred: impl Fn(&BlockKey) -> bool) -> (u64, u64) {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        let (mut ok, mut refused) = (0, 0);
+        for (d, e) in st.index.iter() {
+            if pred(&e.key) {
+                if st.policy.pin(d) {
+                    ok += 1;
+                } else {
+                    refused += 1;
+                }
+            }
+        }
+        (ok, refused)
+    }
+
+    /// Unpin every held block matching `pred`.
+    pub fn unpin_matching(&self, pred: impl Fn(&BlockKey) -> bool) {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        for (d, e) in st.index.iter() {
+            if pred(&e.key) {
+                st.policy.unpin(d);
+            }
+        }
+    }
+
+    /// (capacity, used, pinned, entries)
+    pub fn usage(&self) -> (u64, u64, u64, usize) {
+        let st = self.state.lock();
+        (st.policy.capacity(), st.policy.used(), st.policy.pinned_bytes(), st.policy.len())
+    }
+
+    /// Path of a block's file (tests corrupt files through it).
+    pub fn path_of(&self, d: &Digest) -> PathBuf {
+        block_path(&self.blocks(), d)
+    }
+}
+
+fn block_path(blocks: &Path, d: &Digest) -> PathBuf {
+    let h = hex(d);
+    blocks.join(&h[..2]).join(h)
+}
+
+fn read_block(path: &Path, key: &BlockKey) -> Result<Bytes> {
+    fail::fail_point!("disk-read", |_| Err(Error::from_io(
+        std::io::Error::from_raw_os_error(5),
+        format!("reading {}", path.display())
+    )));
+    let corrupt = |why: &str| Error::new(ErrorKind::Corrupt, format!("{}: {why}", path.display()));
+    let mut f = fs::File::open(path).map_err(|e| Error::from_io(e, format!("opening {}", path.display())))?;
+    let h = read_header(&mut f)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => corrupt("truncated header"),
+            _ => Error::from_io(e, format!("reading {}", path.display())),
+        })?
+        .ok_or_else(|| corrupt("bad header"))?;
+    if h.key != key.canonical() {
+        return Err(corrupt("holds a different block"));
+    }
+    if h.data_len > 1 << 31 {
+        return Err(corrupt("implausible length"));
+    }
+    let mut data = Vec::with_capacity(h.data_len as usize);
+    f.read_to_end(&mut data)
+        .map_err(|e| Error::from_io(e, format!("reading {}", path.display())))?;
+    if data.len() as u64 != h.data_len {
+        return Err(corrupt("truncated data"));
+    }
+    if blake3::hash(&data).as_bytes() != &h.hash {
+        return Err(corrupt("checksum mismatch"));
+    }
+    Ok(Bytes::from(data))
+}
+
+fn write_block(dir: &Path, key: &BlockKey, d: &Digest, data: &Bytes) -> Result<()> {
+    let h = hex(d);
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join("tmp").join(format!("{h}.{}.{seq}.tmp", std::process::id()));
+    let dst = dir.join("blocks").join(&h[..2]);
+    let result = (|| {
+        fail::fail_point!("disk-write", |_| Err(Error::from_io(
+            std::io::Error::from_raw_os_error(28),
+            format!("writing {}", tmp.display())
+        )));
+        let io = |e: std::io::Error| Error::from_io(e, format!("writing {}", tmp.display()));
+        let canonical = key.canonical();
+        let mut header = Vec::with_capacity(8 + 4 + canonical.len() + 8 + 32);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&(canonical.len() as u32).to_le_bytes());
+        header.extend_from_slice(canonical.as_bytes());
+        header.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        header.extend_from_slice(blake3::hash(data).as_bytes());
+        let mut f = fs::File::create(&tmp).map_err(io)?;
+        f.write_all(&header).map_err(io)?;
+        f.write_all(data).map_err(io)?;
+        drop(f);
+        fs::create_dir_all(&dst).map_err(io)?;
+        fs::rename(&tmp, dst.join(&h)).map_err(io)?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_types::ObjectId;
+
+    fn key(i: u64) -> BlockKey {
+        BlockKey::new(ObjectId::new("memory://t", "obj", "e:1"), i)
+    }
+
+    fn put(t: &DiskTier, i: u64, data: &[u8]) {
+        let k = key(i);
+        let d = k.digest();
+        t.record_request(&d);
+        assert!(t.reserve(&k, d, data.len() as u64, false, true).admitted);
+        t.write(&k, &d, &Bytes::copy_from_slice(data)).unwrap();
+    }
+
+    #[test]
+    fn survives_restart_and_drops_damaged_files() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let t = DiskTier::open(dir.path(), 1 << 20, 0, PolicyKind::Tinylfu, 1024).unwrap();
+            for i in 0..4 {
+                put(&t, i, &[i as u8; 1000]);
+            }
+            // damage: truncate 1, flip a byte in 2, a stray partial file
+            let p1 = t.path_of(&key(1).digest());
+            let len = fs::metadata(&p1).unwrap().len();
+            fs::OpenOptions::new().write(true).open(&p1).unwrap().set_len(len - 10).unwrap();
+            let p2 = t.path_of(&key(2).digest());
+            let mut b = fs::read(&p2).unwrap();
+            let last = b.len() - 1;
+            b[last] ^= 0xff;
+            fs::write(&p2, b).unwrap();
+            fs::write(dir.path().join("tmp/partial.tmp"), b"half").unwrap();
+        }
+        let t = DiskTier::open(dir.path(), 1 << 20, 0, PolicyKind::Tinylfu, 1024).unwrap();
+        assert_eq!(t.counters.removed_on_start.load(Ordering::Relaxed), 2, "truncated + partial removed");
+        assert_eq!(t.get(&key(0), &key(0).digest()).unwrap(), Bytes::from(vec![0u8; 1000]));
+        assert!(t.get(&key(1), &key(1).digest()).is_none());
+        assert!(t.get(&key(2), &key(2).digest()).is_none(), "checksum mismatch is a miss");
+        assert_eq!(t.counters.checksum_failures.load(Ordering::Relaxed), 1);
+        assert!(!t.path_of(&key(2).digest()).exists(), "bad block dropped");
+        assert_eq!(t.get(&key(3), &key(3).digest()).unwrap(), Bytes::from(vec![3u8; 1000]));
+        assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn shrunk_capacity_keeps_the_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let t = DiskTier::open(dir.path(), 1 << 20, 0, PolicyKind::Lru, 1024).unwrap();
+            for i in 0..4 {
+                put(&t, i, &[1u8; 1000]);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        let t = DiskTier::open(dir.path(), 2500, 0, PolicyKind::Lru, 1024).unwrap();
+        assert_eq!(t.usage().1, 2000);
+        assert!(t.contains(&key(3).digest()) && t.contains(&key(2).digest()));
+        assert!(!t.contains(&key(0).digest()));
+    }
+
+    #[test]
+    fn canonical_keys_round_trip() {
+        let k = key(7);
+        assert_eq!(parse_canonical(&k.canonical()), Some(k));
+        assert_eq!(unhex(&hex(&[7u8; 32])), Some([7u8; 32]));
+    }
+}

@@ -1,0 +1,379 @@
+//! Integration tests of the tiered block cache against real backends (in-memory, and a real S3 server behind a
+//! counting, fault-injecting proxy).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use strata_cache::{BlockCache, PolicyKind};
+use strata_telemetry::Telemetry;
+use strata_testkit::{FaultProxy, S3Server};
+use strata_types::{BlockKey, ErrorKind, ObjectId, Tier};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_two_readers_cause_one_origin_read_per_block() {
+    let server = S3Server::start();
+    server.create_bucket("single-flight").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    proxy.set_delay(Duration::from_millis(30)); // widen the race window
+    let t = Telemetry::new();
+    let backend = s3_backend(&proxy.endpoint(), "single-flight", t.clone());
+    let data = pattern(5 * 64 * 1024 + 1000, 1); // 6 blocks of 64 KiB
+    put(&backend, "obj.bin", &data).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = open(config(Some(dir.path()), 64, 64, 64, PolicyKind::Tinylfu), t.clone());
+    proxy.clear();
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (cache, backend) = (cache.clone(), backend.clone());
+        tasks.push(tokio::spawn(async move {
+            cache.open_object(&ctx(), &backend, "obj.bin").await.unwrap().read_all().await.unwrap()
+        }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap() == data, "every reader gets the exact bytes");
+    }
+    let gets = proxy.gets_of("obj.bin");
+    assert_eq!(gets.len(), 6, "one origin GET per block, saw {gets:?}");
+    let s = cache.stats();
+    assert_eq!(s.fills, 6);
+    assert!(s.single_flight_joins > 0);
+    // the cache's own lookups are I/O events carrying the caller's context
+    assert!(t.metrics().cache_hits(Tier::Ram) + t.metrics().cache_misses() >= 32 * 6);
+    cache.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_faults_give_right_bytes_or_clear_errors() {
+    let server = S3Server::start();
+    server.create_bucket("faults").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let t = Telemetry::new();
+    let backend = s3_backend(&proxy.endpoint(), "faults", t.clone());
+    let data = pattern(300 * 1024, 2);
+    put(&backend, "f.bin", &data).await;
+    let cache = open(config(None, 64, 64, 0, PolicyKind::Tinylfu), t.clone());
+
+    // 503s below the retry limit: right bytes, retries counted
+    let obj = cache.open_object(&ctx(), &backend, "f.bin").await.unwrap();
+    proxy.fail_next(2, 503);
+    assert!(obj.read(0..100_000).await.unwrap() == data.slice(0..100_000));
+    assert!(t.metrics().retries_total() >= 2);
+
+    // a reset mid-body: retried, right bytes
+    proxy.reset_next_bodies(1);
+    assert!(obj.read(200_000..250_000).await.unwrap() == data.slice(200_000..250_000));
+
+    // a slow origin: slower, still right
+    proxy.set_delay(Duration::from_millis(200));
+    assert!(obj.read(130 * 1024..140 * 1024).await.unwrap() == data.slice(130 * 1024..140 * 1024));
+    proxy.set_delay(Duration::ZERO);
+
+    // an origin that keeps failing: a clear, retryable error; nothing cached wrongly
+    let fresh = cache.open_object(&ctx(), &backend, "f.bin").await.unwrap();
+    proxy.fail_next(100, 503);
+    let e = fresh.read(290 * 1024..300 * 1024).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.is_retryable());
+    proxy.fail_next(0, 503);
+    assert!(fresh.read(0..300 * 1024).await.unwrap() == data, "after the outage the bytes are right");
+    assert!(cache.stats().fill_errors >= 1);
+    cache.shutdown().await;
+}
+
+#[tokio::test]
+async fn overwrite_at_origin_is_never_served_stale() {
+    let backend = memory_backend();
+    let cache = open(config(None, 64, 32, 0, PolicyKind::Tinylfu), Telemetry::new());
+    let v1 = pattern(200 * 1024, 1);
+    put(&backend, "k", &v1).await;
+    assert!(cache.read(&ctx(), &backend, "k", 0..200 * 1024).await.unwrap() == v1);
+    assert!(cache.read(&ctx(), &backend, "k", 0..200 * 1024).await.unwrap() == v1);
+    let v2 = pattern(150 * 1024, 2);
+    put(&backend, "k", &v2).await;
+    let got = cache.read(&ctx(), &backend, "k", 0..u64::MAX).await.unwrap();
+    assert!(got == v2, "the new version is read, not cached blocks of the old one");
+}
+
+#[tokio::test]
+async fn etag_change_between_ranged_reads_is_an_error_not_mixed_bytes() {
+    let backend = memory_backend();
+    let cache = open(config(None, 64, 32, 0, PolicyKind::Tinylfu), Telemetry::new());
+    let mut c = config(None, 64, 32, 0, PolicyKind::Tinylfu);
+    c.readahead_blocks = 0;
+    let cache_no_ra = open(c, Telemetry::new());
+    for cache in [cache, cache_no_ra] {
+        let v1 = pattern(256 * 1024, 1);
+        put(&backend, "k", &v1).await;
+        let obj = cache.open_object(&ctx(), &backend, "k").await.unwrap();
+        assert!(obj.read(0..1000).await.unwrap() == v1.slice(0..1000));
+        put(&backend, "k", &pattern(256 * 1024, 9)).await;
+        // block 0 is cached (still the version we opened), block 3 must come from the origin and is refused
+        assert!(obj.read(10..20).await.unwrap() == v1.slice(10..20));
+        let e = obj.read(200 * 1024..210 * 1024).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PreconditionFailed, "{e}");
+        assert!(e.message().contains("changed"), "{e}");
+        assert!(cache.stats().stale_version_errors >= 1);
+    }
+}
+
+#[tokio::test]
+async fn disk_tier_survives_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = memory_backend();
+    let data = pattern(1024 * 1024, 3);
+    put(&backend, "d/x.bin", &data).await;
+    {
+        let cache = open(config(Some(dir.path()), 64, 4, 64, PolicyKind::Tinylfu), Telemetry::new());
+        let p = cache.warm(&ctx(), &backend, "d/", 4, |_| {}).await.unwrap();
+        assert_eq!(p.fetched_blocks, 16);
+        assert_eq!(p.done_bytes, 1024 * 1024);
+        cache.shutdown().await;
+    }
+    let cache = open(config(Some(dir.path()), 64, 4, 64, PolicyKind::Tinylfu), Telemetry::new());
+    assert_eq!(cache.stats().disk.unwrap().blocks, 16, "index rebuilt from the files");
+    let got = cache.read(&ctx(), &backend, "d/x.bin", 0..u64::MAX).await.unwrap();
+    assert!(got == data);
+    let s = cache.stats();
+    assert_eq!(s.fills, 0, "everything served from disk after the restart");
+    assert_eq!(s.disk.unwrap().hits, 16);
+    // warm again: all cached
+    let p = cache.warm(&ctx(), &backend, "d/", 4, |_| {}).await.unwrap();
+    assert_eq!(p.cached_blocks + p.fetched_blocks, 16);
+    cache.shutdown().await;
+}
+
+#[tokio::test]
+async fn corrupt_and_truncated_blocks_between_runs_are_misses_with_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = memory_backend();
+    let data = pattern(256 * 1024, 4);
+    put(&backend, "c.bin", &data).await;
+    let meta = backend.head(&ctx(), "c.bin").await.unwrap();
+    let id = ObjectId::new(backend.id().clone(), "c.bin", meta.version_tag());
+    {
+        let cache = open(config(Some(dir.path()), 64, 1, 64, PolicyKind::Tinylfu), Telemetry::new());
+        cache.warm(&ctx(), &backend, "c.bin", 4, |_| {}).await.unwrap();
+        // corrupt block 1 (flip a data byte) and truncate block 2's data
+        let p1 = cache.disk_path_of(&BlockKey::new(id.clone(), 1)).unwrap();
+        let mut b = std::fs::read(&p1).unwrap();
+        let n = b.len() - 100;
+        b[n] ^= 0x55;
+        std::fs::write(&p1, b).unwrap();
+        let p2 = cache.disk_path_of(&BlockKey::new(id.clone(), 2)).unwrap();
+        let len = std::fs::metadata(&p2).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&p2).unwrap().set_len(len - 1).unwrap();
+        cache.shutdown().await;
+    }
+    let cache = open(config(Some(dir.path()), 64, 1, 64, PolicyKind::Tinylfu), Telemetry::new());
+    let s = cache.stats();
+    assert_eq!(s.disk_faults.removed_on_start, 1, "the truncated file is found at start");
+    let got = cache.read(&ctx(), &backend, "c.bin", 0..u64::MAX).await.unwrap();
+    assert!(got == data, "right bytes despite the damage");
+    let s = cache.stats();
+    assert_eq!(s.disk_faults.checksum_failures, 1, "the flipped byte is caught on read");
+    assert_eq!(s.fills, 2, "the two damaged blocks are refetched");
+    cache.shutdown().await;
+}
+
+#[tokio::test]
+async fn pinned_prefix_survives_scans_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = memory_backend();
+    let keep = pattern(4 * 64 * 1024, 5);
+    put(&backend, "keep/model.bin", &keep).await;
+    for i in 0..8 {
+        put(&backend, &format!("scan/{i}"), &pattern(4 * 64 * 1024, 100 + i)).await;
+    }
+    let cfg = || config(Some(dir.path()), 64, 2, 8, PolicyKind::Lru);
+    {
+        let cache = open(cfg(), Telemetry::new());
+        let r = cache.pin(backend.id(), "keep/").unwrap();
+        assert_eq!(r.pinned_blocks, 0);
+        cache.warm(&ctx(), &backend, "keep/", 2, |_| {}).await.unwrap();
+        assert_eq!(cache.stats().disk.unwrap().pinned_bytes, 4 * 64 * 1024);
+        for _ in 0..2 {
+            cache.warm(&ctx(), &backend, "scan/", 2, |_| {}).await.unwrap();
+        }
+        cache.shutdown().await;
+    }
+    let cache = open(cfg(), Telemetry::new());
+    let s = cache.stats();
+    assert_eq!(s.pins.len(), 1, "pins persist");
+    assert_eq!(s.disk.as_ref().unwrap().pinned_bytes, 4 * 64 * 1024, "pinned blocks re-pinned at start");
+    let got = cache.read(&ctx(), &backend, "keep/model.bin", 0..u64::MAX).await.unwrap();
+    assert!(got == keep);
+    assert_eq!(cache.stats().fills, 0, "pinned data was never evicted");
+    // pinned bytes are capped at 50% of the disk tier: 4 of 8 blocks
+    let r = cache.pin(backend.id(), "scan/").unwrap();
+    assert!(r.refused_blocks > 0 || r.pinned_blocks == 0);
+    assert!(cache.stats().disk.unwrap().pinned_bytes <= 4 * 64 * 1024);
+    assert!(cache.unpin(backend.id(), "keep/").unwrap());
+    assert!(!cache.unpin(backend.id(), "keep/").unwrap());
+    cache.shutdown().await;
+}
+
+/// Hit ratio of scans 2..=4 of a data set twice the cache, through the whole cache (RAM tier only).
+async fn cyclic_hit_ratio(policy: PolicyKind) -> f64 {
+    let backend = memory_backend();
+    for i in 0..64 {
+        put(&backend, &format!("ds/{i:03}"), &pattern(64 * 1024, i)).await;
+    }
+    let mut cfg = config(None, 64, 32, 0, policy);
+    cfg.readahead_blocks = 0;
+    let cache = open(cfg, Telemetry::new());
+    let (mut hits, mut total) = (0u64, 0u64);
+    for scan in 0..4 {
+        let before = cache.stats();
+        for i in 0..64 {
+            cache.read(&ctx(), &backend, &format!("ds/{i:03}"), 0..u64::MAX).await.unwrap();
+        }
+        let after = cache.stats();
+        if scan > 0 {
+            hits += after.ram.hits - before.ram.hits;
+            total += 64;
+        }
+    }
+    hits as f64 / total as f64
+}
+
+#[tokio::test]
+async fn cyclic_scans_keep_a_resident_set() {
+    let lfu = cyclic_hit_ratio(PolicyKind::Tinylfu).await;
+    let lru = cyclic_hit_ratio(PolicyKind::Lru).await;
+    assert!(lfu >= 0.4, "tinylfu hit ratio {lfu}");
+    assert!(lru < 0.1, "lru hit ratio {lru}");
+}
+
+#[tokio::test]
+async fn sequential_reader_gets_readahead_within_budget() {
+    let backend = memory_backend();
+    let data = pattern(20 * 64 * 1024, 6);
+    put(&backend, "seq.bin", &data).await;
+    let cache = open(config(None, 64, 64, 0, PolicyKind::Tinylfu), Telemetry::new());
+    let obj = cache.open_object(&ctx(), &backend, "seq.bin").await.unwrap();
+    let mut out = Vec::new();
+    let mut off = 0u64;
+    while off < data.len() as u64 {
+        let chunk = obj.read(off..off + 16 * 1024).await.unwrap();
+        off += chunk.len() as u64;
+        out.extend_from_slice(&chunk);
+    }
+    assert!(out == data.to_vec());
+    let s = cache.stats();
+    assert!(s.readahead_blocks >= 10, "readahead fetched {} blocks", s.readahead_blocks);
+    assert_eq!(s.fills, 20, "every block fetched exactly once");
+    drop(obj);
+    assert_eq!(cache.stats().inflight_bytes, 0, "the budget is returned");
+    cache.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_reads_are_clear_errors() {
+    let backend = memory_backend();
+    let cache = open(config(None, 64, 4, 0, PolicyKind::Tinylfu), Telemetry::new());
+    put(&backend, "small", &pattern(10, 1)).await;
+    let obj = cache.open_object(&ctx(), &backend, "small").await.unwrap();
+    assert_eq!(obj.read(11..20).await.unwrap_err().kind(), ErrorKind::InvalidInput);
+    assert!(obj.read(10..20).await.unwrap().is_empty());
+    assert_eq!(obj.read(5..100).await.unwrap().len(), 5);
+    let e = cache.open_object(&ctx(), &backend, "../etc/passwd").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    let e = cache.open_object(&ctx(), &backend, "missing").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    // zero-capacity configuration is refused with a message naming the field
+    let mut c = config(None, 64, 1, 0, PolicyKind::Tinylfu);
+    c.ram_capacity = strata_types::ByteSize(0);
+    let e = BlockCache::open(c, Telemetry::new()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    assert!(e.message().contains("ram_capacity"), "{e}");
+    let _ = Arc::new(());
+}
+
+mod reference_model {
+    //! The cache against a reference model: random puts (overwrites), ranged reads, restarts and disk damage.
+    //! Whatever happens, every read returns exactly the model's bytes (or NotFound for absent objects).
+
+    use super::common::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+    use strata_cache::PolicyKind;
+    use strata_telemetry::Telemetry;
+    use strata_types::{BlockKey, ErrorKind, ObjectId};
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Put { obj: u8, len: u32, seed: u64 },
+        Read { obj: u8, start: u32, len: u32 },
+        Restart,
+        Damage { obj: u8, block: u8, truncate: bool },
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            3 => (0u8..4, 0u32..(4 * 64 * 1024 + 17), any::<u64>()).prop_map(|(obj, len, seed)| Step::Put { obj, len, seed }),
+            6 => (0u8..4, 0u32..(5 * 64 * 1024), 0u32..(3 * 64 * 1024)).prop_map(|(obj, start, len)| Step::Read { obj, start, len }),
+            1 => Just(Step::Restart),
+            1 => (0u8..4, 0u8..4, any::<bool>()).prop_map(|(obj, block, truncate)| Step::Damage { obj, block, truncate }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+        #[test]
+        fn cache_matches_model(steps in proptest::collection::vec(step(), 1..40), policy_lru in any::<bool>()) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let dir = tempfile::tempdir().unwrap();
+                let policy = if policy_lru { PolicyKind::Lru } else { PolicyKind::Tinylfu };
+                let cfg = || config(Some(dir.path()), 64, 3, 6, policy);
+                let backend = memory_backend();
+                let mut model: HashMap<u8, bytes::Bytes> = HashMap::new();
+                let mut cache = open(cfg(), Telemetry::new());
+                for s in steps {
+                    match s {
+                        Step::Put { obj, len, seed } => {
+                            let data = pattern(len as usize, seed);
+                            put(&backend, &format!("o{obj}"), &data).await;
+                            model.insert(obj, data);
+                        }
+                        Step::Read { obj, start, len } => {
+                            let r = cache.read(&ctx(), &backend, &format!("o{obj}"), start as u64..(start + len) as u64).await;
+                            match model.get(&obj) {
+                                None => assert_eq!(r.unwrap_err().kind(), ErrorKind::NotFound),
+                                Some(m) if start as usize > m.len() => {
+                                    assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidInput)
+                                }
+                                Some(m) => {
+                                    let end = ((start + len) as usize).min(m.len());
+                                    assert!(r.unwrap() == m.slice(start as usize..end), "bytes differ from the model");
+                                }
+                            }
+                        }
+                        Step::Restart => {
+                            cache.shutdown().await;
+                            cache = open(cfg(), Telemetry::new());
+                        }
+                        Step::Damage { obj, block, truncate } => {
+                            let Ok(meta) = backend.head(&ctx(), &format!("o{obj}")).await else { continue };
+                            let id = ObjectId::new(backend.id().clone(), meta.key.as_str(), meta.version_tag());
+                            let path = cache.disk_path_of(&BlockKey::new(id, block as u64)).unwrap();
+                            if let Ok(mut b) = std::fs::read(&path) {
+                                if truncate {
+                                    b.truncate(b.len() / 2);
+                                } else {
+                                    let n = b.len() - 1;
+                                    b[n] ^= 1;
+                                }
+                                std::fs::write(&path, b).unwrap();
+                            }
+                        }
+                    }
+                }
+                cache.shutdown().await;
+            });
+        }
+    }
+}
