@@ -86,7 +86,10 @@ impl CacheConfig {
             )));
         }
         if self.readahead_blocks > 64 {
-            return Err(Error::config(format!("cache.readahead_blocks = {}: at most 64", self.readahead_blocks)));
+            return Err(Error::config(format!(
+                "cache.readahead_blocks = {}: at most 64",
+                self.readahead_blocks
+            )));
         }
         if self.inflight_budget.bytes() < 2 * bs || self.inflight_budget.bytes() > (1u64 << 40) {
             return Err(Error::config(format!(
@@ -96,10 +99,16 @@ impl CacheConfig {
             )));
         }
         if !(1..=256).contains(&self.read_parallelism) {
-            return Err(Error::config(format!("cache.read_parallelism = {}: must be 1..=256", self.read_parallelism)));
+            return Err(Error::config(format!(
+                "cache.read_parallelism = {}: must be 1..=256",
+                self.read_parallelism
+            )));
         }
         if !(1..=4096).contains(&self.disk_write_queue) {
-            return Err(Error::config(format!("cache.disk_write_queue = {}: must be 1..=4096", self.disk_write_queue)));
+            return Err(Error::config(format!(
+                "cache.disk_write_queue = {}: must be 1..=4096",
+                self.disk_write_queue
+            )));
         }
         Ok(())
     }

@@ -84,7 +84,10 @@ fn parse_canonical(s: &str) -> Option<BlockKey> {
     if it.next().is_some() {
         return None;
     }
-    Some(BlockKey::new(strata_types::ObjectId::new(backend, key, version), index))
+    Some(BlockKey::new(
+        strata_types::ObjectId::new(backend, key, version),
+        index,
+    ))
 }
 
 struct Header {
@@ -125,11 +128,18 @@ fn read_header(r: &mut impl Read) -> std::io::Result<Option<Header>> {
 
 impl DiskTier {
     /// Open (or create) the tier in `dir`, rebuilding the index from the files there.
-    pub fn open(dir: &Path, capacity: u64, pinned_cap: u64, kind: PolicyKind, block_size: u64) -> Result<Self> {
+    pub fn open(
+        dir: &Path,
+        capacity: u64,
+        pinned_cap: u64,
+        kind: PolicyKind,
+        block_size: u64,
+    ) -> Result<Self> {
         let blocks = dir.join("blocks");
         let tmp = dir.join("tmp");
         for d in [&blocks, &tmp] {
-            fs::create_dir_all(d).map_err(|e| Error::from_io(e, format!("creating {}", d.display())))?;
+            fs::create_dir_all(d)
+                .map_err(|e| Error::from_io(e, format!("creating {}", d.display())))?;
         }
         let counters = DiskCounters::default();
         // Partial writes from a crash.
@@ -144,9 +154,13 @@ impl DiskTier {
         let mut policy = Policy::new(kind, capacity, pinned_cap, hint);
         let mut index = HashMap::new();
         let mut found = Vec::new();
-        for sub in fs::read_dir(&blocks).map_err(|e| Error::from_io(e, format!("reading {}", blocks.display())))? {
+        for sub in fs::read_dir(&blocks)
+            .map_err(|e| Error::from_io(e, format!("reading {}", blocks.display())))?
+        {
             let Ok(sub) = sub else { continue };
-            let Ok(rd) = fs::read_dir(sub.path()) else { continue };
+            let Ok(rd) = fs::read_dir(sub.path()) else {
+                continue;
+            };
             for f in rd.flatten() {
                 let path = f.path();
                 let valid = (|| {
@@ -224,7 +238,9 @@ impl DiskTier {
             Err(e) => {
                 match e.kind() {
                     ErrorKind::Corrupt => {
-                        self.counters.checksum_failures.fetch_add(1, Ordering::Relaxed);
+                        self.counters
+                            .checksum_failures
+                            .fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(path = %path.display(), error = %e, "corrupt cache block dropped");
                     }
                     _ => {
@@ -240,7 +256,14 @@ impl DiskTier {
 
     /// Decide whether to store a block (admission), evicting victims. Returns the admission; the caller then
     /// writes with [`Self::write`] if admitted.
-    pub fn reserve(&self, key: &BlockKey, d: Digest, size: u64, pin: bool, force: bool) -> Admission {
+    pub fn reserve(
+        &self,
+        key: &BlockKey,
+        d: Digest,
+        size: u64,
+        pin: bool,
+        force: bool,
+    ) -> Admission {
         let mut st = self.state.lock();
         if st.index.contains_key(&d) {
             return Admission {
@@ -250,7 +273,13 @@ impl DiskTier {
         }
         let a = st.policy.admit(d, size, pin, force);
         if a.admitted {
-            st.index.insert(d, DiskEntry { key: key.clone(), ready: false });
+            st.index.insert(
+                d,
+                DiskEntry {
+                    key: key.clone(),
+                    ready: false,
+                },
+            );
         } else {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
         }
@@ -330,7 +359,12 @@ impl DiskTier {
     /// (capacity, used, pinned, entries)
     pub fn usage(&self) -> (u64, u64, u64, usize) {
         let st = self.state.lock();
-        (st.policy.capacity(), st.policy.used(), st.policy.pinned_bytes(), st.policy.len())
+        (
+            st.policy.capacity(),
+            st.policy.used(),
+            st.policy.pinned_bytes(),
+            st.policy.len(),
+        )
     }
 
     /// Path of a block's file (tests corrupt files through it).
@@ -350,7 +384,8 @@ fn read_block(path: &Path, key: &BlockKey) -> Result<Bytes> {
         format!("reading {}", path.display())
     )));
     let corrupt = |why: &str| Error::new(ErrorKind::Corrupt, format!("{}: {why}", path.display()));
-    let mut f = fs::File::open(path).map_err(|e| Error::from_io(e, format!("opening {}", path.display())))?;
+    let mut f = fs::File::open(path)
+        .map_err(|e| Error::from_io(e, format!("opening {}", path.display())))?;
     let h = read_header(&mut f)
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::UnexpectedEof => corrupt("truncated header"),
@@ -379,7 +414,9 @@ fn write_block(dir: &Path, key: &BlockKey, d: &Digest, data: &Bytes) -> Result<(
     let h = hex(d);
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join("tmp").join(format!("{h}.{}.{seq}.tmp", std::process::id()));
+    let tmp = dir
+        .join("tmp")
+        .join(format!("{h}.{}.{seq}.tmp", std::process::id()));
     let dst = dir.join("blocks").join(&h[..2]);
     let result = (|| {
         fail::fail_point!("disk-write", |_| Err(Error::from_io(
@@ -436,7 +473,12 @@ mod tests {
             // damage: truncate 1, flip a byte in 2, a stray partial file
             let p1 = t.path_of(&key(1).digest());
             let len = fs::metadata(&p1).unwrap().len();
-            fs::OpenOptions::new().write(true).open(&p1).unwrap().set_len(len - 10).unwrap();
+            fs::OpenOptions::new()
+                .write(true)
+                .open(&p1)
+                .unwrap()
+                .set_len(len - 10)
+                .unwrap();
             let p2 = t.path_of(&key(2).digest());
             let mut b = fs::read(&p2).unwrap();
             let last = b.len() - 1;
@@ -445,13 +487,26 @@ mod tests {
             fs::write(dir.path().join("tmp/partial.tmp"), b"half").unwrap();
         }
         let t = DiskTier::open(dir.path(), 1 << 20, 0, PolicyKind::Tinylfu, 1024).unwrap();
-        assert_eq!(t.counters.removed_on_start.load(Ordering::Relaxed), 2, "truncated + partial removed");
-        assert_eq!(t.get(&key(0), &key(0).digest()).unwrap(), Bytes::from(vec![0u8; 1000]));
+        assert_eq!(
+            t.counters.removed_on_start.load(Ordering::Relaxed),
+            2,
+            "truncated + partial removed"
+        );
+        assert_eq!(
+            t.get(&key(0), &key(0).digest()).unwrap(),
+            Bytes::from(vec![0u8; 1000])
+        );
         assert!(t.get(&key(1), &key(1).digest()).is_none());
-        assert!(t.get(&key(2), &key(2).digest()).is_none(), "checksum mismatch is a miss");
+        assert!(
+            t.get(&key(2), &key(2).digest()).is_none(),
+            "checksum mismatch is a miss"
+        );
         assert_eq!(t.counters.checksum_failures.load(Ordering::Relaxed), 1);
         assert!(!t.path_of(&key(2).digest()).exists(), "bad block dropped");
-        assert_eq!(t.get(&key(3), &key(3).digest()).unwrap(), Bytes::from(vec![3u8; 1000]));
+        assert_eq!(
+            t.get(&key(3), &key(3).digest()).unwrap(),
+            Bytes::from(vec![3u8; 1000])
+        );
         assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
     }
 

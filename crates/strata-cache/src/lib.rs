@@ -241,7 +241,9 @@ pub struct BlockCache {
 
 impl std::fmt::Debug for BlockCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BlockCache").field("cfg", &self.inner.cfg).finish()
+        f.debug_struct("BlockCache")
+            .field("cfg", &self.inner.cfg)
+            .finish()
     }
 }
 
@@ -350,13 +352,23 @@ impl BlockCache {
     }
 
     /// Look up the object's current version at the backend and return a reader for it.
-    pub async fn open_object(&self, ctx: &IoContext, backend: &Backend, key: &str) -> Result<CachedObject> {
+    pub async fn open_object(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+    ) -> Result<CachedObject> {
         let meta = backend.head(ctx, key).await?;
         Ok(self.object_from_meta(ctx, backend, meta))
     }
 
     /// A reader for an object whose metadata the caller already has (from a listing, say).
-    pub fn object_from_meta(&self, ctx: &IoContext, backend: &Backend, meta: ObjectMeta) -> CachedObject {
+    pub fn object_from_meta(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        meta: ObjectMeta,
+    ) -> CachedObject {
         let id = ObjectId::new(backend.id().clone(), meta.key.as_str(), meta.version_tag());
         CachedObject {
             cache: self.clone(),
@@ -371,7 +383,13 @@ impl BlockCache {
     }
 
     /// Bytes `range` of `key`, through the cache (opens the object, then reads).
-    pub async fn read(&self, ctx: &IoContext, backend: &Backend, key: &str, range: Range<u64>) -> Result<Bytes> {
+    pub async fn read(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+        range: Range<u64>,
+    ) -> Result<Bytes> {
         self.open_object(ctx, backend, key).await?.read(range).await
     }
 
@@ -441,7 +459,8 @@ impl BlockCache {
         }
         drop(ram);
         let c = &self.inner.counters;
-        c.ram_evictions.fetch_add(a.evicted.len() as u64, Ordering::Relaxed);
+        c.ram_evictions
+            .fetch_add(a.evicted.len() as u64, Ordering::Relaxed);
         if !a.admitted {
             c.ram_rejected.fetch_add(1, Ordering::Relaxed);
         }
@@ -479,7 +498,10 @@ impl BlockCache {
             let _ = done_rx.await;
         } else if tx.try_send(job).is_err() {
             disk.drop_entry(&d);
-            self.inner.counters.writes_dropped.fetch_add(1, Ordering::Relaxed);
+            self.inner
+                .counters
+                .writes_dropped
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -575,8 +597,14 @@ impl BlockCache {
             }
         };
         c.fills.fetch_add(1, Ordering::Relaxed);
-        c.fill_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        self.insert_ram(&key, d, &bytes, mode == FillMode::Warm && self.inner.disk.is_none());
+        c.fill_bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.insert_ram(
+            &key,
+            d,
+            &bytes,
+            mode == FillMode::Warm && self.inner.disk.is_none(),
+        );
         self.store_disk(&key, d, &bytes, mode).await;
         Ok(bytes)
     }
@@ -593,7 +621,8 @@ impl BlockCache {
 
     /// Whether a block is held by any tier (no policy side effects).
     fn holds(&self, d: &Digest) -> bool {
-        self.inner.ram.lock().map.contains_key(d) || self.inner.disk.as_ref().is_some_and(|t| t.contains(d))
+        self.inner.ram.lock().map.contains_key(d)
+            || self.inner.disk.as_ref().is_some_and(|t| t.contains(d))
     }
 
     /// Prefetch every object under `prefix` into the cache, `concurrency` blocks at a time (at least 1).
@@ -609,7 +638,9 @@ impl BlockCache {
         let mut objects = Vec::new();
         let mut after: Option<String> = None;
         loop {
-            let page = backend.list_page(ctx, prefix, after.as_deref(), 1000).await?;
+            let page = backend
+                .list_page(ctx, prefix, after.as_deref(), 1000)
+                .await?;
             objects.extend(page.objects);
             match page.next_start_after {
                 Some(s) => after = Some(s),
@@ -759,7 +790,12 @@ impl BlockCache {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (ram_cap, ram_used, ram_pinned, ram_blocks) = {
             let r = self.inner.ram.lock();
-            (r.policy.capacity(), r.policy.used(), r.policy.pinned_bytes(), r.policy.len() as u64)
+            (
+                r.policy.capacity(),
+                r.policy.used(),
+                r.policy.pinned_bytes(),
+                r.policy.len() as u64,
+            )
         };
         let ram = TierStats {
             capacity_bytes: ram_cap,
@@ -873,7 +909,9 @@ pub struct CachedObject {
 
 impl std::fmt::Debug for CachedObject {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CachedObject").field("id", &self.obj.id).finish()
+        f.debug_struct("CachedObject")
+            .field("id", &self.obj.id)
+            .finish()
     }
 }
 
@@ -917,7 +955,10 @@ impl CachedObject {
             if hi < lo || hi > b.len() as u64 {
                 return Err(Error::new(
                     ErrorKind::Corrupt,
-                    format!("block {i} of {} is shorter than expected", self.obj.meta.key),
+                    format!(
+                        "block {i} of {} is shorter than expected",
+                        self.obj.meta.key
+                    ),
                 ));
             }
             Ok(b.slice(lo as usize..hi as usize))
@@ -974,12 +1015,28 @@ impl CachedObject {
                 continue;
             }
             let len = (self.obj.meta.size - i * bs).min(bs);
-            let Ok(permit) = self.cache.inner.budget.clone().try_acquire_many_owned(units(len)) else {
-                self.cache.inner.counters.readahead_skipped.fetch_add(1, Ordering::Relaxed);
+            let Ok(permit) = self
+                .cache
+                .inner
+                .budget
+                .clone()
+                .try_acquire_many_owned(units(len))
+            else {
+                self.cache
+                    .inner
+                    .counters
+                    .readahead_skipped
+                    .fetch_add(1, Ordering::Relaxed);
                 break;
             };
-            let fut = self.cache.fetch(&self.ctx, &self.obj, i, FillMode::Readahead, None);
-            self.cache.inner.counters.readahead.fetch_add(1, Ordering::Relaxed);
+            let fut = self
+                .cache
+                .fetch(&self.ctx, &self.obj, i, FillMode::Readahead, None);
+            self.cache
+                .inner
+                .counters
+                .readahead
+                .fetch_add(1, Ordering::Relaxed);
             ra.prefetched.insert(i, (fut, permit));
         }
     }

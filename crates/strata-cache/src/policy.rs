@@ -82,7 +82,10 @@ impl Sketch {
     }
 
     fn estimate(&self, d: &Digest) -> u8 {
-        (0..4).map(|r| self.rows[r][self.index(d, r)]).min().unwrap_or(0)
+        (0..4)
+            .map(|r| self.rows[r][self.index(d, r)])
+            .min()
+            .unwrap_or(0)
     }
 
     fn increment(&mut self, d: &Digest) {
@@ -345,7 +348,10 @@ mod tests {
         }
         let hot = d(100);
         p.record_request(&hot);
-        assert!(!p.admit(hot, 1, false, false).admitted, "a one-off newcomer is not admitted");
+        assert!(
+            !p.admit(hot, 1, false, false).admitted,
+            "a one-off newcomer is not admitted"
+        );
         p.record_request(&hot);
         p.record_request(&hot);
         let a = p.admit(hot, 1, false, false);

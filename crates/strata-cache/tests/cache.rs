@@ -1,6 +1,8 @@
 //! Integration tests of the tiered block cache against real backends (in-memory, and a real S3 server behind a
 //! counting, fault-injecting proxy).
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 mod common;
 
 use std::sync::Arc;
@@ -23,17 +25,29 @@ async fn thirty_two_readers_cause_one_origin_read_per_block() {
     let data = pattern(5 * 64 * 1024 + 1000, 1); // 6 blocks of 64 KiB
     put(&backend, "obj.bin", &data).await;
     let dir = tempfile::tempdir().unwrap();
-    let cache = open(config(Some(dir.path()), 64, 64, 64, PolicyKind::Tinylfu), t.clone());
+    let cache = open(
+        config(Some(dir.path()), 64, 64, 64, PolicyKind::Tinylfu),
+        t.clone(),
+    );
     proxy.clear();
     let mut tasks = Vec::new();
     for _ in 0..32 {
         let (cache, backend) = (cache.clone(), backend.clone());
         tasks.push(tokio::spawn(async move {
-            cache.open_object(&ctx(), &backend, "obj.bin").await.unwrap().read_all().await.unwrap()
+            cache
+                .open_object(&ctx(), &backend, "obj.bin")
+                .await
+                .unwrap()
+                .read_all()
+                .await
+                .unwrap()
         }));
     }
     for t in tasks {
-        assert!(t.await.unwrap() == data, "every reader gets the exact bytes");
+        assert!(
+            t.await.unwrap() == data,
+            "every reader gets the exact bytes"
+        );
     }
     let gets = proxy.gets_of("obj.bin");
     assert_eq!(gets.len(), 6, "one origin GET per block, saw {gets:?}");
@@ -78,7 +92,10 @@ async fn origin_faults_give_right_bytes_or_clear_errors() {
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.is_retryable());
     proxy.fail_next(0, 503);
-    assert!(fresh.read(0..300 * 1024).await.unwrap() == data, "after the outage the bytes are right");
+    assert!(
+        fresh.read(0..300 * 1024).await.unwrap() == data,
+        "after the outage the bytes are right"
+    );
     assert!(cache.stats().fill_errors >= 1);
     cache.shutdown().await;
 }
@@ -86,21 +103,45 @@ async fn origin_faults_give_right_bytes_or_clear_errors() {
 #[tokio::test]
 async fn overwrite_at_origin_is_never_served_stale() {
     let backend = memory_backend();
-    let cache = open(config(None, 64, 32, 0, PolicyKind::Tinylfu), Telemetry::new());
+    let cache = open(
+        config(None, 64, 32, 0, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
     let v1 = pattern(200 * 1024, 1);
     put(&backend, "k", &v1).await;
-    assert!(cache.read(&ctx(), &backend, "k", 0..200 * 1024).await.unwrap() == v1);
-    assert!(cache.read(&ctx(), &backend, "k", 0..200 * 1024).await.unwrap() == v1);
+    assert!(
+        cache
+            .read(&ctx(), &backend, "k", 0..200 * 1024)
+            .await
+            .unwrap()
+            == v1
+    );
+    assert!(
+        cache
+            .read(&ctx(), &backend, "k", 0..200 * 1024)
+            .await
+            .unwrap()
+            == v1
+    );
     let v2 = pattern(150 * 1024, 2);
     put(&backend, "k", &v2).await;
-    let got = cache.read(&ctx(), &backend, "k", 0..u64::MAX).await.unwrap();
-    assert!(got == v2, "the new version is read, not cached blocks of the old one");
+    let got = cache
+        .read(&ctx(), &backend, "k", 0..u64::MAX)
+        .await
+        .unwrap();
+    assert!(
+        got == v2,
+        "the new version is read, not cached blocks of the old one"
+    );
 }
 
 #[tokio::test]
 async fn etag_change_between_ranged_reads_is_an_error_not_mixed_bytes() {
     let backend = memory_backend();
-    let cache = open(config(None, 64, 32, 0, PolicyKind::Tinylfu), Telemetry::new());
+    let cache = open(
+        config(None, 64, 32, 0, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
     let mut c = config(None, 64, 32, 0, PolicyKind::Tinylfu);
     c.readahead_blocks = 0;
     let cache_no_ra = open(c, Telemetry::new());
@@ -126,15 +167,28 @@ async fn disk_tier_survives_restart() {
     let data = pattern(1024 * 1024, 3);
     put(&backend, "d/x.bin", &data).await;
     {
-        let cache = open(config(Some(dir.path()), 64, 4, 64, PolicyKind::Tinylfu), Telemetry::new());
+        let cache = open(
+            config(Some(dir.path()), 64, 4, 64, PolicyKind::Tinylfu),
+            Telemetry::new(),
+        );
         let p = cache.warm(&ctx(), &backend, "d/", 4, |_| {}).await.unwrap();
         assert_eq!(p.fetched_blocks, 16);
         assert_eq!(p.done_bytes, 1024 * 1024);
         cache.shutdown().await;
     }
-    let cache = open(config(Some(dir.path()), 64, 4, 64, PolicyKind::Tinylfu), Telemetry::new());
-    assert_eq!(cache.stats().disk.unwrap().blocks, 16, "index rebuilt from the files");
-    let got = cache.read(&ctx(), &backend, "d/x.bin", 0..u64::MAX).await.unwrap();
+    let cache = open(
+        config(Some(dir.path()), 64, 4, 64, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
+    assert_eq!(
+        cache.stats().disk.unwrap().blocks,
+        16,
+        "index rebuilt from the files"
+    );
+    let got = cache
+        .read(&ctx(), &backend, "d/x.bin", 0..u64::MAX)
+        .await
+        .unwrap();
     assert!(got == data);
     let s = cache.stats();
     assert_eq!(s.fills, 0, "everything served from disk after the restart");
@@ -154,8 +208,14 @@ async fn corrupt_and_truncated_blocks_between_runs_are_misses_with_counters() {
     let meta = backend.head(&ctx(), "c.bin").await.unwrap();
     let id = ObjectId::new(backend.id().clone(), "c.bin", meta.version_tag());
     {
-        let cache = open(config(Some(dir.path()), 64, 1, 64, PolicyKind::Tinylfu), Telemetry::new());
-        cache.warm(&ctx(), &backend, "c.bin", 4, |_| {}).await.unwrap();
+        let cache = open(
+            config(Some(dir.path()), 64, 1, 64, PolicyKind::Tinylfu),
+            Telemetry::new(),
+        );
+        cache
+            .warm(&ctx(), &backend, "c.bin", 4, |_| {})
+            .await
+            .unwrap();
         // corrupt block 1 (flip a data byte) and truncate block 2's data
         let p1 = cache.disk_path_of(&BlockKey::new(id.clone(), 1)).unwrap();
         let mut b = std::fs::read(&p1).unwrap();
@@ -164,16 +224,33 @@ async fn corrupt_and_truncated_blocks_between_runs_are_misses_with_counters() {
         std::fs::write(&p1, b).unwrap();
         let p2 = cache.disk_path_of(&BlockKey::new(id.clone(), 2)).unwrap();
         let len = std::fs::metadata(&p2).unwrap().len();
-        std::fs::OpenOptions::new().write(true).open(&p2).unwrap().set_len(len - 1).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p2)
+            .unwrap()
+            .set_len(len - 1)
+            .unwrap();
         cache.shutdown().await;
     }
-    let cache = open(config(Some(dir.path()), 64, 1, 64, PolicyKind::Tinylfu), Telemetry::new());
+    let cache = open(
+        config(Some(dir.path()), 64, 1, 64, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
     let s = cache.stats();
-    assert_eq!(s.disk_faults.removed_on_start, 1, "the truncated file is found at start");
-    let got = cache.read(&ctx(), &backend, "c.bin", 0..u64::MAX).await.unwrap();
+    assert_eq!(
+        s.disk_faults.removed_on_start, 1,
+        "the truncated file is found at start"
+    );
+    let got = cache
+        .read(&ctx(), &backend, "c.bin", 0..u64::MAX)
+        .await
+        .unwrap();
     assert!(got == data, "right bytes despite the damage");
     let s = cache.stats();
-    assert_eq!(s.disk_faults.checksum_failures, 1, "the flipped byte is caught on read");
+    assert_eq!(
+        s.disk_faults.checksum_failures, 1,
+        "the flipped byte is caught on read"
+    );
     assert_eq!(s.fills, 2, "the two damaged blocks are refetched");
     cache.shutdown().await;
 }
@@ -185,25 +262,43 @@ async fn pinned_prefix_survives_scans_and_restarts() {
     let keep = pattern(4 * 64 * 1024, 5);
     put(&backend, "keep/model.bin", &keep).await;
     for i in 0..8 {
-        put(&backend, &format!("scan/{i}"), &pattern(4 * 64 * 1024, 100 + i)).await;
+        put(
+            &backend,
+            &format!("scan/{i}"),
+            &pattern(4 * 64 * 1024, 100 + i),
+        )
+        .await;
     }
     let cfg = || config(Some(dir.path()), 64, 2, 8, PolicyKind::Lru);
     {
         let cache = open(cfg(), Telemetry::new());
         let r = cache.pin(backend.id(), "keep/").unwrap();
         assert_eq!(r.pinned_blocks, 0);
-        cache.warm(&ctx(), &backend, "keep/", 2, |_| {}).await.unwrap();
+        cache
+            .warm(&ctx(), &backend, "keep/", 2, |_| {})
+            .await
+            .unwrap();
         assert_eq!(cache.stats().disk.unwrap().pinned_bytes, 4 * 64 * 1024);
         for _ in 0..2 {
-            cache.warm(&ctx(), &backend, "scan/", 2, |_| {}).await.unwrap();
+            cache
+                .warm(&ctx(), &backend, "scan/", 2, |_| {})
+                .await
+                .unwrap();
         }
         cache.shutdown().await;
     }
     let cache = open(cfg(), Telemetry::new());
     let s = cache.stats();
     assert_eq!(s.pins.len(), 1, "pins persist");
-    assert_eq!(s.disk.as_ref().unwrap().pinned_bytes, 4 * 64 * 1024, "pinned blocks re-pinned at start");
-    let got = cache.read(&ctx(), &backend, "keep/model.bin", 0..u64::MAX).await.unwrap();
+    assert_eq!(
+        s.disk.as_ref().unwrap().pinned_bytes,
+        4 * 64 * 1024,
+        "pinned blocks re-pinned at start"
+    );
+    let got = cache
+        .read(&ctx(), &backend, "keep/model.bin", 0..u64::MAX)
+        .await
+        .unwrap();
     assert!(got == keep);
     assert_eq!(cache.stats().fills, 0, "pinned data was never evicted");
     // pinned bytes are capped at 50% of the disk tier: 4 of 8 blocks
@@ -228,7 +323,10 @@ async fn cyclic_hit_ratio(policy: PolicyKind) -> f64 {
     for scan in 0..4 {
         let before = cache.stats();
         for i in 0..64 {
-            cache.read(&ctx(), &backend, &format!("ds/{i:03}"), 0..u64::MAX).await.unwrap();
+            cache
+                .read(&ctx(), &backend, &format!("ds/{i:03}"), 0..u64::MAX)
+                .await
+                .unwrap();
         }
         let after = cache.stats();
         if scan > 0 {
@@ -252,8 +350,14 @@ async fn sequential_reader_gets_readahead_within_budget() {
     let backend = memory_backend();
     let data = pattern(20 * 64 * 1024, 6);
     put(&backend, "seq.bin", &data).await;
-    let cache = open(config(None, 64, 64, 0, PolicyKind::Tinylfu), Telemetry::new());
-    let obj = cache.open_object(&ctx(), &backend, "seq.bin").await.unwrap();
+    let cache = open(
+        config(None, 64, 64, 0, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
+    let obj = cache
+        .open_object(&ctx(), &backend, "seq.bin")
+        .await
+        .unwrap();
     let mut out = Vec::new();
     let mut off = 0u64;
     while off < data.len() as u64 {
@@ -263,7 +367,11 @@ async fn sequential_reader_gets_readahead_within_budget() {
     }
     assert!(out == data.to_vec());
     let s = cache.stats();
-    assert!(s.readahead_blocks >= 10, "readahead fetched {} blocks", s.readahead_blocks);
+    assert!(
+        s.readahead_blocks >= 10,
+        "readahead fetched {} blocks",
+        s.readahead_blocks
+    );
     assert_eq!(s.fills, 20, "every block fetched exactly once");
     drop(obj);
     assert_eq!(cache.stats().inflight_bytes, 0, "the budget is returned");
@@ -273,15 +381,27 @@ async fn sequential_reader_gets_readahead_within_budget() {
 #[tokio::test]
 async fn bad_reads_are_clear_errors() {
     let backend = memory_backend();
-    let cache = open(config(None, 64, 4, 0, PolicyKind::Tinylfu), Telemetry::new());
+    let cache = open(
+        config(None, 64, 4, 0, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
     put(&backend, "small", &pattern(10, 1)).await;
     let obj = cache.open_object(&ctx(), &backend, "small").await.unwrap();
-    assert_eq!(obj.read(11..20).await.unwrap_err().kind(), ErrorKind::InvalidInput);
+    assert_eq!(
+        obj.read(11..20).await.unwrap_err().kind(),
+        ErrorKind::InvalidInput
+    );
     assert!(obj.read(10..20).await.unwrap().is_empty());
     assert_eq!(obj.read(5..100).await.unwrap().len(), 5);
-    let e = cache.open_object(&ctx(), &backend, "../etc/passwd").await.unwrap_err();
+    let e = cache
+        .open_object(&ctx(), &backend, "../etc/passwd")
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput);
-    let e = cache.open_object(&ctx(), &backend, "missing").await.unwrap_err();
+    let e = cache
+        .open_object(&ctx(), &backend, "missing")
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
     // zero-capacity configuration is refused with a message naming the field
     let mut c = config(None, 64, 1, 0, PolicyKind::Tinylfu);

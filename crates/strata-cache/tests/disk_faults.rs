@@ -1,6 +1,8 @@
 //! Disk-tier faults injected with failpoints: ENOSPC on write and EIO on read become misses with counters,
 //! never failed or wrong reads. Its own test binary, because failpoints are process-wide.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 mod common;
 
 use common::*;
@@ -17,25 +19,62 @@ async fn full_or_failing_disk_never_fails_a_read() {
 
     // ENOSPC on every disk write: reads are right, nothing is on disk, counters say why
     fail::cfg("disk-write", "return").unwrap();
-    let cache = open(config(Some(dir.path()), 64, 2, 64, PolicyKind::Tinylfu), Telemetry::new());
+    let cache = open(
+        config(Some(dir.path()), 64, 2, 64, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
     for _ in 0..2 {
-        assert!(cache.read(&ctx(), &backend, "x.bin", 0..u64::MAX).await.unwrap() == data);
+        assert!(
+            cache
+                .read(&ctx(), &backend, "x.bin", 0..u64::MAX)
+                .await
+                .unwrap()
+                == data
+        );
     }
     cache.shutdown().await; // waits for queued writes
     let s = cache.stats();
-    assert!(s.disk_faults.no_space >= 8, "no_space = {}", s.disk_faults.no_space);
-    assert_eq!(s.disk.as_ref().unwrap().used_bytes, 0, "failed writes release their space");
-    assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0, "no partial files left");
+    assert!(
+        s.disk_faults.no_space >= 8,
+        "no_space = {}",
+        s.disk_faults.no_space
+    );
+    assert_eq!(
+        s.disk.as_ref().unwrap().used_bytes,
+        0,
+        "failed writes release their space"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("tmp")).unwrap().count(),
+        0,
+        "no partial files left"
+    );
     fail::remove("disk-write");
 
     // EIO on every disk read: misses, refetched from the backend, right bytes
-    let cache = open(config(Some(dir.path()), 64, 1, 64, PolicyKind::Tinylfu), Telemetry::new());
-    cache.warm(&ctx(), &backend, "x.bin", 4, |_| {}).await.unwrap();
+    let cache = open(
+        config(Some(dir.path()), 64, 1, 64, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
+    cache
+        .warm(&ctx(), &backend, "x.bin", 4, |_| {})
+        .await
+        .unwrap();
     assert_eq!(cache.stats().disk.unwrap().blocks, 8);
     fail::cfg("disk-read", "return").unwrap();
-    assert!(cache.read(&ctx(), &backend, "x.bin", 0..u64::MAX).await.unwrap() == data);
+    assert!(
+        cache
+            .read(&ctx(), &backend, "x.bin", 0..u64::MAX)
+            .await
+            .unwrap()
+            == data
+    );
     let s = cache.stats();
-    assert!(s.disk_faults.read_errors >= 7, "read_errors = {}", s.disk_faults.read_errors);
+    assert!(
+        s.disk_faults.read_errors >= 7,
+        "read_errors = {}",
+        s.disk_faults.read_errors
+    );
     fail::remove("disk-read");
     cache.shutdown().await;
     scenario.teardown();

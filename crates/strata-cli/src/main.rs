@@ -1,1 +1,418 @@
-fn main(){}
+//! `strata`: run the Strata node agent and operate its cache.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use futures::StreamExt;
+use strata_server::config::{Config, Overrides};
+
+/// Strata: the data layer between object storage and GPU workloads.
+///
+/// `strata serve` runs the node agent: a tiered block cache (RAM + local disk) in front of object storage and
+/// file systems, a control API and Prometheus metrics. The other commands talk to a running agent's control
+/// API.
+#[derive(Debug, Parser)]
+#[command(
+    name = "strata",
+    version,
+    propagate_version = true,
+    max_term_width = 110
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the node agent until SIGTERM or SIGINT.
+    ///
+    /// With no configuration at all it runs on embedded defaults: data dir ./.strata, a local-directory backend
+    /// named `default` (<data-dir>/objects), a RAM tier of 1/8 of memory, a disk tier of 1/4 of the free space
+    /// under <data-dir>/cache, and the control API on 127.0.0.1:7070. Precedence: flags, then environment, then
+    /// the config file, then defaults.
+    Serve(ServeArgs),
+    /// Inspect and steer a running agent's cache.
+    #[command(subcommand)]
+    Cache(CacheCommand),
+    /// Check configuration files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// TOML configuration file (see `strata config check`).
+    #[arg(long, short = 'c', env = "STRATA_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Data directory: disk cache, default backend, API address file.
+    #[arg(long, env = "STRATA_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Control API listen address (use port 0 to pick a free port; the address is written to
+    /// <data-dir>/api.addr).
+    #[arg(long, env = "STRATA_API_LISTEN", value_name = "ADDR")]
+    api_listen: Option<String>,
+    /// Seconds to let in-flight requests finish after SIGTERM before cancelling them.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    shutdown_grace: u64,
+}
+
+#[derive(Debug, Args)]
+struct ApiArgs {
+    /// Control API of the agent. Default: the address in <data-dir>/api.addr, else http://127.0.0.1:7070.
+    #[arg(long, env = "STRATA_API", value_name = "URL", global = true)]
+    api: Option<String>,
+    /// Data directory of the local agent (to find its API address).
+    #[arg(long, env = "STRATA_DATA_DIR", value_name = "DIR", global = true)]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum CacheCommand {
+    /// Show cache statistics: capacity, usage, hits and misses per tier, faults.
+    Stats {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Prefetch every object under a prefix into the cache, with a progress bar.
+    ///
+    /// LOCATION is `NAME/prefix` for a configured backend, a URL under one, or `s3://bucket/prefix`.
+    Warm {
+        /// What to prefetch.
+        location: String,
+        /// Blocks fetched concurrently.
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+        concurrency: u16,
+        /// No progress bar; print the final summary as JSON.
+        #[arg(long)]
+        quiet: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Pin a prefix: its cached blocks are never evicted (pinned bytes are capped). Survives restarts.
+    Pin {
+        /// The prefix location.
+        location: String,
+        /// Also prefetch the prefix now, so all of it is cached and pinned.
+        #[arg(long)]
+        warm: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Remove a pin.
+    Unpin {
+        /// The prefix location.
+        location: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate a configuration file and print it fully resolved (defaults filled in).
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let level = std::env::var("STRATA_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run(cli)) {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Serve(a) => serve(a).await,
+        Command::Config(ConfigCommand::Check { file }) => {
+            let resolved = Config::load(&file)?.resolve(&Overrides::default())?;
+            println!("{} is valid. Resolved:", file.display());
+            println!("  data_dir        {}", resolved.data_dir.display());
+            println!("  api.listen      {}", resolved.api_listen);
+            let c = &resolved.cache;
+            println!("  cache.block     {}", c.block_size);
+            println!("  cache.ram       {}", c.ram_capacity);
+            match &c.disk {
+                Some(d) => println!("  cache.disk      {} at {}", d.capacity, d.dir.display()),
+                None => println!("  cache.disk      off"),
+            }
+            println!("  cache.policy    {:?}", c.policy);
+            for b in &resolved.backends {
+                println!("  backend {:<8} {}", b.name, b.url);
+            }
+            Ok(())
+        }
+        Command::Cache(c) => cache(c).await,
+    }
+}
+
+async fn serve(a: ServeArgs) -> Result<()> {
+    let config = match &a.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    let resolved = config.resolve(&Overrides {
+        data_dir: a.data_dir,
+        api_listen: a.api_listen,
+    })?;
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+    };
+    strata_server::serve(resolved, shutdown, Duration::from_secs(a.shutdown_grace)).await?;
+    Ok(())
+}
+
+fn api_base(a: &ApiArgs) -> String {
+    if let Some(api) = &a.api {
+        return api.trim_end_matches('/').to_string();
+    }
+    let dir = a
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("./.strata"));
+    std::fs::read_to_string(strata_server::api_addr_file(&dir))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "http://127.0.0.1:7070".into())
+}
+
+async fn check(resp: reqwest::Response) -> Result<reqwest::Response> {
+    if resp.status().is_success() {
+        return Ok(resp);
+    }
+    let status = resp.status();
+    let body: serde_json::Value = resp.json().await.unwrap_or_default();
+    match body.get("message").and_then(|m| m.as_str()) {
+        Some(m) => bail!("{m} (HTTP {status})"),
+        None => bail!("the agent answered HTTP {status}"),
+    }
+}
+
+async fn cache(c: CacheCommand) -> Result<()> {
+    let client = reqwest::Client::new();
+    match c {
+        CacheCommand::Stats { json, api } => {
+            let base = api_base(&api);
+            let resp = client
+                .get(format!("{base}/v1/cache"))
+                .send()
+                .await
+                .with_context(|| format!("is `strata serve` running? could not reach {base}"))?;
+            let stats: serde_json::Value = check(resp).await?.json().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+                return Ok(());
+            }
+            print_stats(&stats);
+            Ok(())
+        }
+        CacheCommand::Warm {
+            location,
+            concurrency,
+            quiet,
+            api,
+        } => warm(&client, &api_base(&api), &location, concurrency, quiet).await,
+        CacheCommand::Pin {
+            location,
+            warm: w,
+            api,
+        } => {
+            let base = api_base(&api);
+            let resp = client
+                .post(format!("{base}/v1/cache/pin"))
+                .json(&serde_json::json!({ "location": location }))
+                .send()
+                .await
+                .with_context(|| format!("could not reach {base}"))?;
+            let r: serde_json::Value = check(resp).await?.json().await?;
+            println!(
+                "pinned {location}: {} cached blocks pinned, {} refused (pinned-bytes cap)",
+                r["pinned_blocks"], r["refused_blocks"]
+            );
+            if w {
+                warm(&client, &base, &location, 16, false).await?;
+            }
+            Ok(())
+        }
+        CacheCommand::Unpin { location, api } => {
+            let base = api_base(&api);
+            let resp = client
+                .post(format!("{base}/v1/cache/unpin"))
+                .json(&serde_json::json!({ "location": location }))
+                .send()
+                .await
+                .with_context(|| format!("could not reach {base}"))?;
+            let r: serde_json::Value = check(resp).await?.json().await?;
+            if r["removed"].as_bool() == Some(true) {
+                println!("unpinned {location}");
+                Ok(())
+            } else {
+                bail!("{location} was not pinned")
+            }
+        }
+    }
+}
+
+fn human(b: u64) -> String {
+    indicatif::HumanBytes(b).to_string()
+}
+
+fn print_stats(s: &serde_json::Value) {
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    println!(
+        "block size {}   policy {}",
+        human(n(&s["block_size"])),
+        s["policy"].as_str().unwrap_or("?")
+    );
+    println!(
+        "{:<6} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10}",
+        "tier", "capacity", "used", "pinned", "blocks", "hits", "evictions"
+    );
+    for (name, t) in [("ram", &s["ram"]), ("disk", &s["disk"])] {
+        if t.is_null() {
+            continue;
+        }
+        println!(
+            "{:<6} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10}",
+            name,
+            human(n(&t["capacity_bytes"])),
+            human(n(&t["used_bytes"])),
+            human(n(&t["pinned_bytes"])),
+            n(&t["blocks"]),
+            n(&t["hits"]),
+            n(&t["evictions"])
+        );
+    }
+    println!(
+        "misses {}   hit ratio {:.3}   fills {} ({})   single-flight joins {}   readahead blocks {}",
+        n(&s["misses"]),
+        s["hit_ratio"].as_f64().unwrap_or(0.0),
+        n(&s["fills"]),
+        human(n(&s["fill_bytes"])),
+        n(&s["single_flight_joins"]),
+        n(&s["readahead_blocks"])
+    );
+    let f = &s["disk_faults"];
+    println!(
+        "disk faults: checksum {}  read {}  write {}  no-space {}  queue-full {}  removed at start {}",
+        n(&f["checksum_failures"]),
+        n(&f["read_errors"]),
+        n(&f["write_errors"]),
+        n(&f["no_space"]),
+        n(&f["writes_dropped"]),
+        n(&f["removed_on_start"])
+    );
+    if let Some(pins) = s["pins"].as_array()
+        && !pins.is_empty()
+    {
+        for p in pins {
+            println!(
+                "pinned: {} {}",
+                p["backend"].as_str().unwrap_or("?"),
+                p["prefix"].as_str().unwrap_or("")
+            );
+        }
+    }
+}
+
+async fn warm(
+    client: &reqwest::Client,
+    base: &str,
+    location: &str,
+    concurrency: u16,
+    quiet: bool,
+) -> Result<()> {
+    let resp = client
+        .post(format!("{base}/v1/cache/warm"))
+        .json(&serde_json::json!({ "location": location, "concurrency": concurrency }))
+        .send()
+        .await
+        .with_context(|| format!("is `strata serve` running? could not reach {base}"))?;
+    let resp = check(resp).await?;
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    };
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::new();
+    let mut last: Option<serde_json::Value> = None;
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk.context("reading the warm-up progress stream")?);
+        while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            let v: serde_json::Value =
+                serde_json::from_slice(&line).context("malformed progress line")?;
+            bar.set_length(v["total_bytes"].as_u64().unwrap_or(0));
+            bar.set_position(v["done_bytes"].as_u64().unwrap_or(0));
+            bar.set_message(format!("{} objects", v["objects"]));
+            last = Some(v);
+        }
+    }
+    bar.finish_and_clear();
+    let Some(v) = last.filter(|v| v["done"].as_bool() == Some(true)) else {
+        bail!("the agent closed the progress stream before the warm-up finished");
+    };
+    if let Some(e) = v["error"].as_str() {
+        bail!("warm-up of {location} failed: {e}");
+    }
+    if quiet {
+        println!("{v}");
+    } else {
+        println!(
+            "warmed {location}: {} objects, {} ({} blocks fetched, {} already cached, {} failed)",
+            v["objects"],
+            human(v["done_bytes"].as_u64().unwrap_or(0)),
+            v["fetched_blocks"],
+            v["cached_blocks"],
+            v["failed_blocks"]
+        );
+    }
+    let failed = v["failed_blocks"].as_u64().unwrap_or(0);
+    if failed > 0 {
+        for e in v["errors"].as_array().into_iter().flatten() {
+            eprintln!("  {}", e.as_str().unwrap_or_default());
+        }
+        bail!("{failed} blocks could not be cached");
+    }
+    Ok(())
+}

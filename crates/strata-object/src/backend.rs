@@ -9,7 +9,9 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 use strata_telemetry::Telemetry;
-use strata_types::{Error, ErrorKind, IoContext, IoEvent, ObjectMeta, Op, Outcome, Result, Tier, validate_key};
+use strata_types::{
+    Error, ErrorKind, IoContext, IoEvent, ObjectMeta, Op, Outcome, Result, Tier, validate_key,
+};
 
 use crate::classify::classify;
 use crate::retry::{PartRetry, RetryPolicy};
@@ -45,8 +47,14 @@ impl fmt::Debug for BackendOptions {
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
             .field("access_key_id", &self.access_key_id)
-            .field("secret_access_key", &self.secret_access_key.as_ref().map(|_| "<redacted>"))
-            .field("session_token", &self.session_token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field(
+                "session_token",
+                &self.session_token.as_ref().map(|_| "<redacted>"),
+            )
             .field("virtual_hosted_style", &self.virtual_hosted_style)
             .field("skip_signature", &self.skip_signature)
             .field("request_timeout_secs", &self.request_timeout_secs)
@@ -101,7 +109,9 @@ struct Inner {
 
 impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Backend").field("id", &self.inner.id).finish()
+        f.debug_struct("Backend")
+            .field("id", &self.inner.id)
+            .finish()
     }
 }
 
@@ -124,7 +134,9 @@ impl Backend {
         let parsed = url::Url::parse(url)
             .map_err(|e| Error::invalid_input(format!("invalid backend URL {url:?}: {e}")))?;
         let prefix = parsed.path().trim_matches('/').to_string();
-        let (scheme, store, id): (&'static str, Arc<dyn ObjectStore>, String) = match parsed.scheme() {
+        let (scheme, store, id): (&'static str, Arc<dyn ObjectStore>, String) = match parsed
+            .scheme()
+        {
             "s3" | "s3a" => {
                 let bucket = host_of(&parsed, url)?;
                 let store = build_s3(&bucket, options, url)?;
@@ -138,7 +150,10 @@ impl Backend {
                 ("s3", Arc::new(store), id)
             }
             "file" => {
-                if parsed.host_str().is_some_and(|h| !h.is_empty() && h != "localhost") {
+                if parsed
+                    .host_str()
+                    .is_some_and(|h| !h.is_empty() && h != "localhost")
+                {
                     return Err(Error::invalid_input(format!(
                         "invalid file URL {url:?}: use file:///absolute/path (three slashes)"
                     )));
@@ -146,8 +161,9 @@ impl Backend {
                 let path = parsed
                     .to_file_path()
                     .map_err(|_| Error::invalid_input(format!("invalid file URL {url:?}")))?;
-                std::fs::create_dir_all(&path)
-                    .map_err(|e| Error::from_io(e, format!("creating backend directory {}", path.display())))?;
+                std::fs::create_dir_all(&path).map_err(|e| {
+                    Error::from_io(e, format!("creating backend directory {}", path.display()))
+                })?;
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&path)
                     .map_err(|e| classify(e, &format!("opening {url}")))?
                     .with_automatic_cleanup(true);
@@ -158,14 +174,21 @@ impl Backend {
             "memory" => {
                 let name = parsed.host_str().unwrap_or_default();
                 let id = format!("memory://{name}/{prefix}");
-                ("memory", Arc::new(object_store::memory::InMemory::new()), id)
+                (
+                    "memory",
+                    Arc::new(object_store::memory::InMemory::new()),
+                    id,
+                )
             }
             #[cfg(feature = "gcp")]
             "gs" => {
                 let bucket = host_of(&parsed, url)?;
                 let store = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(&bucket)
-                    .with_retry(object_store::RetryConfig { max_retries: 0, ..Default::default() })
+                    .with_retry(object_store::RetryConfig {
+                        max_retries: 0,
+                        ..Default::default()
+                    })
                     .build()
                     .map_err(|e| classify(e, &format!("configuring {url}")))?;
                 ("gs", Arc::new(store), format!("gs://{bucket}/{prefix}"))
@@ -175,7 +198,10 @@ impl Backend {
                 let container = host_of(&parsed, url)?;
                 let store = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_container_name(&container)
-                    .with_retry(object_store::RetryConfig { max_retries: 0, ..Default::default() })
+                    .with_retry(object_store::RetryConfig {
+                        max_retries: 0,
+                        ..Default::default()
+                    })
                     .build()
                     .map_err(|e| classify(e, &format!("configuring {url}")))?;
                 ("az", Arc::new(store), format!("az://{container}/{prefix}"))
@@ -199,7 +225,10 @@ impl Backend {
             store
         } else {
             validate_key(&prefix)?;
-            Arc::new(object_store::prefix::PrefixStore::new(store, prefix.as_str()))
+            Arc::new(object_store::prefix::PrefixStore::new(
+                store,
+                prefix.as_str(),
+            ))
         };
         Ok(Self::from_store(id, scheme, store, retry, telemetry))
     }
@@ -238,7 +267,15 @@ impl Backend {
         &self.inner.telemetry
     }
 
-    fn emit(&self, ctx: &IoContext, op: Op, key: &str, bytes: u64, start: Instant, outcome: Outcome) {
+    fn emit(
+        &self,
+        ctx: &IoContext,
+        op: Op,
+        key: &str,
+        bytes: u64,
+        start: Instant,
+        outcome: Outcome,
+    ) {
         self.inner.telemetry.emit(IoEvent {
             at: SystemTime::now(),
             op,
@@ -277,7 +314,12 @@ impl Backend {
             self.inner
                 .retry
                 .run(&self.inner.telemetry, Op::Head, || async {
-                    self.inner.store.head(&path).await.map(convert_meta).map_err(|e| classify(e, &what))
+                    self.inner
+                        .store
+                        .head(&path)
+                        .await
+                        .map(convert_meta)
+                        .map_err(|e| classify(e, &what))
                 })
                 .await
         })
@@ -288,17 +330,28 @@ impl Backend {
     pub async fn get(&self, ctx: &IoContext, key: &str) -> Result<(ObjectMeta, Bytes)> {
         let path = to_path(key)?;
         let what = format!("GET {}/{key}", self.inner.id);
-        self.observe(ctx, Op::Get, key, |(_, b): &(ObjectMeta, Bytes)| b.len() as u64, async {
-            self.inner
-                .retry
-                .run(&self.inner.telemetry, Op::Get, || async {
-                    let r = self.inner.store.get(&path).await.map_err(|e| classify(e, &what))?;
-                    let meta = convert_meta(r.meta.clone());
-                    let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
-                    Ok((meta, bytes))
-                })
-                .await
-        })
+        self.observe(
+            ctx,
+            Op::Get,
+            key,
+            |(_, b): &(ObjectMeta, Bytes)| b.len() as u64,
+            async {
+                self.inner
+                    .retry
+                    .run(&self.inner.telemetry, Op::Get, || async {
+                        let r = self
+                            .inner
+                            .store
+                            .get(&path)
+                            .await
+                            .map_err(|e| classify(e, &what))?;
+                        let meta = convert_meta(r.meta.clone());
+                        let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
+                        Ok((meta, bytes))
+                    })
+                    .await
+            },
+        )
         .await
     }
 
@@ -316,7 +369,12 @@ impl Backend {
         if range.end <= range.start {
             return Ok(Bytes::new());
         }
-        let what = format!("GET {}/{key} bytes {}-{}", self.inner.id, range.start, range.end - 1);
+        let what = format!(
+            "GET {}/{key} bytes {}-{}",
+            self.inner.id,
+            range.start,
+            range.end - 1
+        );
         let want = range.end - range.start;
         self.observe(ctx, Op::Get, key, |b: &Bytes| b.len() as u64, async {
             self.inner
@@ -354,7 +412,13 @@ impl Backend {
     }
 
     /// Write `bytes` to `key` in one request.
-    pub async fn put(&self, ctx: &IoContext, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome> {
+    pub async fn put(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        bytes: Bytes,
+        mode: PutMode,
+    ) -> Result<PutOutcome> {
         let path = to_path(key)?;
         let what = format!("PUT {}/{key}", self.inner.id);
         let len = bytes.len() as u64;
@@ -392,7 +456,12 @@ impl Backend {
 
     /// Start a multipart upload to `key`. Nothing is visible at `key` until [`MultipartUpload::complete`].
     /// `part_size` is clamped to at least 5 MiB (the S3 minimum).
-    pub async fn put_multipart(&self, ctx: &IoContext, key: &str, part_size: usize) -> Result<MultipartUpload> {
+    pub async fn put_multipart(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        part_size: usize,
+    ) -> Result<MultipartUpload> {
         let path = to_path(key)?;
         let what = format!("multipart PUT {}/{key}", self.inner.id);
         let policy = Arc::new(PartRetry {
@@ -441,12 +510,15 @@ impl Backend {
                 .retry
                 .run(&self.inner.telemetry, Op::List, || async {
                     let stream = match start_after {
-                        Some(s) => self.inner.store.list_with_offset(dir.as_ref(), &Path::from(s)),
+                        Some(s) => self
+                            .inner
+                            .store
+                            .list_with_offset(dir.as_ref(), &Path::from(s)),
                         None => self.inner.store.list(dir.as_ref()),
                     };
-                    let mut stream = stream
-                        .map_err(|e| classify(e, &what))
-                        .try_filter(|m| futures::future::ready(m.location.as_ref().starts_with(&*name_prefix)));
+                    let mut stream = stream.map_err(|e| classify(e, &what)).try_filter(|m| {
+                        futures::future::ready(m.location.as_ref().starts_with(&*name_prefix))
+                    });
                     let mut objects = Vec::new();
                     while let Some(m) = stream.next().await {
                         objects.push(convert_meta(m?));
@@ -539,7 +611,11 @@ impl Backend {
             self.inner
                 .retry
                 .run(&self.inner.telemetry, Op::Copy, || async {
-                    self.inner.store.copy(&src, &dst).await.map_err(|e| classify(e, &what))
+                    self.inner
+                        .store
+                        .copy(&src, &dst)
+                        .await
+                        .map_err(|e| classify(e, &what))
                 })
                 .await
         })
@@ -599,8 +675,14 @@ impl MultipartUpload {
             Ok(_) => Outcome::Ok,
             Err(e) => Outcome::Err(e.kind()),
         };
-        self.backend
-            .emit(&self.ctx, Op::Put, &self.key, self.bytes, self.start, outcome);
+        self.backend.emit(
+            &self.ctx,
+            Op::Put,
+            &self.key,
+            self.bytes,
+            self.start,
+            outcome,
+        );
         let r = r?;
         Ok(PutOutcome {
             etag: r.e_tag,
@@ -621,7 +703,9 @@ impl MultipartUpload {
 fn host_of(url: &url::Url, raw: &str) -> Result<String> {
     match url.host_str() {
         Some(h) if !h.is_empty() => Ok(h.to_string()),
-        _ => Err(Error::invalid_input(format!("backend URL {raw:?} has no bucket name"))),
+        _ => Err(Error::invalid_input(format!(
+            "backend URL {raw:?} has no bucket name"
+        ))),
     }
 }
 
@@ -634,7 +718,9 @@ fn build_s3(bucket: &str, o: &BackendOptions, url: &str) -> Result<object_store:
         .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
         .or_else(|| std::env::var("AWS_ENDPOINT").ok());
     if let Some(ep) = &endpoint {
-        b = b.with_endpoint(ep).with_allow_http(ep.starts_with("http://"));
+        b = b
+            .with_endpoint(ep)
+            .with_allow_http(ep.starts_with("http://"));
     }
     let region = o
         .region
@@ -661,7 +747,11 @@ fn build_s3(bucket: &str, o: &BackendOptions, url: &str) -> Result<object_store:
         .with_timeout(timeout)
         .with_connect_timeout(Duration::from_secs(5))
         .with_pool_max_idle_per_host(64)
-        .with_allow_http(endpoint.as_deref().is_some_and(|e| e.starts_with("http://")));
+        .with_allow_http(
+            endpoint
+                .as_deref()
+                .is_some_and(|e| e.starts_with("http://")),
+        );
     b.with_client_options(client)
         // Strata retries in one place (RetryPolicy), so object_store's own loop is off.
         .with_retry(object_store::RetryConfig {
@@ -683,7 +773,9 @@ fn split_prefix(prefix: &str) -> Result<(Option<Path>, String)> {
         return Ok((None, String::new()));
     }
     if prefix.contains('\0') || prefix.split('/').any(|s| s == "..") || prefix.starts_with('/') {
-        return Err(Error::invalid_input(format!("invalid listing prefix {prefix:?}")));
+        return Err(Error::invalid_input(format!(
+            "invalid listing prefix {prefix:?}"
+        )));
     }
     let dir = match prefix.rfind('/') {
         Some(i) if i > 0 => Some(to_path(&prefix[..i])?),

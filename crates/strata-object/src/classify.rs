@@ -93,7 +93,10 @@ mod tests {
         assert_eq!(status_kind(429), ErrorKind::Unavailable);
         assert_eq!(status_kind(404), ErrorKind::NotFound);
         assert!(!status_kind(403).default_retryable());
-        assert_eq!(status_in_text("Server returned non-2xx status code: 503 Service"), Some(503));
+        assert_eq!(
+            status_in_text("Server returned non-2xx status code: 503 Service"),
+            Some(503)
+        );
         assert_eq!(status_in_text("nothing here"), None);
     }
 

@@ -92,7 +92,9 @@ impl object_store::retry::RetryPolicy for PartRetry {
             return false;
         }
         let kind = match context.failure {
-            object_store::retry::RetryFailure::Status(s) => crate::classify::status_kind(s.as_u16()),
+            object_store::retry::RetryFailure::Status(s) => {
+                crate::classify::status_kind(s.as_u16())
+            }
             _ => strata_types::ErrorKind::Unavailable,
         };
         if !kind.default_retryable() {
@@ -152,7 +154,11 @@ mod tests {
             })
             .await;
         assert_eq!(r.unwrap_err().kind(), ErrorKind::NotFound);
-        assert_eq!(calls.load(Ordering::SeqCst), 1, "permanent errors are not retried");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "permanent errors are not retried"
+        );
     }
 
     #[tokio::test]

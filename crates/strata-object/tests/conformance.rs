@@ -1,6 +1,8 @@
 //! The backend conformance suite: every backend must pass the same checks. The S3 backend runs against a real
 //! S3-protocol server (moto) on loopback, started by the test itself.
 
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +35,11 @@ fn s3_options(endpoint: &str) -> BackendOptions {
 }
 
 fn pattern(len: usize, seed: u8) -> Bytes {
-    Bytes::from((0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>())
+    Bytes::from(
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect::<Vec<u8>>(),
+    )
 }
 
 /// The suite itself. `supports_create` says whether the backend implements create-only puts.
@@ -41,7 +47,10 @@ async fn conformance(b: &Backend, supports_create: bool) {
     let c = ctx();
     // put + get + head
     let data = pattern(100_000, 1);
-    let put = b.put(&c, "dir/a.bin", data.clone(), PutMode::Overwrite).await.unwrap();
+    let put = b
+        .put(&c, "dir/a.bin", data.clone(), PutMode::Overwrite)
+        .await
+        .unwrap();
     let (meta, got) = b.get(&c, "dir/a.bin").await.unwrap();
     assert_eq!(got, data);
     assert_eq!(meta.size, 100_000);
@@ -49,65 +58,118 @@ async fn conformance(b: &Backend, supports_create: bool) {
     assert_eq!(head.size, 100_000);
     assert_eq!(head.key, "dir/a.bin");
     if put.etag.is_some() {
-        assert_eq!(head.etag, put.etag, "head reports the ETag the put returned");
+        assert_eq!(
+            head.etag, put.etag,
+            "head reports the ETag the put returned"
+        );
     }
 
     // ranged get, including the last byte and a range with the old ETag as a precondition
     let r = b.get_range(&c, "dir/a.bin", 10..1010, None).await.unwrap();
     assert_eq!(r, data.slice(10..1010));
-    let r = b.get_range(&c, "dir/a.bin", 99_999..100_000, head.etag.as_deref()).await.unwrap();
+    let r = b
+        .get_range(&c, "dir/a.bin", 99_999..100_000, head.etag.as_deref())
+        .await
+        .unwrap();
     assert_eq!(r, data.slice(99_999..));
 
     // overwrite changes the version; a ranged read pinned to the old ETag fails, never mixes versions
     let data2 = pattern(100_000, 2);
-    b.put(&c, "dir/a.bin", data2.clone(), PutMode::Overwrite).await.unwrap();
+    b.put(&c, "dir/a.bin", data2.clone(), PutMode::Overwrite)
+        .await
+        .unwrap();
     let head2 = b.head(&c, "dir/a.bin").await.unwrap();
-    assert_ne!(head.version_tag(), head2.version_tag(), "overwrite changes the version tag");
+    assert_ne!(
+        head.version_tag(),
+        head2.version_tag(),
+        "overwrite changes the version tag"
+    );
     if let Some(old) = head.etag.as_deref() {
-        let e = b.get_range(&c, "dir/a.bin", 0..10, Some(old)).await.unwrap_err();
+        let e = b
+            .get_range(&c, "dir/a.bin", 0..10, Some(old))
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::PreconditionFailed, "{e}");
     }
-    assert_eq!(b.get_range(&c, "dir/a.bin", 0..10, head2.etag.as_deref()).await.unwrap(), data2.slice(0..10));
+    assert_eq!(
+        b.get_range(&c, "dir/a.bin", 0..10, head2.etag.as_deref())
+            .await
+            .unwrap(),
+        data2.slice(0..10)
+    );
 
     // missing objects
     let e = b.head(&c, "dir/missing").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
     assert!(!e.is_retryable());
-    assert_eq!(b.get(&c, "nope").await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(
+        b.get(&c, "nope").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
 
     // bad keys never reach the backend
     for bad in ["../etc/passwd", "/abs", "a/../../b", "a\0b"] {
-        assert_eq!(b.head(&c, bad).await.unwrap_err().kind(), ErrorKind::InvalidInput, "{bad}");
         assert_eq!(
-            b.put(&c, bad, Bytes::from_static(b"x"), PutMode::Overwrite).await.unwrap_err().kind(),
+            b.head(&c, bad).await.unwrap_err().kind(),
+            ErrorKind::InvalidInput,
+            "{bad}"
+        );
+        assert_eq!(
+            b.put(&c, bad, Bytes::from_static(b"x"), PutMode::Overwrite)
+                .await
+                .unwrap_err()
+                .kind(),
             ErrorKind::InvalidInput
         );
     }
 
     // conditional put
     if supports_create {
-        let e = b.put(&c, "dir/a.bin", Bytes::from_static(b"x"), PutMode::Create).await.unwrap_err();
+        let e = b
+            .put(&c, "dir/a.bin", Bytes::from_static(b"x"), PutMode::Create)
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
-        b.put(&c, "dir/new.bin", Bytes::from_static(b"x"), PutMode::Create).await.unwrap();
-        assert_eq!(b.get(&c, "dir/new.bin").await.unwrap().1, Bytes::from_static(b"x"));
+        b.put(&c, "dir/new.bin", Bytes::from_static(b"x"), PutMode::Create)
+            .await
+            .unwrap();
+        assert_eq!(
+            b.get(&c, "dir/new.bin").await.unwrap().1,
+            Bytes::from_static(b"x")
+        );
     }
 
     // listing: prefix, delimiter, pagination over more than one S3 page (1000 keys)
     let n = 1_050;
-    let mut keys: Vec<String> = (0..n).map(|i| format!("list/p{:02}/k{i:05}", i % 3)).collect();
-    futures::future::join_all(keys.iter().map(|k| b.put(&c, k, Bytes::from_static(b"v"), PutMode::Overwrite)))
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    b.put(&c, "list/top.txt", Bytes::from_static(b"t"), PutMode::Overwrite).await.unwrap();
+    let mut keys: Vec<String> = (0..n)
+        .map(|i| format!("list/p{:02}/k{i:05}", i % 3))
+        .collect();
+    futures::future::join_all(
+        keys.iter()
+            .map(|k| b.put(&c, k, Bytes::from_static(b"v"), PutMode::Overwrite)),
+    )
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()
+    .unwrap();
+    b.put(
+        &c,
+        "list/top.txt",
+        Bytes::from_static(b"t"),
+        PutMode::Overwrite,
+    )
+    .await
+    .unwrap();
     keys.push("list/top.txt".into());
     keys.sort();
     let mut seen = Vec::new();
     let mut after: Option<String> = None;
     let mut pages = 0;
     loop {
-        let page = b.list_page(&c, "list/", after.as_deref(), 400).await.unwrap();
+        let page = b
+            .list_page(&c, "list/", after.as_deref(), 400)
+            .await
+            .unwrap();
         pages += 1;
         seen.extend(page.objects.iter().map(|o| o.key.clone()));
         match page.next_start_after {
@@ -121,15 +183,28 @@ async fn conformance(b: &Backend, supports_create: bool) {
     assert_eq!(p1.objects.len(), n / 3);
     assert!(p1.objects.iter().all(|o| o.key.starts_with("list/p01/")));
     let partial = b.list_page(&c, "list/p0", None, 10_000).await.unwrap();
-    assert_eq!(partial.objects.len(), n, "a prefix need not end at a delimiter");
+    assert_eq!(
+        partial.objects.len(),
+        n,
+        "a prefix need not end at a delimiter"
+    );
     let d = b.list_delimited(&c, "list/").await.unwrap();
-    assert_eq!(d.common_prefixes, vec!["list/p00/", "list/p01/", "list/p02/"]);
-    assert_eq!(d.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), vec!["list/top.txt"]);
+    assert_eq!(
+        d.common_prefixes,
+        vec!["list/p00/", "list/p01/", "list/p02/"]
+    );
+    assert_eq!(
+        d.objects.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(),
+        vec!["list/top.txt"]
+    );
 
     // delete (idempotent)
     b.delete(&c, "list/top.txt").await.unwrap();
     b.delete(&c, "list/top.txt").await.unwrap();
-    assert_eq!(b.head(&c, "list/top.txt").await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(
+        b.head(&c, "list/top.txt").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
 
     // copy
     b.copy(&c, "dir/a.bin", "dir/copy.bin").await.unwrap();
@@ -137,19 +212,32 @@ async fn conformance(b: &Backend, supports_create: bool) {
 
     // multipart: 3 parts of 5 MiB + a tail; invisible until complete; abort leaves nothing
     let big = pattern(16 * 1024 * 1024 + 123, 3);
-    let mut up = b.put_multipart(&c, "mp/big.bin", 5 * 1024 * 1024).await.unwrap();
+    let mut up = b
+        .put_multipart(&c, "mp/big.bin", 5 * 1024 * 1024)
+        .await
+        .unwrap();
     for chunk in big.chunks(1024 * 1024 + 7) {
         up.write(Bytes::copy_from_slice(chunk)).await.unwrap();
     }
-    assert_eq!(b.head(&c, "mp/big.bin").await.unwrap_err().kind(), ErrorKind::NotFound, "invisible before complete");
+    assert_eq!(
+        b.head(&c, "mp/big.bin").await.unwrap_err().kind(),
+        ErrorKind::NotFound,
+        "invisible before complete"
+    );
     up.complete().await.unwrap();
     let (_, got) = b.get(&c, "mp/big.bin").await.unwrap();
     assert_eq!(got.len(), big.len());
     assert!(got == big, "multipart bytes intact");
-    let mut up = b.put_multipart(&c, "mp/aborted.bin", 5 * 1024 * 1024).await.unwrap();
+    let mut up = b
+        .put_multipart(&c, "mp/aborted.bin", 5 * 1024 * 1024)
+        .await
+        .unwrap();
     up.write(pattern(6 * 1024 * 1024, 4)).await.unwrap();
     up.abort().await.unwrap();
-    assert_eq!(b.head(&c, "mp/aborted.bin").await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(
+        b.head(&c, "mp/aborted.bin").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
 
     // events were emitted for all of it
     assert!(b.telemetry().emitted() > 1_000);
@@ -157,14 +245,25 @@ async fn conformance(b: &Backend, supports_create: bool) {
 
 #[tokio::test]
 async fn memory_backend_conforms() {
-    let b = Backend::open("memory://t", &BackendOptions::default(), fast_retry(), Telemetry::new()).unwrap();
+    let b = Backend::open(
+        "memory://t",
+        &BackendOptions::default(),
+        fast_retry(),
+        Telemetry::new(),
+    )
+    .unwrap();
     conformance(&b, true).await;
 }
 
 #[tokio::test]
 async fn memory_backend_with_prefix_conforms() {
-    let b = Backend::open("memory://t/some/prefix", &BackendOptions::default(), fast_retry(), Telemetry::new())
-        .unwrap();
+    let b = Backend::open(
+        "memory://t/some/prefix",
+        &BackendOptions::default(),
+        fast_retry(),
+        Telemetry::new(),
+    )
+    .unwrap();
     conformance(&b, true).await;
 }
 
@@ -172,7 +271,13 @@ async fn memory_backend_with_prefix_conforms() {
 async fn file_backend_conforms() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}/root", dir.path().display());
-    let b = Backend::open(&url, &BackendOptions::default(), fast_retry(), Telemetry::new()).unwrap();
+    let b = Backend::open(
+        &url,
+        &BackendOptions::default(),
+        fast_retry(),
+        Telemetry::new(),
+    )
+    .unwrap();
     conformance(&b, true).await;
     // the canary next to the root is untouched and unreachable
     std::fs::write(dir.path().join("canary"), b"secret").unwrap();
@@ -184,10 +289,21 @@ async fn file_backend_conforms() {
 async fn s3_backend_conforms() {
     let server = S3Server::start();
     server.create_bucket("conf").await;
-    let b = Backend::open("s3://conf", &s3_options(&server.endpoint()), fast_retry(), Telemetry::new()).unwrap();
+    let b = Backend::open(
+        "s3://conf",
+        &s3_options(&server.endpoint()),
+        fast_retry(),
+        Telemetry::new(),
+    )
+    .unwrap();
     conformance(&b, true).await;
-    let b = Backend::open("s3://conf/nested/prefix", &s3_options(&server.endpoint()), fast_retry(), Telemetry::new())
-        .unwrap();
+    let b = Backend::open(
+        "s3://conf/nested/prefix",
+        &s3_options(&server.endpoint()),
+        fast_retry(),
+        Telemetry::new(),
+    )
+    .unwrap();
     conformance(&b, true).await;
 }
 
@@ -197,9 +313,17 @@ async fn s3_transient_errors_are_retried_and_counted() {
     server.create_bucket("faults").await;
     let proxy = FaultProxy::start(&server.endpoint()).await;
     let t = Telemetry::new();
-    let b = Backend::open("s3://faults", &s3_options(&proxy.endpoint()), fast_retry(), t.clone()).unwrap();
+    let b = Backend::open(
+        "s3://faults",
+        &s3_options(&proxy.endpoint()),
+        fast_retry(),
+        t.clone(),
+    )
+    .unwrap();
     let data = pattern(300_000, 9);
-    b.put(&ctx(), "k", data.clone(), PutMode::Overwrite).await.unwrap();
+    b.put(&ctx(), "k", data.clone(), PutMode::Overwrite)
+        .await
+        .unwrap();
 
     // two 503s, then success
     proxy.fail_next(2, 503);
@@ -208,7 +332,10 @@ async fn s3_transient_errors_are_retried_and_counted() {
 
     // connection reset mid-body: retried, and the bytes are right
     proxy.reset_next_bodies(1);
-    assert_eq!(b.get_range(&ctx(), "k", 1000..200_000, None).await.unwrap(), data.slice(1000..200_000));
+    assert_eq!(
+        b.get_range(&ctx(), "k", 1000..200_000, None).await.unwrap(),
+        data.slice(1000..200_000)
+    );
     assert_eq!(t.metrics().retries_total(), 3);
 
     // more failures than retries: a clear, retryable error, counted once as a backend error
@@ -222,7 +349,10 @@ async fn s3_transient_errors_are_retried_and_counted() {
 
     // permanent errors are not retried
     let before = proxy.requests().len();
-    assert_eq!(b.get(&ctx(), "missing").await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(
+        b.get(&ctx(), "missing").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
     assert_eq!(proxy.requests().len(), before + 1);
 }
 
@@ -244,6 +374,11 @@ fn bad_urls_are_clear_errors() {
     // url normalises `..` away; the prefix that remains is valid
     assert!(e.is_ok());
     #[cfg(not(feature = "gcp"))]
-    assert_eq!(Backend::open("gs://b", &o, r, t.clone()).unwrap_err().kind(), ErrorKind::Unsupported);
+    assert_eq!(
+        Backend::open("gs://b", &o, r, t.clone())
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Unsupported
+    );
     let _ = Arc::clone(&t);
 }

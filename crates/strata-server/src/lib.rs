@@ -1,1 +1,252 @@
-//! placeholder
+//! The Strata node agent (`strata serve`).
+//!
+//! - [`config`]: the TOML configuration, overrides from flags and environment, validation, machine-sized
+//!   defaults.
+//! - [`Agent`]: owns the telemetry hub, the backends and the tiered cache; resolves URLs to backends.
+//! - [`api`]: the control API (axum): health, cache stats, Prometheus metrics, warm-up, pinning, reads.
+//! - [`serve`]: runs the agent until SIGTERM/SIGINT, then shuts down cleanly.
+//!
+//! This is an edge crate: it is the only one that knows about HTTP.
+
+pub mod api;
+pub mod config;
+mod metrics;
+mod sys;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use strata_cache::BlockCache;
+use strata_object::Backend;
+use strata_telemetry::Telemetry;
+use strata_types::{Error, ErrorKind, Result};
+
+pub use config::{Config, Overrides, Resolved};
+
+/// Most ad-hoc backends (URLs that match no configured backend) kept open at once.
+const MAX_ADHOC_BACKENDS: usize = 64;
+
+/// One configured backend.
+#[derive(Debug, Clone)]
+pub struct NamedBackend {
+    /// Configured name.
+    pub name: String,
+    /// Configured URL (normalised, without a trailing slash).
+    pub url: String,
+    /// The open backend.
+    pub backend: Backend,
+}
+
+/// The running agent's state, shared by every request handler.
+#[derive(Debug)]
+pub struct Agent {
+    config: Resolved,
+    telemetry: Arc<Telemetry>,
+    cache: BlockCache,
+    backends: Vec<NamedBackend>,
+    adhoc: Mutex<HashMap<String, Backend>>,
+    _lock: std::fs::File,
+}
+
+impl Agent {
+    /// Create the data directory, take its lock, open backends and the cache. Must run inside Tokio.
+    pub fn start(config: Resolved) -> Result<Arc<Self>> {
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+            Error::from_io(
+                e,
+                format!("creating data dir {}", config.data_dir.display()),
+            )
+        })?;
+        let lock_path = config.data_dir.join("agent.lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| Error::from_io(e, format!("opening {}", lock_path.display())))?;
+        lock.try_lock().map_err(|_| {
+            Error::new(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "another strata agent is using data dir {} (lock {} is held)",
+                    config.data_dir.display(),
+                    lock_path.display()
+                ),
+            )
+        })?;
+        let telemetry = Telemetry::new();
+        let mut backends = Vec::new();
+        for b in &config.backends {
+            let backend = Backend::open(&b.url, &b.options, config.retry, telemetry.clone())
+                .map_err(|e| e.context(format!("backend {:?}", b.name)))?;
+            backends.push(NamedBackend {
+                name: b.name.clone(),
+                url: b.url.trim_end_matches('/').to_string(),
+                backend,
+            });
+        }
+        let cache = BlockCache::open(config.cache.clone(), telemetry.clone())?;
+        Ok(Arc::new(Self {
+            config,
+            telemetry,
+            cache,
+            backends,
+            adhoc: Mutex::new(HashMap::new()),
+            _lock: lock,
+        }))
+    }
+
+    /// The resolved configuration.
+    pub fn config(&self) -> &Resolved {
+        &self.config
+    }
+    /// The cache.
+    pub fn cache(&self) -> &BlockCache {
+        &self.cache
+    }
+    /// The telemetry hub.
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+    /// Configured backends.
+    pub fn backends(&self) -> &[NamedBackend] {
+        &self.backends
+    }
+
+    /// Resolve a location to a backend and a key (or prefix). Accepted forms:
+    ///
+    /// - `NAME/key` or `NAME` for a configured backend;
+    /// - a URL under a configured backend's URL (`s3://bucket/prefix/key`);
+    /// - any other `s3://bucket/key`, opened ad hoc with `[s3_defaults]` and the AWS environment.
+    ///
+    /// Local paths that are not under a configured backend are refused: the API must not become a way to read
+    /// arbitrary files of the agent's host.
+    pub fn resolve(&self, location: &str) -> Result<(Backend, String)> {
+        if location.contains('\0') {
+            return Err(Error::invalid_input("location contains a NUL byte"));
+        }
+        if !location.contains("://") {
+            let (name, key) = location.split_once('/').unwrap_or((location, ""));
+            return match self.backends.iter().find(|b| b.name == name) {
+                Some(b) => Ok((b.backend.clone(), key.to_string())),
+                None => Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "no backend named {name:?}; configured: {}",
+                        self.backends
+                            .iter()
+                            .map(|b| b.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )),
+            };
+        }
+        for b in &self.backends {
+            if location == b.url {
+                return Ok((b.backend.clone(), String::new()));
+            }
+            if let Some(rest) = location.strip_prefix(&b.url)
+                && let Some(key) = rest.strip_prefix('/')
+            {
+                return Ok((b.backend.clone(), key.to_string()));
+            }
+        }
+        let Some(rest) = location.strip_prefix("s3://") else {
+            return Err(Error::invalid_input(format!(
+                "{location:?} is not under a configured backend; only s3:// URLs can be used ad hoc"
+            )));
+        };
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        let root = format!("s3://{bucket}");
+        let mut adhoc = self.adhoc.lock();
+        if let Some(b) = adhoc.get(&root) {
+            return Ok((b.clone(), key.to_string()));
+        }
+        if adhoc.len() >= MAX_ADHOC_BACKENDS {
+            return Err(Error::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "too many ad-hoc backends open ({MAX_ADHOC_BACKENDS}); configure {root} as a backend"
+                ),
+            ));
+        }
+        let b = Backend::open(
+            &root,
+            &self.config.s3_defaults,
+            self.config.retry,
+            self.telemetry.clone(),
+        )?;
+        adhoc.insert(root, b.clone());
+        Ok((b, key.to_string()))
+    }
+}
+
+/// Where the agent writes the address its API actually listens on (useful with port 0).
+pub fn api_addr_file(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("api.addr")
+}
+
+/// Run the agent: bind the API, serve until `shutdown` resolves, then finish in-flight requests (up to
+/// `grace`), stop background work and flush the disk tier's write queue.
+pub async fn serve(
+    config: Resolved,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> Result<()> {
+    let agent = Agent::start(config)?;
+    let listener = tokio::net::TcpListener::bind(agent.config.api_listen)
+        .await
+        .map_err(|e| {
+            Error::from_io(
+                e,
+                format!("binding the control API to {}", agent.config.api_listen),
+            )
+        })?;
+    let addr: SocketAddr = listener
+        .local_addr()
+        .map_err(|e| Error::from_io(e, "reading the API address"))?;
+    let addr_file = api_addr_file(&agent.config.data_dir);
+    std::fs::write(&addr_file, format!("http://{addr}\n"))
+        .map_err(|e| Error::from_io(e, format!("writing {}", addr_file.display())))?;
+    let c = &agent.config.cache;
+    tracing::info!(
+        api = %format!("http://{addr}"),
+        data_dir = %agent.config.data_dir.display(),
+        ram = %c.ram_capacity,
+        disk = %c.disk.as_ref().map(|d| format!("{} at {}", d.capacity, d.dir.display())).unwrap_or_else(|| "off".into()),
+        block_size = %c.block_size,
+        backends = %agent.backends.iter().map(|b| format!("{}={}", b.name, b.url)).collect::<Vec<_>>().join(","),
+        "strata agent ready"
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let app = api::router(agent.clone());
+    let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
+    let mut handle = tokio::spawn(async move { server.await });
+    tokio::select! {
+        _ = shutdown => {}
+        r = &mut handle => {
+            agent.cache.shutdown().await;
+            return r.map_err(|e| Error::internal(format!("API server task: {e}")))?
+                .map_err(|e| Error::from_io(e, "serving the control API"));
+        }
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+    stop.cancel();
+    if tokio::time::timeout(grace, &mut handle).await.is_err() {
+        tracing::warn!(
+            ?grace,
+            "requests still running after the grace period; cancelling them"
+        );
+        agent.cache.shutdown().await;
+        let _ = handle.await;
+    }
+    agent.cache.shutdown().await;
+    let _ = std::fs::remove_file(&addr_file);
+    tracing::info!("strata agent stopped");
+    Ok(())
+}

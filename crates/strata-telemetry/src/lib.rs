@@ -46,23 +46,35 @@ impl Metrics {
     fn new() -> Self {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new("strata_io_requests_total", "I/O operations by op, serving tier and outcome"),
+            Opts::new(
+                "strata_io_requests_total",
+                "I/O operations by op, serving tier and outcome",
+            ),
             &["op", "tier", "outcome"],
         )
         .expect("static metric definition");
         let bytes = IntCounterVec::new(
-            Opts::new("strata_io_bytes_total", "Bytes moved by op and serving tier"),
+            Opts::new(
+                "strata_io_bytes_total",
+                "Bytes moved by op and serving tier",
+            ),
             &["op", "tier"],
         )
         .expect("static metric definition");
         let latency = HistogramVec::new(
-            HistogramOpts::new("strata_io_latency_seconds", "Latency of I/O operations by op and tier")
-                .buckets(LATENCY_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "strata_io_latency_seconds",
+                "Latency of I/O operations by op and tier",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
             &["op", "tier"],
         )
         .expect("static metric definition");
         let cache_hits = IntCounterVec::new(
-            Opts::new("strata_cache_hits_total", "Cache block lookups served, by tier"),
+            Opts::new(
+                "strata_cache_hits_total",
+                "Cache block lookups served, by tier",
+            ),
             &["tier"],
         )
         .expect("static metric definition");
@@ -72,12 +84,18 @@ impl Metrics {
         )
         .expect("static metric definition");
         let backend_errors = IntCounterVec::new(
-            Opts::new("strata_backend_errors_total", "Failed backend operations (after retries), by op and error kind"),
+            Opts::new(
+                "strata_backend_errors_total",
+                "Failed backend operations (after retries), by op and error kind",
+            ),
             &["op", "kind"],
         )
         .expect("static metric definition");
         let backend_retries = IntCounterVec::new(
-            Opts::new("strata_backend_retries_total", "Backend operation retries, by op and the error kind retried"),
+            Opts::new(
+                "strata_backend_retries_total",
+                "Backend operation retries, by op and the error kind retried",
+            ),
             &["op", "kind"],
         )
         .expect("static metric definition");
@@ -97,6 +115,17 @@ impl Metrics {
             Box::new(events_dropped.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
+        }
+        // Families with labels only appear once a label set is used: start the common ones at zero so
+        // dashboards and alerts see every family from the first scrape.
+        for tier in [Tier::Ram, Tier::Disk] {
+            cache_hits.with_label_values(&[tier.as_str()]);
+        }
+        for op in [Op::Get, Op::Put, Op::Head, Op::List] {
+            for kind in [ErrorKind::Unavailable, ErrorKind::Timeout] {
+                backend_errors.with_label_values(&[op.as_str(), kind.as_str()]);
+                backend_retries.with_label_values(&[op.as_str(), kind.as_str()]);
+            }
         }
         Self {
             registry,
@@ -131,7 +160,9 @@ impl Metrics {
                 t => self.cache_hits.with_label_values(&[t.as_str()]).inc(),
             }
         } else if let Outcome::Err(kind) = ev.outcome {
-            self.backend_errors.with_label_values(&[op, kind.as_str()]).inc();
+            self.backend_errors
+                .with_label_values(&[op, kind.as_str()])
+                .inc();
         }
     }
 
@@ -169,7 +200,11 @@ fn sum_counter_vec(v: &IntCounterVec) -> u64 {
     use prometheus::core::Collector;
     v.collect()
         .iter()
-        .flat_map(|mf| mf.get_metric().iter().map(|m| m.get_counter().get_value() as u64))
+        .flat_map(|mf| {
+            mf.get_metric()
+                .iter()
+                .map(|m| m.get_counter().get_value() as u64)
+        })
         .sum()
 }
 
@@ -272,14 +307,21 @@ mod tests {
         let t = Telemetry::new();
         t.emit(ev(Op::CacheLookup, Tier::Ram, Outcome::Ok));
         t.emit(ev(Op::CacheLookup, Tier::Miss, Outcome::Ok));
-        t.emit(ev(Op::Get, Tier::Backend, Outcome::Err(ErrorKind::Unavailable)));
+        t.emit(ev(
+            Op::Get,
+            Tier::Backend,
+            Outcome::Err(ErrorKind::Unavailable),
+        ));
         t.record_retry(Op::Get, ErrorKind::Unavailable);
         assert_eq!(t.metrics().cache_hits(Tier::Ram), 1);
         assert_eq!(t.metrics().cache_misses(), 1);
         assert_eq!(t.metrics().backend_errors_total(), 1);
         assert_eq!(t.metrics().retries_total(), 1);
         let text = t.metrics().render();
-        assert!(text.contains("strata_io_bytes_total{op=\"cache_lookup\",tier=\"ram\"} 10"), "{text}");
+        assert!(
+            text.contains("strata_io_bytes_total{op=\"cache_lookup\",tier=\"ram\"} 10"),
+            "{text}"
+        );
         assert!(text.contains("strata_io_latency_seconds_bucket"));
     }
 
@@ -295,6 +337,9 @@ mod tests {
         assert!(rx.recv().await.is_some());
         drop(rx);
         t.emit(ev(Op::Get, Tier::Backend, Outcome::Ok));
-        assert!(t.subscribers.read().is_empty(), "closed subscriber is pruned");
+        assert!(
+            t.subscribers.read().is_empty(),
+            "closed subscriber is pruned"
+        );
     }
 }

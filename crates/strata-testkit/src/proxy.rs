@@ -226,7 +226,10 @@ async fn forward(State(s): State<Arc<Shared>>, req: Request) -> Response {
 }
 
 fn reset_err() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::ConnectionReset, "injected reset mid-body")
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        "injected reset mid-body",
+    )
 }
 
 fn status_response(status: u16) -> Response {

@@ -19,7 +19,11 @@ pub struct ObjectId {
 
 impl ObjectId {
     /// Build an id.
-    pub fn new(backend: impl Into<Arc<str>>, key: impl Into<Arc<str>>, version: impl Into<Arc<str>>) -> Self {
+    pub fn new(
+        backend: impl Into<Arc<str>>,
+        key: impl Into<Arc<str>>,
+        version: impl Into<Arc<str>>,
+    ) -> Self {
         Self {
             backend: backend.into(),
             key: key.into(),
@@ -95,7 +99,11 @@ impl ObjectMeta {
 /// Check that an object key is safe and representable: non-empty, relative, no `.` or `..` segments, no empty
 /// segments, no NUL or backslash, at most 1024 bytes. Returns the key unchanged.
 pub fn validate_key(key: &str) -> Result<&str> {
-    let bad = |why: &str| Err(Error::invalid_input(format!("invalid object key {key:?}: {why}")));
+    let bad = |why: &str| {
+        Err(Error::invalid_input(format!(
+            "invalid object key {key:?}: {why}"
+        )))
+    };
     if key.is_empty() {
         return bad("empty");
     }
@@ -140,7 +148,9 @@ mod tests {
         for good in ["a", "a/b/c.bin", "dir/", "x..y", "..a/b"] {
             assert!(validate_key(good).is_ok(), "{good}");
         }
-        for bad in ["", "/abs", "a/../b", "..", "a/./b", "a//b", "a\0b", "a\\..\\b"] {
+        for bad in [
+            "", "/abs", "a/../b", "..", "a/./b", "a//b", "a\0b", "a\\..\\b",
+        ] {
             let e = validate_key(bad).unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::InvalidInput, "{bad}");
         }

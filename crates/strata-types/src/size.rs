@@ -30,7 +30,9 @@ impl FromStr for ByteSize {
 
     fn from_str(s: &str) -> Result<Self, Error> {
         let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+        let split = t
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let bad = || {
             Error::invalid_input(format!(
@@ -56,10 +58,15 @@ impl FromStr for ByteSize {
 
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+        const UNITS: [(&str, u64); 4] = [
+            ("TiB", 1 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ];
         for (name, m) in UNITS {
             if self.0 >= m {
-                if self.0 % m == 0 {
+                if self.0.is_multiple_of(m) {
                     return write!(f, "{}{name}", self.0 / m);
                 }
                 return write!(f, "{:.1}{name}", self.0 as f64 / m as f64);

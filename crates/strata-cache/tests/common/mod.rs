@@ -30,7 +30,13 @@ pub fn fast_retry() -> RetryPolicy {
 }
 
 pub fn memory_backend() -> Backend {
-    Backend::open("memory://test", &BackendOptions::default(), fast_retry(), Telemetry::new()).unwrap()
+    Backend::open(
+        "memory://test",
+        &BackendOptions::default(),
+        fast_retry(),
+        Telemetry::new(),
+    )
+    .unwrap()
 }
 
 pub fn s3_backend(endpoint: &str, bucket: &str, telemetry: Arc<Telemetry>) -> Backend {
@@ -44,7 +50,13 @@ pub fn s3_backend(endpoint: &str, bucket: &str, telemetry: Arc<Telemetry>) -> Ba
 }
 
 /// A cache with `block` KiB blocks, `ram` and `disk` blocks of capacity (disk 0 = none).
-pub fn config(dir: Option<&Path>, block_kib: u64, ram_blocks: u64, disk_blocks: u64, policy: PolicyKind) -> CacheConfig {
+pub fn config(
+    dir: Option<&Path>,
+    block_kib: u64,
+    ram_blocks: u64,
+    disk_blocks: u64,
+    policy: PolicyKind,
+) -> CacheConfig {
     let bs = block_kib * KIB;
     let mut c = CacheConfig::new(
         ByteSize(bs * ram_blocks),
@@ -78,5 +90,7 @@ pub fn pattern(len: usize, seed: u64) -> Bytes {
 }
 
 pub async fn put(b: &Backend, key: &str, data: &Bytes) {
-    b.put(&ctx(), key, data.clone(), PutMode::Overwrite).await.unwrap();
+    b.put(&ctx(), key, data.clone(), PutMode::Overwrite)
+        .await
+        .unwrap();
 }

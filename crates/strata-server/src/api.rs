@@ -1,0 +1,352 @@
+//! The control API (JSON over HTTP, loopback by default).
+//!
+//! | method | path | what |
+//! | --- | --- | --- |
+//! | GET | `/healthz` | liveness: `{"status":"ok"}` |
+//! | GET | `/metrics` | Prometheus text: I/O requests, bytes, latency histograms per op and tier, cache hits and misses per tier, evictions, checksum failures, backend errors and retries |
+//! | GET | `/v1/cache` | cache statistics as JSON ([`strata_cache::CacheStats`]) |
+//! | GET | `/v1/backends` | configured backends |
+//! | POST | `/v1/cache/warm` | `{"location": "...", "concurrency": 16}`: prefetch a prefix; streams progress as NDJSON |
+//! | POST | `/v1/cache/pin` | `{"location": "..."}`: pin a prefix |
+//! | POST | `/v1/cache/unpin` | `{"location": "..."}`: unpin a prefix |
+//! | GET | `/v1/read?location=...` | an object's bytes through the cache; honours `Range: bytes=a-b` |
+//!
+//! Locations are `NAME/key`, a URL under a configured backend, or an ad-hoc `s3://bucket/key`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use strata_types::{Error, ErrorKind, IoContext};
+
+use crate::Agent;
+
+/// An error answered as JSON with a status that follows its kind.
+#[derive(Debug)]
+pub struct ApiError(pub Error);
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        Self(e)
+    }
+}
+
+/// The HTTP status for an error kind.
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::InvalidInput | ErrorKind::Config => StatusCode::BAD_REQUEST,
+        ErrorKind::PreconditionFailed => StatusCode::PRECONDITION_FAILED,
+        ErrorKind::AlreadyExists => StatusCode::CONFLICT,
+        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        ErrorKind::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = status_of(self.0.kind());
+        if status.is_server_error() {
+            tracing::warn!(error = %self.0, "request failed");
+        }
+        let body = serde_json::json!({
+            "error": self.0.kind().as_str(),
+            "message": self.0.message(),
+            "retryable": self.0.is_retryable(),
+        });
+        (status, Json(body)).into_response()
+    }
+}
+
+type ApiResult<T> = std::result::Result<T, ApiError>;
+
+/// Build the router.
+pub fn router(agent: Arc<Agent>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/cache", get(cache_stats))
+        .route("/v1/backends", get(backends))
+        .route("/v1/cache/warm", post(warm))
+        .route("/v1/cache/pin", post(pin))
+        .route("/v1/cache/unpin", post(unpin))
+        .route("/v1/read", get(read))
+        .with_state(agent)
+}
+
+/// The I/O context of a request: the job from the `x-strata-job` header, the team from `x-strata-team`.
+/// (Authenticated principals arrive with the S3 gateway.)
+fn context(headers: &HeaderMap) -> IoContext {
+    let h = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.len() <= 256)
+            .map(Arc::from)
+    };
+    IoContext {
+        principal: None,
+        team: h("x-strata-team"),
+        job: h("x-strata-job"),
+    }
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}))
+}
+
+async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
+    let mut text = agent.telemetry().metrics().render();
+    text.push_str(&crate::metrics::render_cache(&agent.cache().stats()));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+async fn cache_stats(State(agent): State<Arc<Agent>>) -> Json<strata_cache::CacheStats> {
+    Json(agent.cache().stats())
+}
+
+#[derive(Serialize)]
+struct BackendInfo {
+    name: String,
+    url: String,
+    id: String,
+}
+
+async fn backends(State(agent): State<Arc<Agent>>) -> Json<Vec<BackendInfo>> {
+    Json(
+        agent
+            .backends()
+            .iter()
+            .map(|b| BackendInfo {
+                name: b.name.clone(),
+                url: b.url.clone(),
+                id: b.backend.id().to_string(),
+            })
+            .collect(),
+    )
+}
+
+/// Body of `POST /v1/cache/warm`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmRequest {
+    /// What to warm: a prefix location.
+    pub location: String,
+    /// Blocks fetched concurrently (1..=256, default 16).
+    #[serde(default)]
+    pub concurrency: Option<usize>,
+}
+
+/// One line of the warm-up's NDJSON stream.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct WarmLine {
+    /// Progress so far.
+    #[serde(flatten)]
+    pub progress: strata_cache::WarmProgress,
+    /// True on the last line.
+    pub done: bool,
+    /// Set when the warm-up as a whole failed (listing failed, shutdown).
+    pub error: Option<String>,
+}
+
+async fn warm(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+    Json(req): Json<WarmRequest>,
+) -> ApiResult<Response> {
+    let concurrency = req.concurrency.unwrap_or(16);
+    if !(1..=256).contains(&concurrency) {
+        return Err(
+            Error::invalid_input(format!("concurrency = {concurrency}: must be 1..=256")).into(),
+        );
+    }
+    let (backend, prefix) = agent.resolve(&req.location)?;
+    let ctx = context(&headers);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let line = |p: &strata_cache::WarmProgress, done: bool, error: Option<String>| {
+        let mut v = serde_json::to_vec(&WarmLine {
+            progress: p.clone(),
+            done,
+            error,
+        })
+        .unwrap_or_default();
+        v.push(b'\n');
+        Bytes::from(v)
+    };
+    tokio::spawn(async move {
+        let last = std::sync::Mutex::new(std::time::Instant::now());
+        let progress_tx = tx.clone();
+        let r = agent
+            .cache()
+            .warm(&ctx, &backend, &prefix, concurrency, |p| {
+                // Progress is lossy: at most every 100 ms, dropped if the client is slow.
+                let mut l = last.lock().unwrap_or_else(|e| e.into_inner());
+                if l.elapsed().as_millis() >= 100 {
+                    *l = std::time::Instant::now();
+                    let _ = progress_tx.try_send(line(p, false, None));
+                }
+            })
+            .await;
+        let end = match r {
+            Ok(p) => line(&p, true, None),
+            Err(e) => line(&Default::default(), true, Some(e.to_string())),
+        };
+        let _ = tx.send(end).await;
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// Body of pin/unpin.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PinRequest {
+    /// The prefix location.
+    pub location: String,
+}
+
+async fn pin(
+    State(agent): State<Arc<Agent>>,
+    Json(req): Json<PinRequest>,
+) -> ApiResult<Json<strata_cache::PinReport>> {
+    let (backend, prefix) = agent.resolve(&req.location)?;
+    Ok(Json(agent.cache().pin(backend.id(), &prefix)?))
+}
+
+async fn unpin(
+    State(agent): State<Arc<Agent>>,
+    Json(req): Json<PinRequest>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let (backend, prefix) = agent.resolve(&req.location)?;
+    let removed = agent.cache().unpin(backend.id(), &prefix)?;
+    Ok(Json(serde_json::json!({ "removed": removed })))
+}
+
+/// Query of `GET /v1/read`.
+#[derive(Debug, Deserialize)]
+pub struct ReadQuery {
+    /// The object location.
+    pub location: String,
+}
+
+/// Parse `bytes=a-b`, `bytes=a-`, `bytes=-n` against `size` into a half-open range.
+fn parse_range(h: &str, size: u64) -> Result<std::ops::Range<u64>, Error> {
+    let bad = || {
+        Error::invalid_input(format!(
+            "unsupported Range header {h:?}: expected bytes=a-b, bytes=a- or bytes=-n"
+        ))
+    };
+    let spec = h.strip_prefix("bytes=").ok_or_else(bad)?;
+    if spec.contains(',') {
+        return Err(bad());
+    }
+    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
+    let r = match (a.trim(), b.trim()) {
+        ("", n) => {
+            let n: u64 = n.parse().map_err(|_| bad())?;
+            size.saturating_sub(n)..size
+        }
+        (a, "") => a.parse().map_err(|_| bad())?..size,
+        (a, b) => {
+            let (a, b): (u64, u64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+            if b < a {
+                return Err(bad());
+            }
+            a..b.saturating_add(1).min(size)
+        }
+    };
+    if r.start >= size && size > 0 {
+        return Err(Error::invalid_input(format!(
+            "range {h:?} starts past the end ({size} bytes)"
+        )));
+    }
+    Ok(r)
+}
+
+async fn read(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+    Query(q): Query<ReadQuery>,
+) -> ApiResult<Response> {
+    let (backend, key) = agent.resolve(&q.location)?;
+    let ctx = context(&headers);
+    let obj = agent.cache().open_object(&ctx, &backend, &key).await?;
+    let size = obj.meta().size;
+    let range_header = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+    let (status, range) = match range_header {
+        Some(h) => (StatusCode::PARTIAL_CONTENT, parse_range(h, size)?),
+        None => (StatusCode::OK, 0..size),
+    };
+    let mut resp = Response::builder()
+        .status(status)
+        .header(header::CONTENT_LENGTH, range.end - range.start)
+        .header(header::CONTENT_TYPE, "application/octet-stream");
+    if let Some(etag) = &obj.meta().etag {
+        resp = resp.header(header::ETAG, etag);
+    }
+    if status == StatusCode::PARTIAL_CONTENT {
+        resp = resp.header(
+            header::CONTENT_RANGE,
+            format!(
+                "bytes {}-{}/{size}",
+                range.start,
+                range.end.saturating_sub(1)
+            ),
+        );
+    }
+    // Stream block-sized chunks so a large object never sits in memory whole.
+    let chunk = agent.cache().config().block_size.bytes();
+    let end = range.end;
+    let stream = futures::stream::unfold((obj, range.start), move |(obj, off)| async move {
+        if off >= end {
+            return None;
+        }
+        let next = (off + chunk - off % chunk).min(end);
+        match obj.read(off..next).await {
+            Ok(b) => Some((Ok::<_, std::io::Error>(b), (obj, next))),
+            Err(e) => Some((Err(std::io::Error::other(e.to_string())), (obj, end))),
+        }
+    });
+    resp.body(Body::from_stream(stream))
+        .map_err(|e| ApiError(Error::internal(format!("building response: {e}"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_parse() {
+        assert_eq!(parse_range("bytes=0-9", 100).unwrap(), 0..10);
+        assert_eq!(parse_range("bytes=90-", 100).unwrap(), 90..100);
+        assert_eq!(parse_range("bytes=-5", 100).unwrap(), 95..100);
+        assert_eq!(parse_range("bytes=50-500", 100).unwrap(), 50..100);
+        for bad in [
+            "bytes=9-1",
+            "items=0-1",
+            "bytes=a-b",
+            "bytes=0-1,3-4",
+            "bytes=100-",
+        ] {
+            assert!(parse_range(bad, 100).is_err(), "{bad}");
+        }
+    }
+}

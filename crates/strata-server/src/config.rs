@@ -1,0 +1,438 @@
+//! `strata serve` configuration: a TOML file, then environment/flags on top, then validation into a
+//! [`Resolved`] configuration with every default filled in and every path absolute.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use strata_cache::{CacheConfig, DiskConfig, PolicyKind};
+use strata_object::{BackendOptions, RetryPolicy};
+use strata_types::{ByteSize, Error, Result};
+
+/// The configuration file, as written by an operator. Every field is optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where Strata keeps its state: the disk cache, the default local backend, the API address file.
+    /// Default `./.strata`.
+    pub data_dir: Option<PathBuf>,
+    /// The control API.
+    pub api: ApiSection,
+    /// The tiered cache.
+    pub cache: CacheSection,
+    /// Retries of backend operations.
+    pub retry: RetryPolicy,
+    /// Options for `s3://` URLs that match no configured backend (ad-hoc warm-ups and reads).
+    pub s3_defaults: BackendOptions,
+    /// Named backends. Default: one backend `default`, a local directory `<data_dir>/objects`.
+    pub backends: Vec<BackendSection>,
+}
+
+/// `[api]`
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiSection {
+    /// Listen address of the control API. Default `127.0.0.1:7070` (loopback only).
+    pub listen: Option<String>,
+}
+
+/// A size that may be `"auto"` (sized for this machine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AutoSize {
+    /// Sized from the machine's memory or free disk space.
+    #[default]
+    Auto,
+    /// A fixed size.
+    Fixed(ByteSize),
+}
+
+impl Serialize for AutoSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            AutoSize::Auto => s.serialize_str("auto"),
+            AutoSize::Fixed(b) => b.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AutoSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(AutoSize::Fixed(ByteSize(n))),
+            Raw::S(s) if s.eq_ignore_ascii_case("auto") => Ok(AutoSize::Auto),
+            Raw::S(s) => s
+                .parse()
+                .map(AutoSize::Fixed)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// `[cache]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheSection {
+    /// Block size. Default 8MiB.
+    pub block_size: ByteSize,
+    /// RAM tier capacity, or "auto" (1/8 of memory, 64MiB..8GiB).
+    pub ram_capacity: AutoSize,
+    /// Whether to use a disk tier. Default true.
+    pub disk_enabled: bool,
+    /// Disk tier directory. Default `<data_dir>/cache`.
+    pub disk_dir: Option<PathBuf>,
+    /// Disk tier capacity, or "auto" (1/4 of the free space, 256MiB..1TiB).
+    pub disk_capacity: AutoSize,
+    /// `tinylfu` (scan resistant, default) or `lru`.
+    pub policy: PolicyKind,
+    /// Most of the disk tier (percent) that pinned data may use. Default 50.
+    pub pinned_max_percent: u8,
+    /// Largest readahead window in blocks. Default 4.
+    pub readahead_blocks: u32,
+    /// Budget for bytes in flight from backends. Default 512MiB.
+    pub inflight_budget: ByteSize,
+    /// Blocks fetched in parallel for one large read. Default 8.
+    pub read_parallelism: usize,
+    /// Disk write queue length in blocks. Default 32.
+    pub disk_write_queue: usize,
+}
+
+impl Default for CacheSection {
+    fn default() -> Self {
+        let d = CacheConfig::new(ByteSize(0), None);
+        Self {
+            block_size: d.block_size,
+            ram_capacity: AutoSize::Auto,
+            disk_enabled: true,
+            disk_dir: None,
+            disk_capacity: AutoSize::Auto,
+            policy: d.policy,
+            pinned_max_percent: d.pinned_max_percent,
+            readahead_blocks: d.readahead_blocks,
+            inflight_budget: d.inflight_budget,
+            read_parallelism: d.read_parallelism,
+            disk_write_queue: d.disk_write_queue,
+        }
+    }
+}
+
+/// `[[backends]]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSection {
+    /// Short name (`[a-z0-9-]`, 1..=63), used in `NAME/key` shorthands and, later, as the S3 bucket name.
+    pub name: String,
+    /// Backend URL: `s3://bucket/prefix`, `file:///path`, `memory://`.
+    pub url: String,
+    /// Connection options (S3 endpoint, region, credentials).
+    #[serde(default)]
+    pub options: BackendOptions,
+}
+
+/// Values from flags and environment that override the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--data-dir` / `STRATA_DATA_DIR`.
+    pub data_dir: Option<PathBuf>,
+    /// `--api-listen` / `STRATA_API_LISTEN`.
+    pub api_listen: Option<String>,
+}
+
+/// A validated configuration with every default resolved.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// Absolute data directory.
+    pub data_dir: PathBuf,
+    /// Control API address.
+    pub api_listen: SocketAddr,
+    /// Cache configuration.
+    pub cache: CacheConfig,
+    /// Retry policy.
+    pub retry: RetryPolicy,
+    /// Options for ad-hoc `s3://` URLs.
+    pub s3_defaults: BackendOptions,
+    /// Backends, by name.
+    pub backends: Vec<BackendSection>,
+}
+
+impl Config {
+    /// Parse TOML text; errors name the line and the field.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| Error::config(format!("{origin}: {e}")))
+    }
+
+    /// Read and parse a file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::from_io(e, format!("reading config file {}", path.display())).context("config")
+        })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Apply overrides, fill in defaults, and validate everything.
+    pub fn resolve(mut self, o: &Overrides) -> Result<Resolved> {
+        if let Some(d) = &o.data_dir {
+            self.data_dir = Some(d.clone());
+        }
+        if let Some(l) = &o.api_listen {
+            self.api.listen = Some(l.clone());
+        }
+        let data_dir = absolute(
+            self.data_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("./.strata")),
+        )?;
+        let listen = self
+            .api
+            .listen
+            .clone()
+            .unwrap_or_else(|| "127.0.0.1:7070".into());
+        let api_listen: SocketAddr = listen.parse().map_err(|_| {
+            Error::config(format!(
+                "api.listen = {listen:?}: expected an address like 127.0.0.1:7070"
+            ))
+        })?;
+
+        let c = &self.cache;
+        let bs = c.block_size.bytes().max(1);
+        let ram = match c.ram_capacity {
+            AutoSize::Fixed(b) => b,
+            AutoSize::Auto => {
+                let total = total_memory().unwrap_or(8 << 30);
+                ByteSize(round_down((total / 8).clamp(64 << 20, 8 << 30), bs).max(bs))
+            }
+        };
+        let disk = if c.disk_enabled {
+            let dir = absolute(c.disk_dir.clone().unwrap_or_else(|| data_dir.join("cache")))?;
+            let fs = fs_space(&dir);
+            let capacity = match c.disk_capacity {
+                AutoSize::Fixed(b) => {
+                    if let Some((total, _)) = fs
+                        && b.bytes() > total
+                    {
+                        return Err(Error::config(format!(
+                            "cache.disk_capacity = {b} is larger than the file system holding {} ({})",
+                            dir.display(),
+                            ByteSize(total)
+                        )));
+                    }
+                    b
+                }
+                AutoSize::Auto => {
+                    let free = fs.map(|(_, f)| f).unwrap_or(1 << 30);
+                    ByteSize(round_down((free / 4).clamp(256 << 20, 1 << 40), bs).max(bs))
+                }
+            };
+            Some(DiskConfig { dir, capacity })
+        } else {
+            None
+        };
+        let cache = CacheConfig {
+            block_size: c.block_size,
+            ram_capacity: ram,
+            disk,
+            policy: c.policy,
+            pinned_max_percent: c.pinned_max_percent,
+            readahead_blocks: c.readahead_blocks,
+            inflight_budget: c.inflight_budget,
+            read_parallelism: c.read_parallelism,
+            disk_write_queue: c.disk_write_queue,
+        };
+        cache.validate()?;
+        if self.retry.max_retries > 20 {
+            return Err(Error::config(format!(
+                "retry.max_retries = {}: at most 20",
+                self.retry.max_retries
+            )));
+        }
+        if self.retry.initial_backoff > self.retry.max_backoff {
+            return Err(Error::config(
+                "retry.initial_backoff must not exceed retry.max_backoff",
+            ));
+        }
+
+        let mut backends = self.backends;
+        if backends.is_empty() {
+            let objects = data_dir.join("objects");
+            backends.push(BackendSection {
+                name: "default".into(),
+                url: format!("file://{}", objects.display()),
+                options: BackendOptions::default(),
+            });
+        }
+        let mut names = std::collections::HashSet::new();
+        for b in &backends {
+            let valid = !b.name.is_empty()
+                && b.name.len() <= 63
+                && b.name
+                    .chars()
+                    .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-');
+            if !valid {
+                return Err(Error::config(format!(
+                    "backends: name {:?} must be 1-63 characters of a-z, 0-9 and '-'",
+                    b.name
+                )));
+            }
+            if !names.insert(b.name.clone()) {
+                return Err(Error::config(format!(
+                    "backends: the name {:?} is used twice",
+                    b.name
+                )));
+            }
+            let scheme = b.url.split("://").next().unwrap_or_default();
+            if !b.url.contains("://")
+                || !["s3", "s3a", "file", "memory", "gs", "az", "azure"].contains(&scheme)
+            {
+                return Err(Error::config(format!(
+                    "backends.{}: url {:?} must start with s3://, file://, memory://, gs:// or az://",
+                    b.name, b.url
+                )));
+            }
+        }
+        Ok(Resolved {
+            data_dir,
+            api_listen,
+            cache,
+            retry: self.retry,
+            s3_defaults: self.s3_defaults,
+            backends,
+        })
+    }
+}
+
+fn round_down(v: u64, unit: u64) -> u64 {
+    v / unit * unit
+}
+
+fn absolute(p: PathBuf) -> Result<PathBuf> {
+    if p.as_os_str().is_empty() {
+        return Err(Error::config("an empty path is not a valid directory"));
+    }
+    std::path::absolute(&p).map_err(|e| Error::from_io(e, format!("resolving {}", p.display())))
+}
+
+/// Total memory from /proc/meminfo.
+fn total_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// (total, available) bytes of the file system holding `dir`, or its nearest existing ancestor.
+fn fs_space(dir: &Path) -> Option<(u64, u64)> {
+    let mut p = dir.to_path_buf();
+    while !p.exists() {
+        p = p.parent()?.to_path_buf();
+    }
+    crate::sys::statvfs(&p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_resolves_to_embedded_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Config::default()
+            .resolve(&Overrides {
+                data_dir: Some(dir.path().join("d")),
+                api_listen: None,
+            })
+            .unwrap();
+        assert_eq!(r.api_listen.to_string(), "127.0.0.1:7070");
+        assert_eq!(r.backends.len(), 1);
+        assert_eq!(r.backends[0].name, "default");
+        assert!(r.backends[0].url.starts_with("file:///"));
+        assert!(r.cache.ram_capacity.bytes() >= 64 << 20);
+        assert!(r.cache.disk.as_ref().unwrap().capacity.bytes() >= 8 << 20);
+        assert_eq!(
+            r.cache.disk.as_ref().unwrap().dir,
+            dir.path().join("d/cache")
+        );
+    }
+
+    #[test]
+    fn bad_configs_are_clear_errors() {
+        let cases = [
+            ("cache = 3", "invalid type"),
+            ("[cache]\nram_capacity = \"lots\"", "invalid byte size"),
+            ("[cache]\nram_capacity = 0", "ram_capacity"),
+            ("[cache]\ndisk_capacity = 0", "disk_capacity"),
+            (
+                "[cache]\ndisk_capacity = \"1000000TiB\"",
+                "larger than the file system",
+            ),
+            ("[cache]\nblock_size = \"1KiB\"", "block_size"),
+            ("[cache]\npolicy = \"random\"", "unknown variant"),
+            ("[api]\nlisten = \"nowhere\"", "api.listen"),
+            ("surprise = 1", "unknown field"),
+            (
+                "[[backends]]\nname = \"Bad Name\"\nurl = \"memory://\"",
+                "must be 1-63",
+            ),
+            (
+                "[[backends]]\nname = \"a\"\nurl = \"ftp://x\"",
+                "must start with",
+            ),
+            (
+                "[[backends]]\nname = \"a\"\nurl = \"memory://\"\n[[backends]]\nname = \"a\"\nurl = \"memory://\"",
+                "used twice",
+            ),
+            ("[retry]\nmax_retries = 100", "max_retries"),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let o = Overrides {
+            data_dir: Some(dir.path().to_path_buf()),
+            api_listen: None,
+        };
+        for (text, want) in cases {
+            let e = Config::from_toml(text, "test.toml")
+                .and_then(|c| c.resolve(&o))
+                .unwrap_err();
+            assert!(e.message().contains(want), "{text:?}: {e}");
+            assert_eq!(e.kind(), strata_types::ErrorKind::Config, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let text = r#"
+            data_dir = "/tmp/strata-x"
+            [api]
+            listen = "127.0.0.1:0"
+            [cache]
+            block_size = "4MiB"
+            ram_capacity = "256MiB"
+            disk_capacity = "1GiB"
+            policy = "lru"
+            [retry]
+            max_retries = 2
+            initial_backoff = 10
+            max_backoff = 100
+            [[backends]]
+            name = "datasets"
+            url = "s3://bucket/prefix"
+            [backends.options]
+            endpoint = "http://127.0.0.1:9000"
+            region = "us-east-1"
+        "#;
+        let r = Config::from_toml(text, "t")
+            .unwrap()
+            .resolve(&Overrides::default())
+            .unwrap();
+        assert_eq!(r.cache.block_size, ByteSize::mib(4));
+        assert_eq!(r.cache.policy, PolicyKind::Lru);
+        assert_eq!(
+            r.backends[0].options.endpoint.as_deref(),
+            Some("http://127.0.0.1:9000")
+        );
+        assert_eq!(r.retry.max_retries, 2);
+    }
+}

@@ -1,0 +1,142 @@
+//! Prometheus text for the cache's own state, appended to the event-derived families.
+
+use std::fmt::Write;
+
+use strata_cache::CacheStats;
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, v) in samples {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {v}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {v}");
+        }
+    }
+}
+
+/// Render the cache families.
+pub(crate) fn render_cache(s: &CacheStats) -> String {
+    let mut o = String::new();
+    let mut tiers: Vec<(&str, &strata_cache::TierStats)> = vec![("tier=\"ram\"", &s.ram)];
+    if let Some(d) = &s.disk {
+        tiers.push(("tier=\"disk\"", d));
+    }
+    let per_tier = |f: fn(&strata_cache::TierStats) -> u64| {
+        tiers.iter().map(|(l, t)| (*l, f(t))).collect::<Vec<_>>()
+    };
+    family(
+        &mut o,
+        "strata_cache_capacity_bytes",
+        "gauge",
+        "Capacity of a cache tier",
+        &per_tier(|t| t.capacity_bytes),
+    );
+    family(
+        &mut o,
+        "strata_cache_used_bytes",
+        "gauge",
+        "Bytes held by a cache tier",
+        &per_tier(|t| t.used_bytes),
+    );
+    family(
+        &mut o,
+        "strata_cache_pinned_bytes",
+        "gauge",
+        "Bytes held by pinned blocks",
+        &per_tier(|t| t.pinned_bytes),
+    );
+    family(
+        &mut o,
+        "strata_cache_blocks",
+        "gauge",
+        "Blocks held by a cache tier",
+        &per_tier(|t| t.blocks),
+    );
+    family(
+        &mut o,
+        "strata_cache_evictions_total",
+        "counter",
+        "Blocks evicted from a tier",
+        &per_tier(|t| t.evictions),
+    );
+    family(
+        &mut o,
+        "strata_cache_admissions_rejected_total",
+        "counter",
+        "Blocks the admission filter kept out of a tier",
+        &per_tier(|t| t.admissions_rejected),
+    );
+    let f = &s.disk_faults;
+    family(
+        &mut o,
+        "strata_cache_checksum_failures_total",
+        "counter",
+        "Disk blocks that failed verification on read (served from elsewhere)",
+        &[("", f.checksum_failures)],
+    );
+    family(
+        &mut o,
+        "strata_cache_disk_errors_total",
+        "counter",
+        "Disk tier faults by kind (each one a miss, never a failed read)",
+        &[
+            ("kind=\"read\"", f.read_errors),
+            ("kind=\"write\"", f.write_errors),
+            ("kind=\"no_space\"", f.no_space),
+            ("kind=\"queue_full\"", f.writes_dropped),
+            ("kind=\"removed_on_start\"", f.removed_on_start),
+        ],
+    );
+    family(
+        &mut o,
+        "strata_cache_fills_total",
+        "counter",
+        "Backend reads made to fill blocks",
+        &[("", s.fills)],
+    );
+    family(
+        &mut o,
+        "strata_cache_fill_bytes_total",
+        "counter",
+        "Bytes read from backends to fill blocks",
+        &[("", s.fill_bytes)],
+    );
+    family(
+        &mut o,
+        "strata_cache_single_flight_joins_total",
+        "counter",
+        "Lookups that joined a fill in flight",
+        &[("", s.single_flight_joins)],
+    );
+    family(
+        &mut o,
+        "strata_cache_readahead_blocks_total",
+        "counter",
+        "Blocks prefetched for sequential readers",
+        &[("", s.readahead_blocks)],
+    );
+    family(
+        &mut o,
+        "strata_cache_stale_version_errors_total",
+        "counter",
+        "Reads refused because the object changed while being read",
+        &[("", s.stale_version_errors)],
+    );
+    family(
+        &mut o,
+        "strata_cache_inflight_bytes",
+        "gauge",
+        "Bytes being fetched from backends",
+        &[("", s.inflight_bytes)],
+    );
+    family(
+        &mut o,
+        "strata_cache_inflight_budget_bytes",
+        "gauge",
+        "Budget for bytes being fetched from backends",
+        &[("", s.inflight_budget_bytes)],
+    );
+    o
+}

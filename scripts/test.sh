@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the tests need, then runs every check and test.
+#
+#   scripts/test.sh
+#
+# - Python tools into .venv (moto's S3 server, boto3, s5cmd). Tests start their own S3 servers on loopback
+#   from there, one per test, on free ports; nothing is left running afterwards.
+# - cargo fmt --check, cargo clippy -D warnings, and the whole workspace's tests.
+# Safe to run again: the venv is reused when it already has everything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\n==> %s\n' "$*"; }
+
+if ! .venv/bin/python -c 'import moto, boto3, s5cmd' 2>/dev/null; then
+  say "installing test tools into .venv"
+  if ! python3 -m venv .venv 2>/dev/null; then
+    # Debian's python3 ships venv separately.
+    apt-get install -y python3-venv >/dev/null
+    python3 -m venv .venv
+  fi
+  .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
+fi
+export PATH="$PWD/.venv/bin:$PATH"
+export STRATA_MOTO_SERVER="$PWD/.venv/bin/moto_server"
+
+say "cargo fmt --check"
+cargo fmt --all -- --check
+
+say "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+say "cargo test"
+cargo test --workspace --locked
+
+say "all tests passed"
