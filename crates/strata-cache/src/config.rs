@@ -23,6 +23,9 @@ pub struct CacheConfig {
     /// Global budget for bytes being fetched from backends (demand reads, readahead and warm-up together).
     /// Default 512 MiB; at least two blocks.
     pub inflight_budget: ByteSize,
+    /// Largest single backend request when filling consecutive blocks (warm-up): fewer, larger requests.
+    /// Default 32 MiB; at least one block, at most the in-flight budget.
+    pub max_request_size: ByteSize,
     /// Blocks fetched concurrently for one large read. Default 8.
     pub read_parallelism: usize,
     /// Blocks waiting to be written to the disk tier; past this, new blocks are not written (lossy, counted).
@@ -50,6 +53,7 @@ impl CacheConfig {
             pinned_max_percent: 50,
             readahead_blocks: 4,
             inflight_budget: ByteSize::mib(512),
+            max_request_size: ByteSize::mib(32),
             read_parallelism: 8,
             disk_write_queue: 32,
         }
@@ -96,6 +100,12 @@ impl CacheConfig {
                 "cache.inflight_budget = {}: must be at least two blocks ({}) and at most 1TiB",
                 self.inflight_budget,
                 ByteSize(2 * bs)
+            )));
+        }
+        if self.max_request_size.bytes() < bs || self.max_request_size > self.inflight_budget {
+            return Err(Error::config(format!(
+                "cache.max_request_size = {}: must be at least one block ({}) and at most cache.inflight_budget ({})",
+                self.max_request_size, self.block_size, self.inflight_budget
             )));
         }
         if !(1..=256).contains(&self.read_parallelism) {

@@ -125,8 +125,10 @@ pub struct CacheStats {
     pub misses: u64,
     /// Hits / (hits + misses) since start.
     pub hit_ratio: f64,
-    /// Backend reads made to fill blocks.
+    /// Blocks filled from backends.
     pub fills: u64,
+    /// Backend requests made to fill blocks (one request may fill several consecutive blocks).
+    pub fill_requests: u64,
     /// Bytes read from backends to fill blocks.
     pub fill_bytes: u64,
     /// Lookups that joined a fill already in flight instead of reading the backend again.
@@ -183,6 +185,7 @@ struct Counters {
     ram_evictions: AtomicU64,
     ram_rejected: AtomicU64,
     fills: AtomicU64,
+    fill_requests: AtomicU64,
     fill_bytes: AtomicU64,
     joins: AtomicU64,
     readahead: AtomicU64,
@@ -515,55 +518,113 @@ impl BlockCache {
         mode: FillMode,
         permit: Option<OwnedSemaphorePermit>,
     ) -> SharedFetch {
-        let key = BlockKey::new(obj.id.clone(), index);
-        let d = key.digest();
+        let mut v = self.fetch_run(ctx, obj, index, 1, mode, permit);
+        v.pop().unwrap_or_else(|| {
+            futures::future::ready(Err(Error::internal("empty fetch run")))
+                .boxed()
+                .shared()
+        })
+    }
+
+    /// Fetch `count` consecutive blocks from `first` with one backend request (fewer, larger requests for
+    /// sequential fills), registering each block for single-flight. If any of them is already in flight or in
+    /// RAM, falls back to block-by-block fetches that join what is in flight.
+    fn fetch_run(
+        &self,
+        ctx: &IoContext,
+        obj: &Arc<ObjState>,
+        first: u64,
+        count: u64,
+        mode: FillMode,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Vec<SharedFetch> {
+        let keys: Vec<(BlockKey, Digest)> = (first..first + count)
+            .map(|i| {
+                let k = BlockKey::new(obj.id.clone(), i);
+                let d = k.digest();
+                (k, d)
+            })
+            .collect();
         let mut inflight = self.inner.inflight.lock();
-        if let Some(f) = inflight.get(&d) {
-            self.inner.counters.joins.fetch_add(1, Ordering::Relaxed);
-            return f.clone();
-        }
-        // The fill may have finished between our lookup and taking this lock.
-        if let Some((_, b)) = self.inner.ram.lock().map.get(&d) {
-            return futures::future::ready(Ok(b.clone())).boxed().shared();
+        if count > 1 {
+            let ram = self.inner.ram.lock();
+            let busy = keys
+                .iter()
+                .any(|(_, d)| inflight.contains_key(d) || ram.map.contains_key(d));
+            drop(ram);
+            if busy {
+                drop(inflight);
+                drop(permit);
+                return (first..first + count)
+                    .map(|i| self.fetch(ctx, obj, i, mode, None))
+                    .collect();
+            }
+        } else if let Some((_, d)) = keys.first() {
+            if let Some(f) = inflight.get(d) {
+                self.inner.counters.joins.fetch_add(1, Ordering::Relaxed);
+                return vec![f.clone()];
+            }
+            // The fill may have finished between our lookup and taking this lock.
+            if let Some((_, b)) = self.inner.ram.lock().map.get(d) {
+                return vec![futures::future::ready(Ok(b.clone())).boxed().shared()];
+            }
         }
         let this = self.clone();
         let (ctx, obj) = (ctx.clone(), obj.clone());
+        let digests: Vec<Digest> = keys.iter().map(|(_, d)| *d).collect();
+        let guard_digests = digests.clone();
         let handle = self.inner.tasks.spawn(async move {
             let guard = InflightGuard {
                 cache: this.clone(),
-                digest: d,
+                digests: guard_digests,
             };
             let cancel = this.inner.cancel.clone();
             let r = tokio::select! {
-                r = this.fill(&ctx, &obj, key, d, mode, permit) => r,
+                r = this.fill_run(&ctx, &obj, &keys, mode, permit) => r,
                 _ = cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "cache is shutting down")),
             };
             drop(guard);
-            r
+            r.map(Arc::new)
         });
-        let fut = async move {
+        let run = async move {
             handle
                 .await
                 .unwrap_or_else(|e| Err(Error::internal(format!("block fill task failed: {e}"))))
         }
         .boxed()
         .shared();
-        inflight.insert(d, fut.clone());
-        fut
+        let mut out = Vec::with_capacity(count as usize);
+        for (k, d) in digests.into_iter().enumerate() {
+            let f = run
+                .clone()
+                .map(move |r| {
+                    r.and_then(|v| {
+                        v.get(k)
+                            .cloned()
+                            .ok_or_else(|| Error::internal("fill returned too few blocks"))
+                    })
+                })
+                .boxed()
+                .shared();
+            inflight.insert(d, f.clone());
+            out.push(f);
+        }
+        out
     }
-
-    async fn fill(
+    async fn fill_run(
         &self,
         ctx: &IoContext,
         obj: &ObjState,
-        key: BlockKey,
-        d: Digest,
+        keys: &[(BlockKey, Digest)],
         mode: FillMode,
         permit: Option<OwnedSemaphorePermit>,
-    ) -> Result<Bytes> {
+    ) -> Result<Vec<Bytes>> {
         let bs = self.inner.cfg.block_size.bytes();
-        let start = key.index * bs;
-        let end = (start + bs).min(obj.meta.size);
+        let (Some((first, _)), Some((last, _))) = (keys.first(), keys.last()) else {
+            return Ok(Vec::new());
+        };
+        let start = first.index * bs;
+        let end = ((last.index + 1) * bs).min(obj.meta.size);
         // Readahead's budget is held by the reader's prefetch buffer until the block is consumed.
         let _permit = match (permit, mode) {
             (Some(p), _) => Some(p),
@@ -596,17 +657,25 @@ impl BlockCache {
                 return Err(e);
             }
         };
-        c.fills.fetch_add(1, Ordering::Relaxed);
+        c.fill_requests.fetch_add(1, Ordering::Relaxed);
+        c.fills.fetch_add(keys.len() as u64, Ordering::Relaxed);
         c.fill_bytes
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        self.insert_ram(
-            &key,
-            d,
-            &bytes,
-            mode == FillMode::Warm && self.inner.disk.is_none(),
-        );
-        self.store_disk(&key, d, &bytes, mode).await;
-        Ok(bytes)
+        let mut out = Vec::with_capacity(keys.len());
+        for (key, d) in keys {
+            let lo = (key.index * bs - start) as usize;
+            let hi = (((key.index + 1) * bs).min(end) - start) as usize;
+            let block = bytes.slice(lo..hi);
+            self.insert_ram(
+                key,
+                *d,
+                &block,
+                mode == FillMode::Warm && self.inner.disk.is_none(),
+            );
+            self.store_disk(key, *d, &block, mode).await;
+            out.push(block);
+        }
+        Ok(out)
     }
 
     /// Read one block: tiers first, then the backend.
@@ -617,6 +686,12 @@ impl BlockCache {
             return Ok(b);
         }
         self.fetch(ctx, obj, index, FillMode::Demand, None).await
+    }
+
+    /// Blocks per backend request for sequential fills.
+    fn run_blocks(&self) -> u64 {
+        let cfg = &self.inner.cfg;
+        (cfg.max_request_size.bytes() / cfg.block_size.bytes()).max(1)
     }
 
     /// Whether a block is held by any tier (no policy side effects).
@@ -654,6 +729,9 @@ impl BlockCache {
             ..Default::default()
         };
         progress(&p);
+        // Work items are runs of consecutive uncached blocks, each fetched with one request of at most
+        // `max_request_size`.
+        let run_max = self.run_blocks();
         let mut work = Vec::new();
         for meta in objects {
             let obj = Arc::new(ObjState {
@@ -661,20 +739,31 @@ impl BlockCache {
                 backend: backend.clone(),
                 meta,
             });
-            for i in 0..obj.meta.size.div_ceil(bs) {
-                work.push((obj.clone(), i));
+            let nblocks = obj.meta.size.div_ceil(bs);
+            let mut run_start: Option<u64> = None;
+            for i in 0..=nblocks {
+                let held = i < nblocks && self.holds(&BlockKey::new(obj.id.clone(), i).digest());
+                if held {
+                    p.cached_blocks += 1;
+                    p.done_bytes += (obj.meta.size - i * bs).min(bs);
+                }
+                let end_run = i == nblocks || held || run_start.is_some_and(|s| i - s == run_max);
+                if end_run && let Some(s) = run_start.take() {
+                    work.push((obj.clone(), s, i - s));
+                }
+                if i < nblocks && !held && run_start.is_none() {
+                    run_start = Some(i);
+                }
             }
         }
+        progress(&p);
         let cancel = self.inner.cancel.clone();
         let mut stream = futures::stream::iter(work)
-            .map(|(obj, i)| async move {
-                let len = (obj.meta.size - i * bs).min(bs);
-                let d = BlockKey::new(obj.id.clone(), i).digest();
-                if self.holds(&d) {
-                    return (obj, len, Ok(false));
-                }
-                let r = self.fetch(ctx, &obj, i, FillMode::Warm, None).await;
-                (obj, len, r.map(|_| true))
+            .map(|(obj, first, count)| async move {
+                let len = ((first + count) * bs).min(obj.meta.size) - first * bs;
+                let runs = self.fetch_run(ctx, &obj, first, count, FillMode::Warm, None);
+                let r = futures::future::try_join_all(runs).await;
+                (obj, count, len, r.map(|_| ()))
             })
             .buffer_unordered(concurrency.max(1));
         loop {
@@ -682,18 +771,16 @@ impl BlockCache {
                 n = stream.next() => n,
                 _ = cancel.cancelled() => return Err(Error::new(ErrorKind::Cancelled, "cache is shutting down")),
             };
-            let Some((obj, len, r)) = next else { break };
+            let Some((obj, count, len, r)) = next else {
+                break;
+            };
             match r {
-                Ok(true) => {
-                    p.fetched_blocks += 1;
-                    p.done_bytes += len;
-                }
-                Ok(false) => {
-                    p.cached_blocks += 1;
+                Ok(()) => {
+                    p.fetched_blocks += count;
                     p.done_bytes += len;
                 }
                 Err(e) => {
-                    p.failed_blocks += 1;
+                    p.failed_blocks += count;
                     if p.errors.len() < 10 {
                         p.errors.push(format!("{}: {e}", obj.meta.key));
                     }
@@ -844,6 +931,7 @@ impl BlockCache {
                 hits as f64 / (hits + misses) as f64
             },
             fills: ld(&c.fills),
+            fill_requests: ld(&c.fill_requests),
             fill_bytes: ld(&c.fill_bytes),
             single_flight_joins: ld(&c.joins),
             readahead_blocks: ld(&c.readahead),
@@ -873,12 +961,15 @@ impl BlockCache {
 
 struct InflightGuard {
     cache: BlockCache,
-    digest: Digest,
+    digests: Vec<Digest>,
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.cache.inner.inflight.lock().remove(&self.digest);
+        let mut inflight = self.cache.inner.inflight.lock();
+        for d in &self.digests {
+            inflight.remove(d);
+        }
     }
 }
 

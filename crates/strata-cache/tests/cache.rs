@@ -174,6 +174,12 @@ async fn disk_tier_survives_restart() {
         let p = cache.warm(&ctx(), &backend, "d/", 4, |_| {}).await.unwrap();
         assert_eq!(p.fetched_blocks, 16);
         assert_eq!(p.done_bytes, 1024 * 1024);
+        let s = cache.stats();
+        assert_eq!(s.fills, 16);
+        assert_eq!(
+            s.fill_requests, 4,
+            "consecutive blocks are fetched 4 to a request"
+        );
         cache.shutdown().await;
     }
     let cache = open(

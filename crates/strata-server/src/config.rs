@@ -96,6 +96,8 @@ pub struct CacheSection {
     pub readahead_blocks: u32,
     /// Budget for bytes in flight from backends. Default 512MiB.
     pub inflight_budget: ByteSize,
+    /// Largest backend request when filling consecutive blocks (warm-up). Default 32MiB.
+    pub max_request_size: ByteSize,
     /// Blocks fetched in parallel for one large read. Default 8.
     pub read_parallelism: usize,
     /// Disk write queue length in blocks. Default 32.
@@ -115,6 +117,7 @@ impl Default for CacheSection {
             pinned_max_percent: d.pinned_max_percent,
             readahead_blocks: d.readahead_blocks,
             inflight_budget: d.inflight_budget,
+            max_request_size: d.max_request_size,
             read_parallelism: d.read_parallelism,
             disk_write_queue: d.disk_write_queue,
         }
@@ -240,6 +243,7 @@ impl Config {
             pinned_max_percent: c.pinned_max_percent,
             readahead_blocks: c.readahead_blocks,
             inflight_budget: c.inflight_budget,
+            max_request_size: c.max_request_size,
             read_parallelism: c.read_parallelism,
             disk_write_queue: c.disk_write_queue,
         };

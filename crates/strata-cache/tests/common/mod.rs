@@ -68,6 +68,7 @@ pub fn config(
     c.block_size = ByteSize(bs);
     c.policy = policy;
     c.inflight_budget = ByteSize(bs * 16);
+    c.max_request_size = ByteSize(bs * 4);
     c
 }
 

@@ -1,0 +1,1 @@
+//! Shared nothing: each benchmark is a binary under `src/bin`.

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""`strata cache warm` vs `s5cmd cp` of the same prefix from the same S3 server, side by side in one run.
+
+Both fetch every byte of a prefix from a real S3-protocol server (moto, on loopback) and write it to local
+disk: s5cmd as files, Strata as checksummed cache blocks. Rounds alternate the order; the script prints the
+median time of each, their throughput ratio (target: Strata >= 0.9x s5cmd), and the peak RSS of `strata serve`
+against its bound (RAM tier + in-flight budget + 100 MiB).
+
+    python3 bench/warm_vs_s5cmd.py [--total-mib 2048] [--object-mib 64] [--rounds 3]
+
+Needs .venv (scripts/test.sh makes it) and a release build (cargo build --release -p strata-cli).
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV = os.path.join(ROOT, ".venv", "bin")
+STRATA = os.path.join(ROOT, "target", "release", "strata")
+RAM_MIB, INFLIGHT_MIB = 256, 256
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"nothing listening on {port}")
+
+
+def s5cmd(endpoint, *args):
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
+    return subprocess.run([os.path.join(VENV, "s5cmd"), "--endpoint-url", endpoint, *args],
+                          env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_strata(endpoint, work, rnd):
+    data_dir = os.path.join(work, f"strata-{rnd}")
+    cfg = os.path.join(work, "strata.toml")
+    with open(cfg, "w") as f:
+        f.write(f"""
+[cache]
+ram_capacity = "{RAM_MIB}MiB"
+disk_capacity = "8GiB"
+inflight_budget = "{INFLIGHT_MIB}MiB"
+
+[[backends]]
+name = "origin"
+url = "s3://bench"
+[backends.options]
+endpoint = "{endpoint}"
+access_key_id = "bench"
+secret_access_key = "bench"
+""")
+    serve = subprocess.Popen([STRATA, "serve", "--config", cfg, "--data-dir", data_dir, "--api-listen", "127.0.0.1:0"],
+                             stderr=subprocess.DEVNULL, env=dict(os.environ, STRATA_LOG="warn"))
+    addr_file = os.path.join(data_dir, "api.addr")
+    deadline = time.time() + 30
+    while not (os.path.exists(addr_file) and open(addr_file).read().strip()):
+        if time.time() > deadline or serve.poll() is not None:
+            sys.exit("strata serve did not start")
+        time.sleep(0.05)
+    api = open(addr_file).read().strip()
+    t0 = time.perf_counter()
+    out = subprocess.run([STRATA, "cache", "warm", "origin/data/", "--quiet", "--concurrency", "16", "--api", api],
+                         check=True, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    summary = json.loads(out.stdout)
+    rss = peak_rss_mib(serve.pid)
+    serve.terminate()
+    serve.wait(timeout=30)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return dt, summary, rss
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--total-mib", type=int, default=2048)
+    ap.add_argument("--object-mib", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    if not os.path.exists(STRATA):
+        sys.exit("build first: cargo build --release -p strata-cli")
+    work = tempfile.mkdtemp(prefix="strata-bench-")
+    port = free_port()
+    moto = subprocess.Popen([os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        endpoint = f"http://127.0.0.1:{port}"
+        s5cmd(endpoint, "mb", "s3://bench")
+        src = os.path.join(work, "src")
+        os.makedirs(src)
+        n = a.total_mib // a.object_mib
+        for i in range(n):
+            with open(os.path.join(src, f"obj-{i:04}.bin"), "wb") as f:
+                f.write(os.urandom(a.object_mib << 20))
+        s5cmd(endpoint, "cp", src + "/*", "s3://bench/data/")
+        shutil.rmtree(src)
+        total = n * a.object_mib
+        print(f"data set: {n} objects x {a.object_mib} MiB = {total} MiB on moto at {endpoint}")
+        s5_times, st_times, rss = [], [], []
+        for r in range(a.rounds):
+            order = ["s5cmd", "strata"] if r % 2 == 0 else ["strata", "s5cmd"]
+            for who in order:
+                if who == "s5cmd":
+                    dst = os.path.join(work, "s5cmd-out")
+                    shutil.rmtree(dst, ignore_errors=True)
+                    t0 = time.perf_counter()
+                    s5cmd(endpoint, "cp", "s3://bench/data/*", dst + "/")
+                    s5_times.append(time.perf_counter() - t0)
+                    shutil.rmtree(dst, ignore_errors=True)
+                else:
+                    dt, summary, peak = run_strata(endpoint, work, r)
+                    assert summary["done_bytes"] == total << 20 and summary["failed_blocks"] == 0, summary
+                    st_times.append(dt)
+                    rss.append(peak)
+            print(f"round {r + 1}: s5cmd {s5_times[-1]:.2f} s, strata warm {st_times[-1]:.2f} s, "
+                  f"strata peak RSS {rss[-1]:.0f} MiB")
+        ms, mt = statistics.median(s5_times), statistics.median(st_times)
+        bound = RAM_MIB + INFLIGHT_MIB + 100
+        result = {
+            "total_mib": total, "object_mib": a.object_mib, "rounds": a.rounds,
+            "s5cmd_median_s": round(ms, 3), "strata_median_s": round(mt, 3),
+            "s5cmd_mib_s": round(total / ms, 1), "strata_mib_s": round(total / mt, 1),
+            "ratio_strata_over_s5cmd": round(ms / mt, 3),
+            "strata_peak_rss_mib_max": round(max(rss)), "rss_bound_mib": bound,
+        }
+        print(f"\nmedian: s5cmd {ms:.2f} s ({total / ms:.0f} MiB/s), strata warm {mt:.2f} s ({total / mt:.0f} MiB/s)")
+        print(f"ratio strata/s5cmd throughput = {ms / mt:.2f}x (target >= 0.9x)")
+        print(f"strata serve peak RSS {max(rss):.0f} MiB; bound RAM tier {RAM_MIB} + in-flight {INFLIGHT_MIB} + 100 = {bound} MiB"
+              f" -> {'within' if max(rss) <= bound else 'OVER'}")
+        os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
+        with open(os.path.join(ROOT, "bench", "out", "warm_vs_s5cmd.json"), "w") as f:
+            json.dump(result, f, indent=2)
+    finally:
+        moto.terminate()
+        moto.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
