@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
 STRATA = os.path.join(ROOT, "target", "release", "strata")
 RAM_MIB, INFLIGHT_MIB = 256, 256
+ORIGIN_PIN, CLIENT_PIN = [], []
 
 
 def free_port():
@@ -46,8 +47,29 @@ def wait_port(port, timeout=30):
 
 def s5cmd(endpoint, *args):
     env = dict(os.environ, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
-    return subprocess.run([os.path.join(VENV, "s5cmd"), "--endpoint-url", endpoint, *args],
+    return subprocess.run(CLIENT_PIN + [os.path.join(VENV, "s5cmd"), "--endpoint-url", endpoint, *args],
                           env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def settle():
+    """Start each phase from the same memory state: flush dirty pages and drop the page cache (root only).
+    On a VM, writing into a page cache that must first reclaim memory costs several times more CPU than
+    writing into free memory, which would otherwise favour whichever tool runs after a deletion."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process (and its reaped children)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15]) / tick
 
 
 def peak_rss_mib(pid):
@@ -76,7 +98,7 @@ endpoint = "{endpoint}"
 access_key_id = "bench"
 secret_access_key = "bench"
 """)
-    serve = subprocess.Popen([STRATA, "serve", "--config", cfg, "--data-dir", data_dir, "--api-listen", "127.0.0.1:0"],
+    serve = subprocess.Popen(CLIENT_PIN + [STRATA, "serve", "--config", cfg, "--data-dir", data_dir, "--api-listen", "127.0.0.1:0"],
                              stderr=subprocess.DEVNULL, env=dict(os.environ, STRATA_LOG="warn"))
     addr_file = os.path.join(data_dir, "api.addr")
     deadline = time.time() + 30
@@ -91,10 +113,11 @@ secret_access_key = "bench"
     dt = time.perf_counter() - t0
     summary = json.loads(out.stdout)
     rss = peak_rss_mib(serve.pid)
+    cpu = cpu_seconds(serve.pid)
     serve.terminate()
     serve.wait(timeout=30)
     shutil.rmtree(data_dir, ignore_errors=True)
-    return dt, summary, rss
+    return dt, summary, rss, cpu
 
 
 def main():
@@ -102,12 +125,18 @@ def main():
     ap.add_argument("--total-mib", type=int, default=2048)
     ap.add_argument("--object-mib", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--split-cpus", action="store_true",
+                    help="run the origin on CPU 1 and the client under test on CPU 0 (taskset), so the origin "
+                         "stands in for a separate machine instead of competing for the client's cores")
     a = ap.parse_args()
     if not os.path.exists(STRATA):
         sys.exit("build first: cargo build --release -p strata-cli")
     work = tempfile.mkdtemp(prefix="strata-bench-")
     port = free_port()
-    moto = subprocess.Popen([os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+    global ORIGIN_PIN, CLIENT_PIN
+    if a.split_cpus:
+        ORIGIN_PIN, CLIENT_PIN = ["taskset", "-c", "1"], ["taskset", "-c", "0"]
+    moto = subprocess.Popen(ORIGIN_PIN + [os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port)
@@ -122,40 +151,52 @@ def main():
         s5cmd(endpoint, "cp", src + "/*", "s3://bench/data/")
         shutil.rmtree(src)
         total = n * a.object_mib
+        print(f"cpus: {'origin on cpu 1, client on cpu 0' if a.split_cpus else 'shared (origin and client compete)'}")
         print(f"data set: {n} objects x {a.object_mib} MiB = {total} MiB on moto at {endpoint}")
-        s5_times, st_times, rss = [], [], []
+        s5_times, st_times, rss, cpu = [], [], [], {"s5cmd": [], "strata": [], "moto_s5cmd": [], "moto_strata": []}
         for r in range(a.rounds):
             order = ["s5cmd", "strata"] if r % 2 == 0 else ["strata", "s5cmd"]
             for who in order:
+                dropped = settle()
+                moto_cpu0 = cpu_seconds(moto.pid)
                 if who == "s5cmd":
                     dst = os.path.join(work, "s5cmd-out")
                     shutil.rmtree(dst, ignore_errors=True)
                     t0 = time.perf_counter()
+                    t_cpu = os.times()
                     s5cmd(endpoint, "cp", "s3://bench/data/*", dst + "/")
                     s5_times.append(time.perf_counter() - t0)
+                    t_cpu2 = os.times()
+                    cpu["s5cmd"].append((t_cpu2.children_user - t_cpu.children_user) + (t_cpu2.children_system - t_cpu.children_system))
                     shutil.rmtree(dst, ignore_errors=True)
                 else:
-                    dt, summary, peak = run_strata(endpoint, work, r)
+                    dt, summary, peak, serve_cpu = run_strata(endpoint, work, r)
+                    cpu["strata"].append(serve_cpu)
                     assert summary["done_bytes"] == total << 20 and summary["failed_blocks"] == 0, summary
                     st_times.append(dt)
                     rss.append(peak)
-            print(f"round {r + 1}: s5cmd {s5_times[-1]:.2f} s, strata warm {st_times[-1]:.2f} s, "
-                  f"strata peak RSS {rss[-1]:.0f} MiB")
+                cpu["moto_" + who].append(cpu_seconds(moto.pid) - moto_cpu0)
+            print(f"round {r + 1}: s5cmd {s5_times[-1]:.2f} s (cpu {cpu['s5cmd'][-1]:.1f} s, origin cpu "
+                  f"{cpu['moto_s5cmd'][-1]:.1f} s), strata warm {st_times[-1]:.2f} s (cpu {cpu['strata'][-1]:.1f} s, "
+                  f"origin cpu {cpu['moto_strata'][-1]:.1f} s), strata peak RSS {rss[-1]:.0f} MiB")
         ms, mt = statistics.median(s5_times), statistics.median(st_times)
         bound = RAM_MIB + INFLIGHT_MIB + 100
         result = {
-            "total_mib": total, "object_mib": a.object_mib, "rounds": a.rounds,
+            "split_cpus": a.split_cpus, "total_mib": total, "object_mib": a.object_mib, "rounds": a.rounds,
             "s5cmd_median_s": round(ms, 3), "strata_median_s": round(mt, 3),
             "s5cmd_mib_s": round(total / ms, 1), "strata_mib_s": round(total / mt, 1),
             "ratio_strata_over_s5cmd": round(ms / mt, 3),
             "strata_peak_rss_mib_max": round(max(rss)), "rss_bound_mib": bound,
+            "cpu_s_median": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
         }
+        print(f"page cache dropped before each phase: {dropped}")
         print(f"\nmedian: s5cmd {ms:.2f} s ({total / ms:.0f} MiB/s), strata warm {mt:.2f} s ({total / mt:.0f} MiB/s)")
         print(f"ratio strata/s5cmd throughput = {ms / mt:.2f}x (target >= 0.9x)")
         print(f"strata serve peak RSS {max(rss):.0f} MiB; bound RAM tier {RAM_MIB} + in-flight {INFLIGHT_MIB} + 100 = {bound} MiB"
               f" -> {'within' if max(rss) <= bound else 'OVER'}")
         os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
-        with open(os.path.join(ROOT, "bench", "out", "warm_vs_s5cmd.json"), "w") as f:
+        name = "warm_vs_s5cmd_split.json" if a.split_cpus else "warm_vs_s5cmd.json"
+        with open(os.path.join(ROOT, "bench", "out", name), "w") as f:
             json.dump(result, f, indent=2)
     finally:
         moto.terminate()

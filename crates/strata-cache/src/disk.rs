@@ -4,7 +4,7 @@
 //! File format (little endian):
 //!
 //! ```text
-//! magic "STRATAB1" | key_len u32 | key (BlockKey::canonical) | data_len u64 | blake3(data) 32 B | data
+//! magic "STRATAB2" | key_len u32 | key (BlockKey::canonical) | data_len u64 | crc32c(data) u32 | data
 //! ```
 //!
 //! The index lives in memory and is rebuilt at start by reading every header: files with a bad header or the
@@ -24,7 +24,7 @@ use strata_types::{BlockKey, Error, ErrorKind, Result};
 
 use crate::policy::{Admission, Digest, Policy, PolicyKind};
 
-const MAGIC: &[u8; 8] = b"STRATAB1";
+const MAGIC: &[u8; 8] = b"STRATAB2";
 const MAX_KEY_LEN: usize = 8 * 1024;
 
 /// Counters of the disk tier.
@@ -93,7 +93,7 @@ fn parse_canonical(s: &str) -> Option<BlockKey> {
 struct Header {
     key: String,
     data_len: u64,
-    hash: [u8; 32],
+    crc: u32,
     header_len: u64,
 }
 
@@ -116,13 +116,13 @@ fn read_header(r: &mut impl Read) -> std::io::Result<Option<Header>> {
     };
     let mut len = [0u8; 8];
     r.read_exact(&mut len)?;
-    let mut hash = [0u8; 32];
-    r.read_exact(&mut hash)?;
+    let mut crc = [0u8; 4];
+    r.read_exact(&mut crc)?;
     Ok(Some(Header {
         key,
         data_len: u64::from_le_bytes(len),
-        hash,
-        header_len: (8 + 4 + key_len + 8 + 32) as u64,
+        crc: u32::from_le_bytes(crc),
+        header_len: (8 + 4 + key_len + 8 + 4) as u64,
     }))
 }
 
@@ -404,7 +404,7 @@ fn read_block(path: &Path, key: &BlockKey) -> Result<Bytes> {
     if data.len() as u64 != h.data_len {
         return Err(corrupt("truncated data"));
     }
-    if blake3::hash(&data).as_bytes() != &h.hash {
+    if crc32c::crc32c(&data) != h.crc {
         return Err(corrupt("checksum mismatch"));
     }
     Ok(Bytes::from(data))
@@ -425,12 +425,12 @@ fn write_block(dir: &Path, key: &BlockKey, d: &Digest, data: &Bytes) -> Result<(
         )));
         let io = |e: std::io::Error| Error::from_io(e, format!("writing {}", tmp.display()));
         let canonical = key.canonical();
-        let mut header = Vec::with_capacity(8 + 4 + canonical.len() + 8 + 32);
+        let mut header = Vec::with_capacity(8 + 4 + canonical.len() + 8 + 4);
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&(canonical.len() as u32).to_le_bytes());
         header.extend_from_slice(canonical.as_bytes());
         header.extend_from_slice(&(data.len() as u64).to_le_bytes());
-        header.extend_from_slice(blake3::hash(data).as_bytes());
+        header.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
         let mut f = fs::File::create(&tmp).map_err(io)?;
         f.write_all(&header).map_err(io)?;
         f.write_all(data).map_err(io)?;

@@ -473,18 +473,27 @@ impl BlockCache {
         self.inner.pins.read().iter().any(|p| p.matches(key))
     }
 
-    /// Queue a block for the disk tier. Returns a receiver that fires when written, if `wait`.
-    async fn store_disk(&self, key: &BlockKey, d: Digest, data: &Bytes, mode: FillMode) {
-        let Some(disk) = &self.inner.disk else { return };
+    /// Queue a block for the disk tier. For warm-ups this waits for room in the queue and returns a receiver
+    /// that fires once the block is on disk; otherwise a full queue drops the block (counted).
+    async fn store_disk(
+        &self,
+        key: &BlockKey,
+        d: Digest,
+        data: &Bytes,
+        mode: FillMode,
+    ) -> Option<oneshot::Receiver<()>> {
+        let Some(disk) = &self.inner.disk else {
+            return None;
+        };
         let force = mode == FillMode::Warm;
         let a = disk.reserve(key, d, data.len() as u64, self.is_pinned(key), force);
         if !a.admitted {
-            return;
+            return None;
         }
         let tx = self.inner.disk_tx.lock().clone();
         let Some(tx) = tx else {
             disk.drop_entry(&d);
-            return;
+            return None;
         };
         let (done_tx, done_rx) = oneshot::channel();
         let job = DiskJob {
@@ -496,16 +505,18 @@ impl BlockCache {
         if force {
             if tx.send(job).await.is_err() {
                 disk.drop_entry(&d);
-                return;
+                return None;
             }
-            let _ = done_rx.await;
-        } else if tx.try_send(job).is_err() {
+            return Some(done_rx);
+        }
+        if tx.try_send(job).is_err() {
             disk.drop_entry(&d);
             self.inner
                 .counters
                 .writes_dropped
                 .fetch_add(1, Ordering::Relaxed);
         }
+        None
     }
 
     /// Fetch a block from the backend, or join the fetch already in flight. The fetch runs as its own task, so
@@ -638,13 +649,29 @@ impl BlockCache {
                     .map_err(|_| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?,
             ),
         };
+        // Mid-stream failures (a reset connection) retry the whole run under the backend's retry policy;
+        // blocks completed before the failure are already cached and correct (the ETag is pinned).
+        let policy = obj.backend.retry_policy();
         let c = &self.inner.counters;
-        let r = obj
-            .backend
-            .get_range(ctx, &obj.meta.key, start..end, obj.meta.etag.as_deref())
-            .await;
-        let bytes = match r {
-            Ok(b) => b,
+        let mut attempt = 0u32;
+        let r = loop {
+            match self.receive_run(ctx, obj, keys, start, end, mode).await {
+                Ok(blocks) => break Ok(blocks),
+                Err(e) if e.is_retryable() && attempt < policy.max_retries => {
+                    attempt += 1;
+                    self.inner.telemetry.record_retry(Op::Get, e.kind());
+                    tokio::time::sleep(policy.backoff(attempt)).await;
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        match r {
+            Ok(blocks) => {
+                c.fill_requests.fetch_add(1, Ordering::Relaxed);
+                c.fills.fetch_add(keys.len() as u64, Ordering::Relaxed);
+                c.fill_bytes.fetch_add(end - start, Ordering::Relaxed);
+                Ok(blocks)
+            }
             Err(e) => {
                 c.fill_errors.fetch_add(1, Ordering::Relaxed);
                 if e.kind() == ErrorKind::PreconditionFailed {
@@ -654,26 +681,80 @@ impl BlockCache {
                         obj.meta.key
                     )));
                 }
-                return Err(e);
+                Err(e)
             }
-        };
-        c.fill_requests.fetch_add(1, Ordering::Relaxed);
-        c.fills.fetch_add(keys.len() as u64, Ordering::Relaxed);
-        c.fill_bytes
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// One attempt at a run: stream `start..end` and cut it into blocks as the bytes arrive; each completed
+    /// block goes to the RAM tier and the disk queue at once, while it is still hot in the CPU cache.
+    async fn receive_run(
+        &self,
+        ctx: &IoContext,
+        obj: &ObjState,
+        keys: &[(BlockKey, Digest)],
+        start: u64,
+        end: u64,
+        mode: FillMode,
+    ) -> Result<Vec<Bytes>> {
+        let bs = self.inner.cfg.block_size.bytes();
+        let mut stream = obj
+            .backend
+            .get_range_stream(ctx, &obj.meta.key, start..end, obj.meta.etag.as_deref())
+            .await?;
         let mut out = Vec::with_capacity(keys.len());
-        for (key, d) in keys {
-            let lo = (key.index * bs - start) as usize;
-            let hi = (((key.index + 1) * bs).min(end) - start) as usize;
-            let block = bytes.slice(lo..hi);
-            self.insert_ram(
-                key,
-                *d,
-                &block,
-                mode == FillMode::Warm && self.inner.disk.is_none(),
-            );
-            self.store_disk(key, *d, &block, mode).await;
-            out.push(block);
+        let mut written = Vec::new();
+        let block_len =
+            |i: usize| (((keys[i].0.index + 1) * bs).min(end) - keys[i].0.index * bs) as usize;
+        let mut cur = BytesMut::with_capacity(block_len(0));
+        while let Some(chunk) = stream.next().await {
+            let mut chunk = chunk?;
+            while !chunk.is_empty() {
+                let i = out.len();
+                if i >= keys.len() {
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "{}: the backend sent more bytes than requested",
+                            obj.meta.key
+                        ),
+                    ));
+                }
+                let take = (block_len(i) - cur.len()).min(chunk.len());
+                cur.extend_from_slice(&chunk.split_to(take));
+                if cur.len() == block_len(i) {
+                    let block = std::mem::take(&mut cur).freeze();
+                    let (key, d) = &keys[i];
+                    self.insert_ram(
+                        key,
+                        *d,
+                        &block,
+                        mode == FillMode::Warm && self.inner.disk.is_none(),
+                    );
+                    if let Some(done) = self.store_disk(key, *d, &block, mode).await {
+                        written.push(done);
+                    }
+                    out.push(block);
+                    if i + 1 < keys.len() {
+                        cur = BytesMut::with_capacity(block_len(i + 1));
+                    }
+                }
+            }
+        }
+        if out.len() != keys.len() {
+            let got = out.iter().map(|b| b.len() as u64).sum::<u64>() + cur.len() as u64;
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "{}: short read, got {got} of {} bytes",
+                    obj.meta.key,
+                    end - start
+                ),
+            ));
+        }
+        // Warm-ups report a block only once it is on disk.
+        for w in written {
+            let _ = w.await;
         }
         Ok(out)
     }

@@ -411,6 +411,114 @@ impl Backend {
         .await
     }
 
+    /// Bytes `range` of `key` as chunks, as they arrive from the backend, for callers that process data while
+    /// it streams (the cache writes blocks to disk while the rest of a run is still arriving). The request
+    /// itself is retried like [`Self::get_range`]; a failure mid-stream ends the stream with a classified error
+    /// item and the caller decides whether to retry. The caller must check that it received `range.len()`
+    /// bytes. One I/O event is emitted when the stream ends.
+    pub async fn get_range_stream(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<futures::stream::BoxStream<'static, Result<Bytes>>> {
+        let path = to_path(key)?;
+        let what = format!(
+            "GET {}/{key} bytes {}-{}",
+            self.inner.id,
+            range.start,
+            range.end.saturating_sub(1)
+        );
+        let start = Instant::now();
+        let r = self
+            .inner
+            .retry
+            .run(&self.inner.telemetry, Op::Get, || async {
+                let opts = object_store::GetOptions::new()
+                    .with_range(Some(range.clone()))
+                    .with_if_match(if_match.map(str::to_string));
+                let r = self
+                    .inner
+                    .store
+                    .get_opts(&path, opts)
+                    .await
+                    .map_err(|e| classify(e, &what))?;
+                if let (Some(expect), Some(got)) = (if_match, r.meta.e_tag.as_deref())
+                    && expect != got
+                {
+                    return Err(Error::new(
+                        ErrorKind::PreconditionFailed,
+                        format!("{what}: object changed (ETag {got}, expected {expect})"),
+                    ));
+                }
+                Ok(r)
+            })
+            .await;
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                self.emit(ctx, Op::Get, key, 0, start, Outcome::Err(e.kind()));
+                return Err(e);
+            }
+        };
+        struct State {
+            inner: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+            backend: Backend,
+            ctx: IoContext,
+            key: String,
+            what: String,
+            start: Instant,
+            bytes: u64,
+            done: bool,
+        }
+        let state = State {
+            inner: r.into_stream(),
+            backend: self.clone(),
+            ctx: ctx.clone(),
+            key: key.to_string(),
+            what,
+            start,
+            bytes: 0,
+            done: false,
+        };
+        Ok(futures::stream::unfold(state, |mut st| async move {
+            if st.done {
+                return None;
+            }
+            match st.inner.next().await {
+                Some(Ok(b)) => {
+                    st.bytes += b.len() as u64;
+                    Some((Ok(b), st))
+                }
+                Some(Err(e)) => {
+                    let e = classify(e, &st.what);
+                    st.backend.emit(
+                        &st.ctx,
+                        Op::Get,
+                        &st.key,
+                        st.bytes,
+                        st.start,
+                        Outcome::Err(e.kind()),
+                    );
+                    st.done = true;
+                    Some((Err(e), st))
+                }
+                None => {
+                    st.backend
+                        .emit(&st.ctx, Op::Get, &st.key, st.bytes, st.start, Outcome::Ok);
+                    None
+                }
+            }
+        })
+        .boxed())
+    }
+
+    /// The retry policy this backend applies.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        self.inner.retry
+    }
+
     /// Write `bytes` to `key` in one request.
     pub async fn put(
         &self,
