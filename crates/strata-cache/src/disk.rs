@@ -296,27 +296,53 @@ impl DiskTier {
 
     /// Write a reserved block. Blocking. On failure the reservation is released and counters say why.
     pub fn write(&self, key: &BlockKey, d: &Digest, data: &Bytes) -> Result<()> {
-        let r = write_block(&self.dir, key, d, data);
-        if let Err(e) = &r {
-            if e.kind() == ErrorKind::NoSpace {
-                self.counters.no_space.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+        let r = self.begin(key, d, data.len() as u64).and_then(|mut f| {
+            f.append(data)?;
+            Ok(f)
+        });
+        match r {
+            Ok(f) => self.finish(f),
+            Err(e) => {
+                self.fail(d, &e);
+                Err(e)
             }
-            tracing::warn!(error = %e, "cache block write failed; block not cached on disk");
-            self.drop_entry(d);
-            return r;
+        }
+    }
+
+    /// Start writing a reserved block of `len` bytes piece by piece (blocking), so bytes can go to disk while
+    /// they are still hot in the CPU cache. Complete with [`Self::finish`]; on any error call [`Self::fail`].
+    pub fn begin(&self, key: &BlockKey, d: &Digest, len: u64) -> Result<BlockFile> {
+        BlockFile::create(&self.dir, key, *d, len)
+    }
+
+    /// Verify the length, write the checksum, rename the file into place and mark the block ready.
+    pub fn finish(&self, f: BlockFile) -> Result<()> {
+        let d = f.digest;
+        if let Err(e) = f.complete() {
+            self.fail(&d, &e);
+            return Err(e);
         }
         let mut st = self.state.lock();
-        match st.index.get_mut(d) {
+        match st.index.get_mut(&d) {
             Some(e) => e.ready = true,
             None => {
                 // Evicted while being written: the file must not outlive its index entry.
                 drop(st);
-                let _ = fs::remove_file(block_path(&self.blocks(), d));
+                let _ = fs::remove_file(block_path(&self.blocks(), &d));
             }
         }
         Ok(())
+    }
+
+    /// Record a failed write and release its reservation (the temporary file is removed by `BlockFile`'s drop).
+    pub fn fail(&self, d: &Digest, e: &Error) {
+        if e.kind() == ErrorKind::NoSpace {
+            self.counters.no_space.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::warn!(error = %e, "cache block write failed; block not cached on disk");
+        self.drop_entry(d);
     }
 
     /// Forget a block and delete its file.
@@ -410,39 +436,114 @@ fn read_block(path: &Path, key: &BlockKey) -> Result<Bytes> {
     Ok(Bytes::from(data))
 }
 
-fn write_block(dir: &Path, key: &BlockKey, d: &Digest, data: &Bytes) -> Result<()> {
-    let h = hex(d);
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir
-        .join("tmp")
-        .join(format!("{h}.{}.{seq}.tmp", std::process::id()));
-    let dst = dir.join("blocks").join(&h[..2]);
-    let result = (|| {
+/// A block file being written: header (with a checksum placeholder) and data go to a temporary file; `complete`
+/// fills in the checksum and renames it into place. Dropped without completing, it removes the temporary file.
+#[derive(Debug)]
+pub(crate) struct BlockFile {
+    file: Option<fs::File>,
+    tmp: PathBuf,
+    dst: PathBuf,
+    digest: Digest,
+    crc_offset: u64,
+    crc: u32,
+    len: u64,
+    written: u64,
+}
+
+impl BlockFile {
+    fn create(dir: &Path, key: &BlockKey, d: Digest, len: u64) -> Result<Self> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let h = hex(&d);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir
+            .join("tmp")
+            .join(format!("{h}.{}.{seq}.tmp", std::process::id()));
+        let dst = dir.join("blocks").join(&h[..2]).join(&h);
         fail::fail_point!("disk-write", |_| Err(Error::from_io(
             std::io::Error::from_raw_os_error(28),
             format!("writing {}", tmp.display())
         )));
-        let io = |e: std::io::Error| Error::from_io(e, format!("writing {}", tmp.display()));
         let canonical = key.canonical();
         let mut header = Vec::with_capacity(8 + 4 + canonical.len() + 8 + 4);
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&(canonical.len() as u32).to_le_bytes());
         header.extend_from_slice(canonical.as_bytes());
-        header.extend_from_slice(&(data.len() as u64).to_le_bytes());
-        header.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
-        let mut f = fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&header).map_err(io)?;
-        f.write_all(data).map_err(io)?;
-        drop(f);
-        fs::create_dir_all(&dst).map_err(io)?;
-        fs::rename(&tmp, dst.join(&h)).map_err(io)?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+        header.extend_from_slice(&len.to_le_bytes());
+        let crc_offset = header.len() as u64;
+        header.extend_from_slice(&0u32.to_le_bytes());
+        let mut f = Self {
+            file: None,
+            tmp,
+            dst,
+            digest: d,
+            crc_offset,
+            crc: 0,
+            len,
+            written: 0,
+        };
+        let mut file = fs::File::create(&f.tmp).map_err(|e| f.io(e))?;
+        file.write_all(&header).map_err(|e| f.io(e))?;
+        f.file = Some(file);
+        Ok(f)
     }
-    result
+
+    fn io(&self, e: std::io::Error) -> Error {
+        Error::from_io(e, format!("writing {}", self.tmp.display()))
+    }
+
+    /// Append data (blocking).
+    pub(crate) fn append(&mut self, data: &[u8]) -> Result<()> {
+        if self.written + data.len() as u64 > self.len {
+            return Err(Error::internal(format!(
+                "{}: more data than the block holds",
+                self.tmp.display()
+            )));
+        }
+        let file = self
+            .file
+            .as_mut()
+            .ok_or_else(|| Error::internal("block file already closed"))?;
+        let r = file.write_all(data);
+        r.map_err(|e| Error::from_io(e, format!("writing {}", self.tmp.display())))?;
+        self.crc = crc32c::crc32c_append(self.crc, data);
+        self.written += data.len() as u64;
+        Ok(())
+    }
+
+    fn complete(mut self) -> Result<()> {
+        use std::io::{Seek, SeekFrom};
+        if self.written != self.len {
+            return Err(Error::internal(format!(
+                "{}: {} of {} bytes written",
+                self.tmp.display(),
+                self.written,
+                self.len
+            )));
+        }
+        let mut file = self
+            .file
+            .take()
+            .ok_or_else(|| Error::internal("block file already closed"))?;
+        file.seek(SeekFrom::Start(self.crc_offset))
+            .map_err(|e| self.io(e))?;
+        file.write_all(&self.crc.to_le_bytes())
+            .map_err(|e| self.io(e))?;
+        drop(file);
+        if let Some(parent) = self.dst.parent() {
+            fs::create_dir_all(parent).map_err(|e| self.io(e))?;
+        }
+        fs::rename(&self.tmp, &self.dst).map_err(|e| self.io(e))?;
+        self.tmp = PathBuf::new();
+        Ok(())
+    }
+}
+
+impl Drop for BlockFile {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -707,6 +707,13 @@ impl BlockCache {
         let block_len =
             |i: usize| (((keys[i].0.index + 1) * bs).min(end) - keys[i].0.index * bs) as usize;
         let mut cur = BytesMut::with_capacity(block_len(0));
+        // Warm-ups stream each received chunk straight to its block file while it is hot in the CPU cache
+        // (writing blocks later, from memory gone cold, cost several times the CPU on the machines we measured).
+        let streamer = match (&self.inner.disk, mode) {
+            (Some(disk), FillMode::Warm) => Some(DiskStreamer::start(disk.clone())),
+            _ => None,
+        };
+        let mut streaming = false;
         while let Some(chunk) = stream.next().await {
             let mut chunk = chunk?;
             while !chunk.is_empty() {
@@ -720,20 +727,38 @@ impl BlockCache {
                         ),
                     ));
                 }
+                let (key, d) = &keys[i];
+                if cur.is_empty()
+                    && let Some(st) = &streamer
+                {
+                    streaming = st
+                        .begin(key, *d, block_len(i) as u64, self.is_pinned(key))
+                        .await;
+                }
                 let take = (block_len(i) - cur.len()).min(chunk.len());
-                cur.extend_from_slice(&chunk.split_to(take));
+                let piece = chunk.split_to(take);
+                cur.extend_from_slice(&piece);
+                if streaming && let Some(st) = &streamer {
+                    st.chunk(piece).await;
+                }
                 if cur.len() == block_len(i) {
                     let block = std::mem::take(&mut cur).freeze();
-                    let (key, d) = &keys[i];
                     self.insert_ram(
                         key,
                         *d,
                         &block,
                         mode == FillMode::Warm && self.inner.disk.is_none(),
                     );
-                    if let Some(done) = self.store_disk(key, *d, &block, mode).await {
-                        written.push(done);
+                    match &streamer {
+                        Some(st) if streaming => written.push(st.end().await),
+                        Some(_) => {}
+                        None => {
+                            if let Some(done) = self.store_disk(key, *d, &block, mode).await {
+                                written.push(done);
+                            }
+                        }
                     }
+                    streaming = false;
                     out.push(block);
                     if i + 1 < keys.len() {
                         cur = BytesMut::with_capacity(block_len(i + 1));
@@ -1037,6 +1062,94 @@ impl BlockCache {
     /// Path of a block's file on the disk tier (for tools and fault-injection tests).
     pub fn disk_path_of(&self, key: &BlockKey) -> Option<PathBuf> {
         self.inner.disk.as_ref().map(|d| d.path_of(&key.digest()))
+    }
+}
+
+/// A blocking writer that receives a run's chunks and writes them to block files as they arrive.
+struct DiskStreamer {
+    tx: mpsc::Sender<StreamMsg>,
+    disk: Arc<DiskTier>,
+}
+
+enum StreamMsg {
+    Begin {
+        key: BlockKey,
+        digest: Digest,
+        len: u64,
+    },
+    Chunk(Bytes),
+    End(oneshot::Sender<()>),
+}
+
+impl DiskStreamer {
+    fn start(disk: Arc<DiskTier>) -> Self {
+        let (tx, mut rx) = mpsc::channel::<StreamMsg>(64);
+        let d2 = disk.clone();
+        tokio::task::spawn_blocking(move || {
+            let disk = d2;
+            let mut cur: Option<(disk::BlockFile, Digest)> = None;
+            while let Some(msg) = rx.blocking_recv() {
+                match msg {
+                    StreamMsg::Begin { key, digest, len } => {
+                        cur = match disk.begin(&key, &digest, len) {
+                            Ok(f) => Some((f, digest)),
+                            Err(e) => {
+                                disk.fail(&digest, &e);
+                                None
+                            }
+                        };
+                    }
+                    StreamMsg::Chunk(b) => {
+                        if let Some((f, d)) = cur.as_mut()
+                            && let Err(e) = f.append(&b)
+                        {
+                            disk.fail(d, &e);
+                            cur = None;
+                        }
+                    }
+                    StreamMsg::End(done) => {
+                        if let Some((f, _)) = cur.take() {
+                            let _ = disk.finish(f);
+                        }
+                        let _ = done.send(());
+                    }
+                }
+            }
+            // The run ended mid-block (an error or shutdown): the partial file goes, and its reservation.
+            if let Some((f, d)) = cur.take() {
+                drop(f);
+                disk.drop_entry(&d);
+            }
+        });
+        Self { tx, disk }
+    }
+
+    /// Reserve space for a block and open its file. False if the tier did not admit it.
+    async fn begin(&self, key: &BlockKey, digest: Digest, len: u64, pin: bool) -> bool {
+        if !self.disk.reserve(key, digest, len, pin, true).admitted {
+            return false;
+        }
+        let msg = StreamMsg::Begin {
+            key: key.clone(),
+            digest,
+            len,
+        };
+        if self.tx.send(msg).await.is_err() {
+            self.disk.drop_entry(&digest);
+            return false;
+        }
+        true
+    }
+
+    async fn chunk(&self, b: Bytes) {
+        let _ = self.tx.send(StreamMsg::Chunk(b)).await;
+    }
+
+    /// Finish the current block; the receiver fires once it is on disk (or has failed, counted).
+    async fn end(&self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.tx.send(StreamMsg::End(tx)).await;
+        rx
     }
 }
 
