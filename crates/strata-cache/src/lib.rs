@@ -800,6 +800,15 @@ impl BlockCache {
         (cfg.max_request_size.bytes() / cfg.block_size.bytes()).max(1)
     }
 
+    /// Whether a warm-up can skip a block: it is on disk (when there is a disk tier, since warm-ups are meant to
+    /// survive restarts) or in RAM (when there is not).
+    fn warm_holds(&self, d: &Digest) -> bool {
+        match &self.inner.disk {
+            Some(disk) => disk.contains(d),
+            None => self.inner.ram.lock().map.contains_key(d),
+        }
+    }
+
     /// Whether a block is held by any tier (no policy side effects).
     fn holds(&self, d: &Digest) -> bool {
         self.inner.ram.lock().map.contains_key(d)
@@ -848,7 +857,8 @@ impl BlockCache {
             let nblocks = obj.meta.size.div_ceil(bs);
             let mut run_start: Option<u64> = None;
             for i in 0..=nblocks {
-                let held = i < nblocks && self.holds(&BlockKey::new(obj.id.clone(), i).digest());
+                let held =
+                    i < nblocks && self.warm_holds(&BlockKey::new(obj.id.clone(), i).digest());
                 if held {
                     p.cached_blocks += 1;
                     p.done_bytes += (obj.meta.size - i * bs).min(bs);
