@@ -879,6 +879,18 @@ impl BlockCache {
                 let len = ((first + count) * bs).min(obj.meta.size) - first * bs;
                 let runs = self.fetch_run(ctx, &obj, first, count, FillMode::Warm, None);
                 let r = futures::future::try_join_all(runs).await;
+                // Blocks that were only in RAM (or joined another reader's fill) still go to disk.
+                if let Ok(blocks) = &r {
+                    for (i, b) in (first..).zip(blocks) {
+                        let key = BlockKey::new(obj.id.clone(), i);
+                        let d = key.digest();
+                        if !self.warm_holds(&d)
+                            && let Some(done) = self.store_disk(&key, d, b, FillMode::Warm).await
+                        {
+                            let _ = done.await;
+                        }
+                    }
+                }
                 (obj, count, len, r.map(|_| ()))
             })
             .buffer_unordered(concurrency.max(1));

@@ -51,6 +51,41 @@ async fn full_or_failing_disk_never_fails_a_read() {
     );
     fail::remove("disk-write");
 
+    // blocks that reached only RAM while the disk was full are written to disk by a warm-up, from RAM
+    let dir2 = tempfile::tempdir().unwrap();
+    fail::cfg("disk-write", "return").unwrap();
+    let cache = open(
+        config(Some(dir2.path()), 64, 16, 64, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
+    assert!(
+        cache
+            .read(&ctx(), &backend, "x.bin", 0..u64::MAX)
+            .await
+            .unwrap()
+            == data
+    );
+    // disk writes are queued: wait until all 8 have failed before lifting the fault
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while cache.stats().disk_faults.no_space < 8 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "queued writes never ran"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    fail::remove("disk-write");
+    assert_eq!(cache.stats().disk.unwrap().blocks, 0);
+    let p = cache
+        .warm(&ctx(), &backend, "x.bin", 4, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(p.failed_blocks, 0);
+    let s = cache.stats();
+    assert_eq!(s.disk.unwrap().blocks, 8, "every block is on disk now");
+    assert_eq!(s.fills, 8, "and none was read from the origin twice");
+    cache.shutdown().await;
+
     // EIO on every disk read: misses, refetched from the backend, right bytes
     let cache = open(
         config(Some(dir.path()), 64, 1, 64, PolicyKind::Tinylfu),
