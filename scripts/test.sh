@@ -5,7 +5,8 @@
 #
 # - Python tools into .venv (moto's S3 server, boto3, s5cmd). Tests start their own S3 servers on loopback
 #   from there, one per test, on free ports; nothing is left running afterwards.
-# - cargo fmt --check, cargo clippy -D warnings, and the whole workspace's tests.
+# - cargo fmt --check, cargo clippy -D warnings, a check of the feature-gated backends, and the whole
+#   workspace's tests.
 # Safe to run again: the venv is reused when it already has everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,9 @@ cargo fmt --all -- --check
 
 say "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+say "cargo check: GCS and Azure backends (behind features)"
+cargo check -p strata-object --features gcp,azure --locked
 
 say "cargo test"
 cargo test --workspace --locked

@@ -206,16 +206,20 @@ impl Backend {
                     .map_err(|e| classify(e, &format!("configuring {url}")))?;
                 ("az", Arc::new(store), format!("az://{container}/{prefix}"))
             }
-            s @ ("gs" | "az" | "azure") => {
-                return Err(Error::new(
-                    ErrorKind::Unsupported,
-                    format!(
-                        "backend scheme {s}:// is not compiled in: build Strata with the `{}` feature",
-                        if s == "gs" { "gcp" } else { "azure" }
-                    ),
-                ));
-            }
             other => {
+                // Reached for gs:// and az:// only when their feature is off.
+                if let Some(feature) = match other {
+                    "gs" => Some("gcp"),
+                    "az" | "azure" => Some("azure"),
+                    _ => None,
+                } {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        format!(
+                            "backend scheme {other}:// is not compiled in: build Strata with the `{feature}` feature"
+                        ),
+                    ));
+                }
                 return Err(Error::invalid_input(format!(
                     "unknown backend URL scheme {other:?} in {url:?}: expected s3://, file://, memory://, gs:// or az://"
                 )));
