@@ -622,6 +622,7 @@ impl BlockCache {
         }
         out
     }
+
     async fn fill_run(
         &self,
         ctx: &IoContext,

@@ -359,6 +359,35 @@ impl Backend {
         .await
     }
 
+    /// One ranged GET, pinned to `if_match`: the server checks `If-Match`, and so do we, on the response's ETag
+    /// (some S3-compatible servers ignore the header).
+    async fn request_range(
+        &self,
+        path: &Path,
+        range: &Range<u64>,
+        if_match: Option<&str>,
+        what: &str,
+    ) -> Result<object_store::GetResult> {
+        let opts = object_store::GetOptions::new()
+            .with_range(Some(range.clone()))
+            .with_if_match(if_match.map(str::to_string));
+        let r = self
+            .inner
+            .store
+            .get_opts(path, opts)
+            .await
+            .map_err(|e| classify(e, what))?;
+        if let (Some(expect), Some(got)) = (if_match, r.meta.e_tag.as_deref())
+            && expect != got
+        {
+            return Err(Error::new(
+                ErrorKind::PreconditionFailed,
+                format!("{what}: object changed (ETag {got}, expected {expect})"),
+            ));
+        }
+        Ok(r)
+    }
+
     /// Bytes `range` of `key`. With `if_match`, the read fails with [`ErrorKind::PreconditionFailed`] unless the
     /// object's ETag is still that one, so the bytes of two versions are never mixed. Short reads (a
     /// truncated body) are errors, never silently returned.
@@ -384,23 +413,7 @@ impl Backend {
             self.inner
                 .retry
                 .run(&self.inner.telemetry, Op::Get, || async {
-                    let opts = object_store::GetOptions::new()
-                        .with_range(Some(range.clone()))
-                        .with_if_match(if_match.map(str::to_string));
-                    let r = self
-                        .inner
-                        .store
-                        .get_opts(&path, opts)
-                        .await
-                        .map_err(|e| classify(e, &what))?;
-                    if let (Some(expect), Some(got)) = (if_match, r.meta.e_tag.as_deref())
-                        && expect != got
-                    {
-                        return Err(Error::new(
-                            ErrorKind::PreconditionFailed,
-                            format!("{what}: object changed (ETag {got}, expected {expect})"),
-                        ));
-                    }
+                    let r = self.request_range(&path, &range, if_match, &what).await?;
                     let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
                     if (bytes.len() as u64) != want {
                         return Err(Error::new(
@@ -438,25 +451,8 @@ impl Backend {
         let r = self
             .inner
             .retry
-            .run(&self.inner.telemetry, Op::Get, || async {
-                let opts = object_store::GetOptions::new()
-                    .with_range(Some(range.clone()))
-                    .with_if_match(if_match.map(str::to_string));
-                let r = self
-                    .inner
-                    .store
-                    .get_opts(&path, opts)
-                    .await
-                    .map_err(|e| classify(e, &what))?;
-                if let (Some(expect), Some(got)) = (if_match, r.meta.e_tag.as_deref())
-                    && expect != got
-                {
-                    return Err(Error::new(
-                        ErrorKind::PreconditionFailed,
-                        format!("{what}: object changed (ETag {got}, expected {expect})"),
-                    ));
-                }
-                Ok(r)
+            .run(&self.inner.telemetry, Op::Get, || {
+                self.request_range(&path, &range, if_match, &what)
             })
             .await;
         let r = match r {
