@@ -98,7 +98,7 @@ endpoint = "{endpoint}"
 access_key_id = "bench"
 secret_access_key = "bench"
 """)
-    serve = subprocess.Popen(CLIENT_PIN + [STRATA, "serve", "--config", cfg, "--data-dir", data_dir, "--api-listen", "127.0.0.1:0"],
+    serve = subprocess.Popen(CLIENT_PIN + [STRATA, "serve", "--config", cfg, "--data-dir", data_dir, "--api-listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"],
                              stderr=subprocess.DEVNULL, env=dict(os.environ, STRATA_LOG="warn"))
     addr_file = os.path.join(data_dir, "api.addr")
     deadline = time.time() + 30

@@ -54,6 +54,9 @@ struct ServeArgs {
     /// <data-dir>/api.addr).
     #[arg(long, env = "STRATA_API_LISTEN", value_name = "ADDR")]
     api_listen: Option<String>,
+    /// S3 gateway listen address (port 0 picks a free port, written to <data-dir>/s3.addr).
+    #[arg(long, env = "STRATA_S3_LISTEN", value_name = "ADDR")]
+    s3_listen: Option<String>,
     /// Seconds to let in-flight requests finish after SIGTERM before cancelling them.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     shutdown_grace: u64,
@@ -193,6 +196,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
     let resolved = config.resolve(&Overrides {
         data_dir: a.data_dir,
         api_listen: a.api_listen,
+        s3_listen: a.s3_listen,
     })?;
     let shutdown = async {
         let mut term =

@@ -22,7 +22,13 @@ impl Agent {
         let _ = std::fs::remove_file(dir.join(".strata/api.addr"));
         let child = Command::new(BIN)
             .current_dir(dir)
-            .args(["serve", "--api-listen", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--api-listen",
+                "127.0.0.1:0",
+                "--s3-listen",
+                "127.0.0.1:0",
+            ])
             .args(extra)
             .env("STRATA_LOG", "warn")
             .stdout(Stdio::null())
@@ -229,7 +235,13 @@ fn serves_on_embedded_defaults_and_stops_cleanly_on_sigterm() {
     // a second agent on the same data dir is refused
     let out = Command::new(BIN)
         .current_dir(dir.path())
-        .args(["serve", "--api-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--s3-listen",
+            "127.0.0.1:0",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -444,7 +456,14 @@ fn bad_configuration_is_refused_with_a_clear_message() {
         std::fs::write(&p, text).unwrap();
         for args in [
             vec!["config", "check"],
-            vec!["serve", "--api-listen", "127.0.0.1:0", "--config"],
+            vec![
+                "serve",
+                "--api-listen",
+                "127.0.0.1:0",
+                "--s3-listen",
+                "127.0.0.1:0",
+                "--config",
+            ],
         ] {
             let out = Command::new(BIN)
                 .current_dir(dir.path())

@@ -26,6 +26,34 @@ pub struct Config {
     pub s3_defaults: BackendOptions,
     /// Named backends. Default: one backend `default`, a local directory `<data_dir>/objects`.
     pub backends: Vec<BackendSection>,
+    /// The S3-compatible gateway.
+    pub gateway: GatewaySection,
+}
+
+/// `[gateway]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewaySection {
+    /// Serve the S3 gateway. Default true.
+    pub enabled: bool,
+    /// Listen address. Default `127.0.0.1:9000` (loopback only).
+    pub listen: Option<String>,
+    /// The region clients must sign for. Default `us-east-1`.
+    pub region: String,
+    /// Access keys. `STRATA_ACCESS_KEY`/`STRATA_SECRET_KEY` add one; with none at all a key pair is generated
+    /// into `<data_dir>/credentials.json`.
+    pub keys: Vec<crate::gateway::auth::AccessKey>,
+}
+
+impl Default for GatewaySection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: None,
+            region: "us-east-1".into(),
+            keys: Vec::new(),
+        }
+    }
 }
 
 /// `[api]`
@@ -144,6 +172,8 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
     /// `--api-listen` / `STRATA_API_LISTEN`.
     pub api_listen: Option<String>,
+    /// `--s3-listen` / `STRATA_S3_LISTEN`.
+    pub s3_listen: Option<String>,
 }
 
 /// A validated configuration with every default resolved.
@@ -161,6 +191,12 @@ pub struct Resolved {
     pub s3_defaults: BackendOptions,
     /// Backends, by name.
     pub backends: Vec<BackendSection>,
+    /// The gateway's listen address, or `None` when it is disabled.
+    pub s3_listen: Option<SocketAddr>,
+    /// The gateway's region.
+    pub s3_region: String,
+    /// Configured gateway keys.
+    pub s3_keys: Vec<crate::gateway::auth::AccessKey>,
 }
 
 impl Config {
@@ -184,6 +220,9 @@ impl Config {
         }
         if let Some(l) = &o.api_listen {
             self.api.listen = Some(l.clone());
+        }
+        if let Some(l) = &o.s3_listen {
+            self.gateway.listen = Some(l.clone());
         }
         let data_dir = absolute(
             self.data_dir
@@ -298,7 +337,36 @@ impl Config {
                 )));
             }
         }
+        let s3_listen = if self.gateway.enabled {
+            let l = self
+                .gateway
+                .listen
+                .clone()
+                .unwrap_or_else(|| "127.0.0.1:9000".into());
+            Some(l.parse::<SocketAddr>().map_err(|_| {
+                Error::config(format!(
+                    "gateway.listen = {l:?}: expected an address like 127.0.0.1:9000"
+                ))
+            })?)
+        } else {
+            None
+        };
+        if self.gateway.region.is_empty()
+            || !self
+                .gateway
+                .region
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Err(Error::config(format!(
+                "gateway.region = {:?}: expected a region name like us-east-1",
+                self.gateway.region
+            )));
+        }
         Ok(Resolved {
+            s3_listen,
+            s3_region: self.gateway.region.clone(),
+            s3_keys: self.gateway.keys.clone(),
             data_dir,
             api_listen,
             cache,
@@ -347,7 +415,7 @@ mod tests {
         let r = Config::default()
             .resolve(&Overrides {
                 data_dir: Some(dir.path().join("d")),
-                api_listen: None,
+                ..Default::default()
             })
             .unwrap();
         assert_eq!(r.api_listen.to_string(), "127.0.0.1:7070");
@@ -390,11 +458,13 @@ mod tests {
                 "used twice",
             ),
             ("[retry]\nmax_retries = 100", "max_retries"),
+            ("[gateway]\nlisten = \"everywhere\"", "gateway.listen"),
+            ("[gateway]\nregion = \"\"", "gateway.region"),
         ];
         let dir = tempfile::tempdir().unwrap();
         let o = Overrides {
             data_dir: Some(dir.path().to_path_buf()),
-            api_listen: None,
+            ..Default::default()
         };
         for (text, want) in cases {
             let e = Config::from_toml(text, "test.toml")

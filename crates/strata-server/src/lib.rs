@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod config;
+pub mod gateway;
 mod metrics;
 mod sys;
 
@@ -224,6 +225,37 @@ pub async fn serve(
         "strata agent ready"
     );
     let stop = tokio_util::sync::CancellationToken::new();
+    let s3_addr_file = agent.config.data_dir.join("s3.addr");
+    let mut gateway_task = None;
+    if let Some(s3_listen) = agent.config.s3_listen {
+        let (keys, source) =
+            gateway::auth::resolve_keys(&agent.config.s3_keys, &agent.config.data_dir)?;
+        let gw = gateway::Gateway::new(agent.clone(), keys, agent.config.s3_region.clone())?;
+        let s3_listener = tokio::net::TcpListener::bind(s3_listen)
+            .await
+            .map_err(|e| Error::from_io(e, format!("binding the S3 gateway to {s3_listen}")))?;
+        let s3_addr = s3_listener
+            .local_addr()
+            .map_err(|e| Error::from_io(e, "reading the gateway address"))?;
+        std::fs::write(&s3_addr_file, format!("http://{s3_addr}\n"))
+            .map_err(|e| Error::from_io(e, format!("writing {}", s3_addr_file.display())))?;
+        match source {
+            gateway::auth::KeySource::Generated(path) => tracing::info!(
+                s3 = %format!("http://{s3_addr}"),
+                credentials = %path.display(),
+                "S3 gateway ready; access key and secret are in the credentials file"
+            ),
+            gateway::auth::KeySource::Configured => {
+                tracing::info!(s3 = %format!("http://{s3_addr}"), "S3 gateway ready")
+            }
+        }
+        gateway_task = Some(tokio::spawn(gateway::run(
+            gw,
+            s3_listener,
+            stop.clone(),
+            grace,
+        )));
+    }
     let app = api::router(agent.clone());
     let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
     let mut handle = tokio::spawn(async move { server.await });
@@ -245,8 +277,12 @@ pub async fn serve(
         agent.cache.shutdown().await;
         let _ = handle.await;
     }
+    if let Some(t) = gateway_task {
+        let _ = t.await;
+    }
     agent.cache.shutdown().await;
     let _ = std::fs::remove_file(&addr_file);
+    let _ = std::fs::remove_file(&s3_addr_file);
     tracing::info!("strata agent stopped");
     Ok(())
 }
