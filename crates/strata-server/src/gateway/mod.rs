@@ -354,7 +354,7 @@ impl Gateway {
             && region.as_str() != self.region
         {
             return Err(s3_error!(
-                AuthorizationHeaderMalformed,
+                SignatureDoesNotMatch,
                 "the request is signed for region {region}, this gateway is {}",
                 self.region
             ));
@@ -363,7 +363,7 @@ impl Gateway {
             && service != "s3"
         {
             return Err(s3_error!(
-                AuthorizationHeaderMalformed,
+                SignatureDoesNotMatch,
                 "the request is signed for service {service}, not s3"
             ));
         }
@@ -1306,9 +1306,13 @@ pub async fn run(
     grace: std::time::Duration,
 ) {
     let auth = gateway.auth();
+    let region = gateway.region.clone();
     let mut builder = s3s::service::S3ServiceBuilder::new(gateway);
     builder.set_auth(auth);
-    let service = builder.build();
+    let service = ScopeCheck {
+        inner: builder.build(),
+        region: Arc::from(region.as_str()),
+    };
     let http = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
@@ -1335,5 +1339,65 @@ pub async fn run(
         .is_err()
     {
         tracing::warn!("gateway: requests still running after the grace period were cut off");
+    }
+}
+
+/// Refuses, before s3s parses anything, requests signed for another region or service: `403
+/// SignatureDoesNotMatch`, as for any signature that does not verify here. (s3s itself would answer 501 for an
+/// unknown service.)
+#[derive(Clone)]
+struct ScopeCheck {
+    inner: s3s::service::S3Service,
+    region: Arc<str>,
+}
+
+impl ScopeCheck {
+    /// `(region, service)` from `Authorization: AWS4-HMAC-SHA256 Credential=AK/DATE/REGION/SERVICE/aws4_request`
+    /// or from a presigned URL's `X-Amz-Credential`.
+    fn scope(req: &http::Request<hyper::body::Incoming>) -> Option<(String, String)> {
+        let from_cred = |c: &str| {
+            let mut parts = c.split('/');
+            let (_ak, _date) = (parts.next()?, parts.next()?);
+            Some((parts.next()?.to_string(), parts.next()?.to_string()))
+        };
+        if let Some(auth) = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+            && let Some(idx) = auth.find("Credential=")
+        {
+            let rest = &auth[idx + "Credential=".len()..];
+            return from_cred(rest.split([',', ' ']).next().unwrap_or_default());
+        }
+        let query = req.uri().query()?;
+        for pair in query.split('&') {
+            if let Some(v) = pair.strip_prefix("X-Amz-Credential=") {
+                let decoded = v.replace("%2F", "/").replace("%2f", "/");
+                return from_cred(&decoded);
+            }
+        }
+        None
+    }
+}
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeCheck {
+    type Response = s3s::HttpResponse;
+    type Error = s3s::HttpError;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        if let Some((region, service)) = Self::scope(&req)
+            && (region != *self.region || service != "s3")
+        {
+            let body = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SignatureDoesNotMatch</Code><Message>the request \
+                 is signed for region {region:?} and service {service:?}; this gateway is {:?}, service \"s3\"</Message></Error>",
+                self.region
+            );
+            let resp = http::Response::builder()
+                .status(http::StatusCode::FORBIDDEN)
+                .header(http::header::CONTENT_TYPE, "application/xml")
+                .body(s3s::Body::from(body))
+                .unwrap_or_default();
+            return Box::pin(futures::future::ready(Ok(resp)));
+        }
+        hyper::service::Service::call(&self.inner, req)
     }
 }

@@ -1,0 +1,162 @@
+"""Fixtures for the gateway tests: a real S3 server (moto) as the origin and `strata serve` in front of it.
+
+Every server is started on a free loopback port by the fixture that needs it and stopped afterwards. The
+`strata` binary comes from STRATA_BIN (scripts/test.sh points it at the build the Rust tests used).
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import boto3
+import pytest
+from botocore.config import Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV_BIN = os.path.join(ROOT, ".venv", "bin")
+STRATA = os.environ.get("STRATA_BIN", os.path.join(ROOT, "target", "debug", "strata"))
+ACCESS_KEY, SECRET_KEY = "gwtest-key", "gwtest-secret-0123456789"
+ORIGIN_KEY, ORIGIN_SECRET = "origin", "origin-secret"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc=None, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def client(endpoint, key=ACCESS_KEY, secret=SECRET_KEY, region="us-east-1", **cfg):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        region_name=region,
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, **cfg),
+    )
+
+
+@pytest.fixture(scope="session")
+def origin():
+    """A moto S3 server: the origin the gateway's `origin` bucket fronts."""
+    port = free_port()
+    proc = subprocess.Popen([os.path.join(VENV_BIN, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port, proc)
+    endpoint = f"http://127.0.0.1:{port}"
+    c = client(endpoint, ORIGIN_KEY, ORIGIN_SECRET)
+    for b in ("gw-origin", "direct"):
+        c.create_bucket(Bucket=b)
+    yield endpoint
+    proc.terminate()
+    proc.wait()
+
+
+class Gateway:
+    """One `strata serve` process with an S3 gateway; restartable on the same data dir."""
+
+    def __init__(self, origin_endpoint):
+        self.dir = tempfile.mkdtemp(prefix="strata-gw-")
+        self.data = os.path.join(self.dir, "data")
+        self.mount = os.path.join(self.data, "objects")
+        self.cfg = os.path.join(self.dir, "strata.toml")
+        with open(self.cfg, "w") as f:
+            f.write(f"""
+[cache]
+block_size = "1MiB"
+ram_capacity = "64MiB"
+disk_capacity = "512MiB"
+
+[retry]
+max_retries = 2
+initial_backoff = 10
+max_backoff = 100
+
+[gateway]
+[[gateway.keys]]
+access_key = "{ACCESS_KEY}"
+secret_key = "{SECRET_KEY}"
+principal = "alice"
+team = "vision"
+
+[[backends]]
+name = "default"
+url = "file://{self.mount}"
+
+[[backends]]
+name = "origin"
+url = "s3://gw-origin"
+[backends.options]
+endpoint = "{origin_endpoint}"
+access_key_id = "{ORIGIN_KEY}"
+secret_access_key = "{ORIGIN_SECRET}"
+""")
+        os.makedirs(self.mount, exist_ok=True)
+        # The canary sits next to the local mount: no request may ever read or change it.
+        self.canary = os.path.join(self.data, "canary.txt")
+        with open(self.canary, "w") as f:
+            f.write("canary: must never be served or changed\n")
+        self.proc = None
+        self.start()
+
+    def start(self):
+        for f in ("s3.addr", "api.addr"):
+            try:
+                os.remove(os.path.join(self.data, f))
+            except FileNotFoundError:
+                pass
+        self.proc = subprocess.Popen(
+            [STRATA, "serve", "--config", self.cfg, "--data-dir", self.data,
+             "--api-listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, STRATA_LOG="warn"))
+        addr = os.path.join(self.data, "s3.addr")
+        deadline = time.time() + 30
+        while not (os.path.exists(addr) and open(addr).read().strip()):
+            if self.proc.poll() is not None:
+                raise RuntimeError("strata serve exited: " + self.proc.stderr.read().decode())
+            if time.time() > deadline:
+                raise RuntimeError("strata serve did not start")
+            time.sleep(0.05)
+        self.endpoint = open(addr).read().strip()
+        self.api = open(os.path.join(self.data, "api.addr")).read().strip()
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+    def client(self, **kw):
+        return client(self.endpoint, **kw)
+
+    def canary_intact(self):
+        with open(self.canary) as f:
+            return f.read() == "canary: must never be served or changed\n"
+
+
+@pytest.fixture(scope="session")
+def gateway(origin):
+    g = Gateway(origin)
+    yield g
+    g.stop()
+    shutil.rmtree(g.dir, ignore_errors=True)

@@ -1,0 +1,409 @@
+"""The S3 gateway against real S3 clients: boto3, the aws cli and s5cmd. Every transfer is checked byte-exact,
+cold and from the cache; the origin is a real S3 server (moto)."""
+import hashlib
+import io
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import boto3
+import pytest
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
+
+from conftest import ACCESS_KEY, SECRET_KEY, VENV_BIN, Gateway, client
+
+BUCKETS = ["default", "origin"]
+
+
+def sha(b):
+    return hashlib.sha256(b).hexdigest()
+
+
+def code_of(e):
+    return e.response["Error"]["Code"], e.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def cache_stats(gw):
+    return json.load(urllib.request.urlopen(gw.api + "/v1/cache"))
+
+
+@pytest.mark.parametrize("bucket", BUCKETS)
+def test_put_get_range_cold_and_hot(gateway, bucket):
+    s3 = gateway.client()
+    data = os.urandom(5 * 1024 * 1024 + 12345)
+    s3.put_object(Bucket=bucket, Key="rw/obj.bin", Body=data)
+    fills_before = cache_stats(gateway)["fills"]
+    cold = s3.get_object(Bucket=bucket, Key="rw/obj.bin")["Body"].read()
+    mid = cache_stats(gateway)["fills"]
+    hot = s3.get_object(Bucket=bucket, Key="rw/obj.bin")["Body"].read()
+    assert sha(cold) == sha(data) and sha(hot) == sha(data)
+    assert mid > fills_before, "the cold read filled the cache"
+    assert cache_stats(gateway)["fills"] == mid, "the hot read was served from the cache"
+    r = s3.get_object(Bucket=bucket, Key="rw/obj.bin", Range="bytes=1048570-2097160")
+    assert r["Body"].read() == data[1048570:2097161]
+    assert r["ContentRange"] == f"bytes 1048570-2097160/{len(data)}"
+    assert s3.get_object(Bucket=bucket, Key="rw/obj.bin", Range="bytes=-10")["Body"].read() == data[-10:]
+    head = s3.head_object(Bucket=bucket, Key="rw/obj.bin")
+    assert head["ContentLength"] == len(data)
+    # read-after-write: an overwrite is visible at once, never the cached old bytes
+    data2 = os.urandom(1024 * 1024 + 7)
+    s3.put_object(Bucket=bucket, Key="rw/obj.bin", Body=data2)
+    assert sha(s3.get_object(Bucket=bucket, Key="rw/obj.bin")["Body"].read()) == sha(data2)
+    # conditional reads
+    etag = s3.head_object(Bucket=bucket, Key="rw/obj.bin")["ETag"]
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="rw/obj.bin", IfNoneMatch=etag)
+    assert code_of(e.value)[1] == 304
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="rw/obj.bin", IfMatch='"nope"')
+    assert code_of(e.value)[1] == 412
+    assert s3.get_object(Bucket=bucket, Key="rw/obj.bin", IfMatch=etag)["Body"].read() == data2
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="rw/missing")
+    assert code_of(e.value) == ("NoSuchKey", 404)
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket="no-such-bucket", Key="x")
+    assert code_of(e.value)[0] == "NoSuchBucket"
+
+
+@pytest.mark.parametrize("bucket", BUCKETS)
+def test_listing_1000_plus_keys_with_pagination_and_delimiters(gateway, bucket):
+    s3 = gateway.client()
+    keys = [f"many/d{i % 4}/k{i:05}" for i in range(1100)] + ["many/top.txt"]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda k: s3.put_object(Bucket=bucket, Key=k, Body=k.encode()), keys))
+    seen, pages = [], 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="many/",
+                                                            PaginationConfig={"PageSize": 300}):
+        pages += 1
+        seen += [o["Key"] for o in page.get("Contents", [])]
+    assert seen == sorted(keys) and pages == 4
+    r = s3.list_objects_v2(Bucket=bucket, Prefix="many/", Delimiter="/")
+    assert [p["Prefix"] for p in r["CommonPrefixes"]] == [f"many/d{i}/" for i in range(4)]
+    assert [o["Key"] for o in r["Contents"]] == ["many/top.txt"]
+    r = s3.list_objects_v2(Bucket=bucket, Prefix="many/", Delimiter="/", MaxKeys=2)
+    assert r["IsTruncated"] and len(r.get("CommonPrefixes", [])) + len(r.get("Contents", [])) == 2
+    r2 = s3.list_objects_v2(Bucket=bucket, Prefix="many/", Delimiter="/", ContinuationToken=r["NextContinuationToken"])
+    assert [p["Prefix"] for p in r2["CommonPrefixes"]] == ["many/d2/", "many/d3/"]
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="many/d1/")["KeyCount"] == 275
+    # delete many
+    for chunk in range(0, len(keys), 1000):
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[chunk:chunk + 1000]]})
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="many/")["KeyCount"] == 0
+
+
+@pytest.mark.parametrize("bucket", BUCKETS)
+def test_multipart_copy_delete_presigned(gateway, bucket):
+    s3 = gateway.client()
+    big = os.urandom(105 * 1024 * 1024)
+    cfg = TransferConfig(multipart_threshold=8 * 1024 * 1024, multipart_chunksize=8 * 1024 * 1024, max_concurrency=4)
+    s3.upload_fileobj(io.BytesIO(big), bucket, "mp/big.bin", Config=cfg)
+    out = io.BytesIO()
+    s3.download_fileobj(bucket, "mp/big.bin", out, Config=cfg)
+    assert sha(out.getvalue()) == sha(big)
+    hot = s3.get_object(Bucket=bucket, Key="mp/big.bin")["Body"].read()
+    assert sha(hot) == sha(big)
+    # the staging area is empty once the upload completed
+    assert os.listdir(os.path.join(gateway.data, "uploads")) == []
+    # list parts and abort
+    up = s3.create_multipart_upload(Bucket=bucket, Key="mp/aborted.bin")["UploadId"]
+    s3.upload_part(Bucket=bucket, Key="mp/aborted.bin", UploadId=up, PartNumber=1, Body=b"x" * (5 * 1024 * 1024))
+    s3.upload_part(Bucket=bucket, Key="mp/aborted.bin", UploadId=up, PartNumber=2, Body=b"tail")
+    parts = s3.list_parts(Bucket=bucket, Key="mp/aborted.bin", UploadId=up)["Parts"]
+    assert [(p["PartNumber"], p["Size"]) for p in parts] == [(1, 5 * 1024 * 1024), (2, 4)]
+    s3.abort_multipart_upload(Bucket=bucket, Key="mp/aborted.bin", UploadId=up)
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket=bucket, Key="mp/aborted.bin")
+    assert code_of(e.value)[1] == 404
+    with pytest.raises(ClientError) as e:
+        s3.list_parts(Bucket=bucket, Key="mp/aborted.bin", UploadId=up)
+    assert code_of(e.value)[0] == "NoSuchUpload"
+    # a part below 5 MiB that is not the last is refused
+    up = s3.create_multipart_upload(Bucket=bucket, Key="mp/small.bin")["UploadId"]
+    e1 = s3.upload_part(Bucket=bucket, Key="mp/small.bin", UploadId=up, PartNumber=1, Body=b"a")["ETag"]
+    e2 = s3.upload_part(Bucket=bucket, Key="mp/small.bin", UploadId=up, PartNumber=2, Body=b"b")["ETag"]
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="mp/small.bin", UploadId=up, MultipartUpload={
+            "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+    assert code_of(e.value)[0] == "EntityTooSmall"
+    s3.abort_multipart_upload(Bucket=bucket, Key="mp/small.bin", UploadId=up)
+    assert os.listdir(os.path.join(gateway.data, "uploads")) == []
+    # copy, within and across buckets
+    s3.copy_object(Bucket=bucket, Key="mp/copy.bin", CopySource={"Bucket": bucket, "Key": "mp/big.bin"})
+    assert sha(s3.get_object(Bucket=bucket, Key="mp/copy.bin")["Body"].read()) == sha(big)
+    other = [b for b in BUCKETS if b != bucket][0]
+    s3.put_object(Bucket=bucket, Key="cp/small", Body=b"hello")
+    s3.copy_object(Bucket=other, Key="cp/from-" + bucket, CopySource={"Bucket": bucket, "Key": "cp/small"})
+    assert s3.get_object(Bucket=other, Key="cp/from-" + bucket)["Body"].read() == b"hello"
+    # presigned GET, and an expired one
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "cp/small"}, ExpiresIn=300)
+    assert urllib.request.urlopen(url).read() == b"hello"
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "cp/small"}, ExpiresIn=1)
+    time.sleep(2.2)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url)
+    assert e.value.code == 403 and b"AccessDenied" in e.value.read()
+    # delete
+    for k in ("mp/big.bin", "mp/copy.bin", "cp/small"):
+        s3.delete_object(Bucket=bucket, Key=k)
+    s3.delete_object(Bucket=bucket, Key="cp/small")  # deleting twice is fine
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket=bucket, Key="mp/big.bin")
+
+
+def env_for(gw):
+    return dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+                AWS_DEFAULT_REGION="us-east-1", AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+
+
+def tree(root):
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(d, f)
+            out[os.path.relpath(p, root)] = sha(open(p, "rb").read())
+    return out
+
+
+def test_aws_cli_cp_sync_ls(gateway, tmp_path):
+    aws = [os.path.join(VENV_BIN, "aws"), "--endpoint-url", gateway.endpoint, "s3"]
+    env = env_for(gateway)
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    for i in range(20):
+        (src / ("sub" if i % 2 else "") / f"f{i}.bin").write_bytes(os.urandom(1000 + i * 5000))
+    (src / "big.bin").write_bytes(os.urandom(20 * 1024 * 1024))
+    subprocess.run(aws + ["cp", str(src / "big.bin"), "s3://origin/cli/big.bin"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run(aws + ["cp", "s3://origin/cli/big.bin", str(tmp_path / "big.out")], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    assert sha((tmp_path / "big.out").read_bytes()) == sha((src / "big.bin").read_bytes())
+    subprocess.run(aws + ["sync", str(src), "s3://origin/sync/"], env=env, check=True, stdout=subprocess.DEVNULL)
+    ls = subprocess.run(aws + ["ls", "--recursive", "s3://origin/sync/"], env=env, check=True,
+                        capture_output=True, text=True).stdout
+    listed = sorted(line.split()[-1] for line in ls.splitlines())
+    assert listed == sorted("sync/" + k for k in tree(src))
+    dst = tmp_path / "dst"
+    for _ in range(2):  # cold, then from the cache
+        subprocess.run(aws + ["sync", "s3://origin/sync/", str(dst)], env=env, check=True, stdout=subprocess.DEVNULL)
+        assert tree(dst) == tree(src)
+        subprocess.run(["rm", "-rf", str(dst)], check=True)
+    # a second sync uploads nothing
+    out = subprocess.run(aws + ["sync", str(src), "s3://origin/sync/"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert "upload:" not in out
+
+
+def test_s5cmd_cp_many_objects_concurrently(gateway, tmp_path):
+    s5 = [os.path.join(VENV_BIN, "s5cmd"), "--endpoint-url", gateway.endpoint]
+    env = env_for(gateway)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(300):
+        (src / f"o{i:04}.bin").write_bytes(os.urandom(16 * 1024 + i))
+    subprocess.run(s5 + ["--numworkers", "32", "cp", str(src) + "/*", "s3://default/s5/"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    for run in ("cold", "hot"):
+        dst = tmp_path / run
+        subprocess.run(s5 + ["--numworkers", "32", "cp", "s3://default/s5/*", str(dst) + "/"], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        assert tree(dst) == tree(src), run
+
+
+def test_checksums_are_enforced(gateway):
+    s3 = gateway.client()
+    import base64
+    body = b"payload" * 1000
+    good = base64.b64encode(hashlib.md5(body).digest()).decode()
+    bad = base64.b64encode(hashlib.md5(b"other").digest()).decode()
+    s3.put_object(Bucket="default", Key="ck/good", Body=body, ContentMD5=good)
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket="default", Key="ck/bad", Body=body, ContentMD5=bad)
+    assert code_of(e.value)[0] == "BadDigest"
+    wrong_sha = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket="default", Key="ck/bad2", Body=body, ChecksumSHA256=wrong_sha)
+    assert code_of(e.value)[0] == "BadDigest"
+    s3.put_object(Bucket="default", Key="ck/good2", Body=body, ChecksumAlgorithm="CRC32")
+    for k in ("ck/bad", "ck/bad2"):
+        with pytest.raises(ClientError):
+            s3.head_object(Bucket="default", Key=k)
+    assert s3.get_object(Bucket="default", Key="ck/good2")["Body"].read() == body
+
+
+def signed_request(gw, method, path, body=b"", region="us-east-1", service="s3", secret=SECRET_KEY,
+                   skew_minutes=0, tamper_body=None):
+    """Sign a request with botocore's SigV4 (optionally with a skewed clock) and send it raw."""
+    import datetime
+
+    import botocore.auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    real = botocore.auth.get_current_datetime
+    botocore.auth.get_current_datetime = lambda: real() + datetime.timedelta(minutes=skew_minutes)
+    try:
+        req = AWSRequest(method=method, url=gw.endpoint + path, data=body,
+                         headers={"x-amz-content-sha256": hashlib.sha256(body).hexdigest()})
+        botocore.auth.S3SigV4Auth(Credentials(ACCESS_KEY, secret), service, region).add_auth(req)
+    finally:
+        botocore.auth.get_current_datetime = real
+    data = tamper_body if tamper_body is not None else body
+    r = urllib.request.Request(gw.endpoint + path, data=data if method == "PUT" else None, method=method,
+                               headers=dict(req.headers.items()))
+    try:
+        with urllib.request.urlopen(r) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_sigv4_negatives_are_refused_and_change_nothing(gateway):
+    s3 = gateway.client()
+    s3.put_object(Bucket="default", Key="auth/obj", Body=b"secret bytes")
+    status, body = signed_request(gateway, "GET", "/default/auth/obj")
+    assert status == 200 and body == b"secret bytes", "the raw signer itself works"
+    cases = {
+        "wrong secret": dict(secret="not-the-secret-at-all"),
+        "wrong region": dict(region="eu-west-1"),
+        "wrong service": dict(service="ec2"),
+        "clock skew": dict(skew_minutes=-20),
+    }
+    for name, kw in cases.items():
+        status, body = signed_request(gateway, "GET", "/default/auth/obj", **kw)
+        assert status == 403, (name, status, body)
+        assert b"secret bytes" not in body
+        status, body = signed_request(gateway, "PUT", "/default/auth/written-" + name.replace(" ", "-"),
+                                      body=b"evil", **kw)
+        assert status == 403, (name, status, body)
+    code = {
+        "wrong secret": b"SignatureDoesNotMatch",
+        "clock skew": b"RequestTimeTooSkewed",
+    }
+    for name, want in code.items():
+        assert want in signed_request(gateway, "GET", "/default/auth/obj", **cases[name])[1]
+    # tampered payload: signed for one body, another sent
+    status, body = signed_request(gateway, "PUT", "/default/auth/tampered", body=b"A" * 100, tamper_body=b"B" * 100)
+    assert status in (400, 403), (status, body)
+    # anonymous
+    try:
+        urllib.request.urlopen(gateway.endpoint + "/default/auth/obj")
+        raise AssertionError("anonymous read allowed")
+    except urllib.error.HTTPError as e:
+        assert e.code == 403
+    listing = [o["Key"] for o in s3.list_objects_v2(Bucket="default", Prefix="auth/").get("Contents", [])]
+    assert listing == ["auth/obj"], "no refused request wrote anything"
+    with pytest.raises(ClientError) as e:
+        client(gateway.endpoint, region="eu-west-1").list_buckets()
+    assert code_of(e.value)[1] == 403
+
+
+TRAVERSAL = [
+    "../canary.txt", "../../canary.txt", "a/../../canary.txt", "/canary.txt", "..", "./x", "a//b",
+    "..\\canary.txt", "a\\..\\..\\canary.txt", "x\x00y", "%2e%2e/canary.txt", "..%2fcanary.txt",
+    "%252e%252e%252fcanary.txt", "%2e%2e%2fcanary.txt",
+]
+
+
+def test_traversal_corpus_never_leaves_the_mount(gateway):
+    s3 = gateway.client()
+    before = set(os.listdir(gateway.data))
+    for key in TRAVERSAL:
+        for op in ("get", "put", "head", "delete"):
+            try:
+                if op == "get":
+                    body = s3.get_object(Bucket="default", Key=key)["Body"].read()
+                    assert b"must never be served" not in body, key
+                elif op == "put":
+                    s3.put_object(Bucket="default", Key=key, Body=b"overwritten")
+                elif op == "head":
+                    s3.head_object(Bucket="default", Key=key)
+                else:
+                    s3.delete_object(Bucket="default", Key=key)
+            except ClientError as e:
+                assert 400 <= code_of(e)[1] < 500, (key, op, e.response)
+            except Exception as e:  # botocore refuses some keys itself (e.g. NUL); that is also a refusal
+                assert "must never be served" not in str(e)
+        # raw, unencoded paths too (signed, so they reach key validation)
+        status, body = signed_request(gateway, "GET", "/default/" + key.replace("\x00", "%00"))
+        assert b"must never be served" not in body and status >= 400, (key, status)
+    assert gateway.canary_intact()
+    assert set(os.listdir(gateway.data)) == before, "nothing was created next to the mount"
+    # whatever literal names were accepted live inside the mount
+    for d, _, files in os.walk(gateway.data):
+        for f in files:
+            p = os.path.realpath(os.path.join(d, f))
+            assert p.startswith(os.path.realpath(gateway.data))
+
+
+def test_killed_gateway_leaves_no_partial_objects(origin):
+    gw = Gateway(origin)
+    try:
+        s3 = gw.client()
+        acked = os.urandom(3 * 1024 * 1024)
+        for bucket in BUCKETS:
+            s3.put_object(Bucket=bucket, Key="kill/acked.bin", Body=acked)
+        # a multipart upload killed between parts
+        up = s3.create_multipart_upload(Bucket="origin", Key="kill/mp.bin")["UploadId"]
+        s3.upload_part(Bucket="origin", Key="kill/mp.bin", UploadId=up, PartNumber=1, Body=os.urandom(5 << 20))
+        gw.kill()
+        gw.start()
+        s3 = gw.client()
+        # a PutObject killed mid-body: a slow 64 MiB upload through a raw socket
+        import socket
+        for bucket in BUCKETS:
+            host, port = gw.endpoint.replace("http://", "").split(":")
+            total = 64 * 1024 * 1024
+            sock = socket.create_connection((host, int(port)))
+            from botocore.awsrequest import AWSRequest
+            from botocore.auth import S3SigV4Auth
+            from botocore.credentials import Credentials
+            req = AWSRequest(method="PUT", url=f"{gw.endpoint}/{bucket}/kill/partial.bin",
+                             headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(total)})
+            S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
+            head = f"PUT /{bucket}/kill/partial.bin HTTP/1.1\r\nhost: {host}:{port}\r\n"
+            head += "".join(f"{k}: {v}\r\n" for k, v in req.headers.items() if k.lower() != "host")
+            sock.sendall((head + "\r\n").encode())
+            sent = 0
+            chunk = os.urandom(1 << 20)
+            while sent < 40 * 1024 * 1024:
+                sock.sendall(chunk)
+                sent += len(chunk)
+            time.sleep(0.3)
+            gw.kill()
+            sock.close()
+            gw.start()
+            s3 = gw.client()
+        for bucket in BUCKETS:
+            assert sha(s3.get_object(Bucket=bucket, Key="kill/acked.bin")["Body"].read()) == sha(acked)
+            with pytest.raises(ClientError) as e:
+                s3.head_object(Bucket=bucket, Key="kill/partial.bin")
+            assert code_of(e.value)[1] == 404
+            keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="kill/").get("Contents", [])]
+            assert keys == ["kill/acked.bin"], keys
+        with pytest.raises(ClientError):
+            s3.head_object(Bucket="origin", Key="kill/mp.bin")
+        # the interrupted multipart upload can still be completed after the restart
+        parts = s3.list_parts(Bucket="origin", Key="kill/mp.bin", UploadId=up)["Parts"]
+        assert [p["PartNumber"] for p in parts] == [1]
+        s3.upload_part(Bucket="origin", Key="kill/mp.bin", UploadId=up, PartNumber=2, Body=b"end")
+        parts = s3.list_parts(Bucket="origin", Key="kill/mp.bin", UploadId=up)["Parts"]
+        s3.complete_multipart_upload(Bucket="origin", Key="kill/mp.bin", UploadId=up, MultipartUpload={
+            "Parts": [{"PartNumber": p["PartNumber"], "ETag": p["ETag"]} for p in parts]})
+        assert s3.head_object(Bucket="origin", Key="kill/mp.bin")["ContentLength"] == (5 << 20) + 3
+    finally:
+        gw.stop()
+
+
+def test_io_events_carry_principal_team_and_job(gateway):
+    s3 = gateway.client()
+    s3.meta.events.register("before-sign.s3.*", lambda request, **kw: request.headers.add_header("x-strata-job", "job-42"))
+    s3.put_object(Bucket="default", Key="ev/x", Body=b"x" * 10)
+    s3.get_object(Bucket="default", Key="ev/x")["Body"].read()
+    metrics = urllib.request.urlopen(gateway.api + "/metrics").read().decode()
+    assert 'strata_io_requests_total{op="put",outcome="ok",tier="backend"}' in metrics
