@@ -1360,7 +1360,10 @@ impl ScopeCheck {
             let (_ak, _date) = (parts.next()?, parts.next()?);
             Some((parts.next()?.to_string(), parts.next()?.to_string()))
         };
-        if let Some(auth) = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+        if let Some(auth) = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
             && let Some(idx) = auth.find("Credential=")
         {
             let rest = &auth[idx + "Credential=".len()..];
