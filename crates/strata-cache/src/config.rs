@@ -28,6 +28,11 @@ pub struct CacheConfig {
     pub max_request_size: ByteSize,
     /// Blocks fetched concurrently for one large read. Default 8.
     pub read_parallelism: usize,
+    /// How long object metadata (size, ETag) looked up at the backend is trusted, in milliseconds. 0 (the
+    /// default) looks the version up on every open, so changes made at the backend by others are seen at once;
+    /// a few seconds saves a HEAD per open of hot small objects. Writes through Strata invalidate it either way.
+    #[serde(default)]
+    pub metadata_ttl_ms: u64,
     /// Blocks waiting to be written to the disk tier; past this, new blocks are not written (lossy, counted).
     /// Default 32.
     pub disk_write_queue: usize,
@@ -55,6 +60,7 @@ impl CacheConfig {
             inflight_budget: ByteSize::mib(512),
             max_request_size: ByteSize::mib(32),
             read_parallelism: 8,
+            metadata_ttl_ms: 0,
             disk_write_queue: 32,
         }
     }
@@ -112,6 +118,12 @@ impl CacheConfig {
             return Err(Error::config(format!(
                 "cache.read_parallelism = {}: must be 1..=256",
                 self.read_parallelism
+            )));
+        }
+        if self.metadata_ttl_ms > 3_600_000 {
+            return Err(Error::config(format!(
+                "cache.metadata_ttl_ms = {}: at most one hour (3600000)",
+                self.metadata_ttl_ms
             )));
         }
         if !(1..=4096).contains(&self.disk_write_queue) {

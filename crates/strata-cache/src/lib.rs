@@ -234,7 +234,14 @@ struct Inner {
     disk_tx: Mutex<Option<mpsc::Sender<DiskJob>>>,
     tasks: TaskTracker,
     cancel: CancellationToken,
+    meta: Mutex<MetaMap>,
 }
+
+/// Object metadata by (backend id, key), with when it was learned.
+type MetaMap = HashMap<(Arc<str>, String), (ObjectMeta, Instant)>;
+
+/// Most metadata entries kept (the map is cleared when it fills: a bound, not a policy).
+const META_MAX: usize = 100_000;
 
 /// The tiered block cache. Cheap to clone; all clones share one cache.
 #[derive(Clone)]
@@ -316,6 +323,7 @@ impl BlockCache {
             disk_tx: Mutex::new(None),
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
+            meta: Mutex::new(HashMap::new()),
         });
         if let Some(disk) = &inner.disk {
             for p in &pins {
@@ -354,15 +362,89 @@ impl BlockCache {
         &self.inner.telemetry
     }
 
-    /// Look up the object's current version at the backend and return a reader for it.
+    /// Look up the object's current version at the backend (or in the metadata cache, within
+    /// `metadata_ttl_ms`) and return a reader for it.
     pub async fn open_object(
         &self,
         ctx: &IoContext,
         backend: &Backend,
         key: &str,
     ) -> Result<CachedObject> {
+        if let Some(meta) = self.cached_meta(backend, key) {
+            return Ok(self.object_from_meta(ctx, backend, meta));
+        }
         let meta = backend.head(ctx, key).await?;
+        self.remember_meta(backend, &meta);
         Ok(self.object_from_meta(ctx, backend, meta))
+    }
+
+    /// Like [`Self::open_object`], but a cold open reads the first block with the same request that learns the
+    /// object's version (one backend request instead of two for small objects, which are read whole anyway).
+    pub async fn open_object_reading(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+    ) -> Result<CachedObject> {
+        if let Some(meta) = self.cached_meta(backend, key) {
+            return Ok(self.object_from_meta(ctx, backend, meta));
+        }
+        let bs = self.inner.cfg.block_size.bytes();
+        let (meta, first) = match backend.get_head(ctx, key, bs).await {
+            Ok(v) => v,
+            // An empty object has no satisfiable range: fall back to HEAD.
+            Err(e) if e.kind() == ErrorKind::InvalidInput => {
+                return self.open_object(ctx, backend, key).await;
+            }
+            Err(e) => return Err(e),
+        };
+        self.remember_meta(backend, &meta);
+        let obj = self.object_from_meta(ctx, backend, meta);
+        if first.len() as u64 == obj.meta().size.min(bs) && !first.is_empty() {
+            let key = BlockKey::new(obj.obj.id.clone(), 0);
+            let d = key.digest();
+            let c = &self.inner.counters;
+            c.fills.fetch_add(1, Ordering::Relaxed);
+            c.fill_requests.fetch_add(1, Ordering::Relaxed);
+            c.fill_bytes
+                .fetch_add(first.len() as u64, Ordering::Relaxed);
+            self.insert_ram(&key, d, &first, false);
+            self.store_disk(&key, d, &first, FillMode::Demand).await;
+        }
+        Ok(obj)
+    }
+
+    fn cached_meta(&self, backend: &Backend, key: &str) -> Option<ObjectMeta> {
+        let ttl = std::time::Duration::from_millis(self.inner.cfg.metadata_ttl_ms);
+        if ttl.is_zero() {
+            return None;
+        }
+        let m = self.inner.meta.lock();
+        let (meta, at) = m.get(&(backend.id().clone(), key.to_string()))?;
+        (at.elapsed() < ttl).then(|| meta.clone())
+    }
+
+    fn remember_meta(&self, backend: &Backend, meta: &ObjectMeta) {
+        if self.inner.cfg.metadata_ttl_ms == 0 {
+            return;
+        }
+        let mut m = self.inner.meta.lock();
+        if m.len() >= META_MAX {
+            m.clear();
+        }
+        m.insert(
+            (backend.id().clone(), meta.key.clone()),
+            (meta.clone(), Instant::now()),
+        );
+    }
+
+    /// Forget what is known of `key`'s version: call after writing or deleting it, so the next open sees the
+    /// change even with a metadata TTL.
+    pub fn invalidate(&self, backend: &Backend, key: &str) {
+        self.inner
+            .meta
+            .lock()
+            .remove(&(backend.id().clone(), key.to_string()));
     }
 
     /// A reader for an object whose metadata the caller already has (from a listing, say).

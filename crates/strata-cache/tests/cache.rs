@@ -504,3 +504,50 @@ mod reference_model {
         }
     }
 }
+
+#[tokio::test]
+async fn metadata_ttl_saves_lookups_and_invalidate_ends_it() {
+    let backend = memory_backend();
+    let mut cfg = config(None, 64, 32, 0, PolicyKind::Tinylfu);
+    cfg.metadata_ttl_ms = 60_000;
+    let t = backend.telemetry().clone();
+    let cache = open(cfg, Telemetry::new());
+    let v1 = pattern(10_000, 1);
+    put(&backend, "m", &v1).await;
+    // a cold open that reads: one backend request learns the version and fills block 0
+    let before = t.emitted();
+    let obj = cache
+        .open_object_reading(&ctx(), &backend, "m")
+        .await
+        .unwrap();
+    assert_eq!(t.emitted() - before, 1, "one GET, no HEAD");
+    assert!(obj.read_all().await.unwrap() == v1);
+    assert_eq!(cache.stats().fills, 1);
+    assert_eq!(t.emitted() - before, 1, "block 0 came with the open");
+    // within the TTL, opens ask the backend nothing
+    let before = t.emitted();
+    for _ in 0..5 {
+        let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
+        assert!(o.read_all().await.unwrap() == v1);
+    }
+    assert_eq!(t.emitted(), before);
+    // an overwrite by someone else is not seen until the TTL ends or the key is invalidated
+    let v2 = pattern(20_000, 2);
+    put(&backend, "m", &v2).await;
+    let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
+    assert_eq!(o.meta().size, 10_000);
+    cache.invalidate(&backend, "m");
+    let o = cache
+        .open_object_reading(&ctx(), &backend, "m")
+        .await
+        .unwrap();
+    assert!(o.read_all().await.unwrap() == v2);
+    // an empty object opens through the HEAD fallback
+    put(&backend, "empty", &bytes::Bytes::new()).await;
+    let o = cache
+        .open_object_reading(&ctx(), &backend, "empty")
+        .await
+        .unwrap();
+    assert!(o.read_all().await.unwrap().is_empty());
+    cache.shutdown().await;
+}

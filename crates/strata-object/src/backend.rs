@@ -514,6 +514,50 @@ impl Backend {
         .boxed())
     }
 
+    /// Metadata and the first `len` bytes of `key` in one request (the whole object when it is shorter): how a
+    /// cache opens a small object without a separate HEAD. Fails with [`ErrorKind::InvalidInput`] for an empty
+    /// object (no range of it is satisfiable); callers fall back to [`Self::head`].
+    pub async fn get_head(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        len: u64,
+    ) -> Result<(ObjectMeta, Bytes)> {
+        let path = to_path(key)?;
+        let what = format!(
+            "GET {}/{key} bytes 0-{}",
+            self.inner.id,
+            len.saturating_sub(1)
+        );
+        self.observe(
+            ctx,
+            Op::Get,
+            key,
+            |(_, b): &(ObjectMeta, Bytes)| b.len() as u64,
+            async {
+                self.inner
+                    .retry
+                    .run(&self.inner.telemetry, Op::Get, || async {
+                        let r = self
+                            .request_range(&path, &(0..len.max(1)), None, &what)
+                            .await?;
+                        let meta = convert_meta(r.meta.clone());
+                        let want = len.min(meta.size);
+                        let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
+                        if bytes.len() as u64 != want {
+                            return Err(Error::new(
+                                ErrorKind::Unavailable,
+                                format!("{what}: short read, got {} of {want} bytes", bytes.len()),
+                            ));
+                        }
+                        Ok((meta, bytes))
+                    })
+                    .await
+            },
+        )
+        .await
+    }
+
     /// The retry policy this backend applies.
     pub fn retry_policy(&self) -> RetryPolicy {
         self.inner.retry

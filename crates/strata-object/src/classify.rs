@@ -67,8 +67,13 @@ fn classify_generic(source: &(dyn StdError + Send + Sync + 'static)) -> ErrorKin
                 _ => ErrorKind::Io,
             };
         }
-        if let Some(status) = status_in_text(&e.to_string()) {
+        let text = e.to_string();
+        if let Some(status) = status_in_text(&text) {
             return status_kind(status);
+        }
+        // Local and in-memory stores report an unsatisfiable range as a private error type.
+        if text.contains("Invalid range") || text.contains("Wanted range starting at") {
+            return ErrorKind::InvalidInput;
         }
         cur = e.source();
     }

@@ -130,6 +130,9 @@ pub struct CacheSection {
     pub read_parallelism: usize,
     /// Disk write queue length in blocks. Default 32.
     pub disk_write_queue: usize,
+    /// How long object metadata is trusted before the backend is asked again, in ms. Default 1000; 0 asks on
+    /// every open. Writes and deletes through Strata invalidate it at once.
+    pub metadata_ttl_ms: u64,
 }
 
 impl Default for CacheSection {
@@ -148,6 +151,7 @@ impl Default for CacheSection {
             max_request_size: d.max_request_size,
             read_parallelism: d.read_parallelism,
             disk_write_queue: d.disk_write_queue,
+            metadata_ttl_ms: 1000,
         }
     }
 }
@@ -284,6 +288,7 @@ impl Config {
             inflight_budget: c.inflight_budget,
             max_request_size: c.max_request_size,
             read_parallelism: c.read_parallelism,
+            metadata_ttl_ms: c.metadata_ttl_ms,
             disk_write_queue: c.disk_write_queue,
         };
         cache.validate()?;

@@ -679,12 +679,19 @@ impl S3 for Gateway {
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         check_key(&input.key)?;
-        let obj = self
-            .agent
-            .cache()
-            .open_object(&ctx, &backend, &input.key)
-            .await
-            .map_err(s3err)?;
+        let bs = self.agent.cache().config().block_size.bytes();
+        let reads_first_block = match &input.range {
+            None => true,
+            Some(s3s::dto::Range::Int { first, .. }) => *first < bs,
+            Some(s3s::dto::Range::Suffix { .. }) => false,
+        };
+        let cache = self.agent.cache();
+        let obj = if reads_first_block {
+            cache.open_object_reading(&ctx, &backend, &input.key).await
+        } else {
+            cache.open_object(&ctx, &backend, &input.key).await
+        }
+        .map_err(s3err)?;
         let meta = obj.meta().clone();
         check_read_conditions(
             &meta,
@@ -723,7 +730,14 @@ impl S3 for Gateway {
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         check_key(&input.key)?;
-        let meta = backend.head(&ctx, &input.key).await.map_err(s3err)?;
+        let meta = self
+            .agent
+            .cache()
+            .open_object(&ctx, &backend, &input.key)
+            .await
+            .map_err(s3err)?
+            .meta()
+            .clone();
         check_read_conditions(
             &meta,
             input.if_match.as_ref(),
@@ -866,7 +880,10 @@ impl S3 for Gateway {
         });
         let etag = self
             .store(&ctx, &backend, &input.key, body, check, mode)
-            .await?;
+            .await;
+        // Whatever happened at the backend, the next read asks it again.
+        self.agent.cache().invalidate(&backend, &input.key);
+        let etag = etag?;
         Ok(S3Response::new(PutObjectOutput {
             e_tag: etag.as_deref().map(plain_etag),
             ..Default::default()
@@ -880,7 +897,9 @@ impl S3 for Gateway {
         let ctx = self.ctx(&req)?;
         let backend = self.backend(&req.input.bucket)?;
         check_key(&req.input.key)?;
-        backend.delete(&ctx, &req.input.key).await.map_err(s3err)?;
+        let r = backend.delete(&ctx, &req.input.key).await;
+        self.agent.cache().invalidate(&backend, &req.input.key);
+        r.map_err(s3err)?;
         Ok(S3Response::new(DeleteObjectOutput::default()))
     }
 
@@ -901,7 +920,11 @@ impl S3 for Gateway {
         let (mut deleted, mut errors) = (Vec::new(), Vec::new());
         for o in input.delete.objects {
             let r = match validate_key(&o.key) {
-                Ok(_) => backend.delete(&ctx, &o.key).await,
+                Ok(_) => {
+                    let r = backend.delete(&ctx, &o.key).await;
+                    self.agent.cache().invalidate(&backend, &o.key);
+                    r
+                }
                 Err(e) => Err(e),
             };
             match r {
@@ -984,6 +1007,7 @@ impl S3 for Gateway {
             }
             up.complete().await.map_err(s3err)?;
         }
+        self.agent.cache().invalidate(&dst, &input.key);
         let new = dst.head(&ctx, &input.key).await.map_err(s3err)?;
         Ok(S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
@@ -1265,6 +1289,7 @@ impl S3 for Gateway {
             }
             up.complete().await.map_err(s3err)?.etag
         };
+        self.agent.cache().invalidate(&backend, &input.key);
         let _ = self.staging.remove(&input.upload_id);
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(input.bucket),
