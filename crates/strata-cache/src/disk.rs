@@ -37,6 +37,8 @@ pub(crate) struct DiskCounters {
     pub removed_on_start: AtomicU64,
     pub evictions: AtomicU64,
     pub rejected: AtomicU64,
+    /// Streamed block writes abandoned because the writer fell behind a reader (lossy by design).
+    pub dropped: AtomicU64,
 }
 
 #[derive(Debug, Clone)]

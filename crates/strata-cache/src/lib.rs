@@ -792,10 +792,11 @@ impl BlockCache {
         let mut cur = BytesMut::with_capacity(block_len(0));
         // Warm-ups stream each received chunk straight to its block file while it is hot in the CPU cache
         // (writing blocks later, from memory gone cold, cost several times the CPU on the machines we measured).
-        let streamer = match (&self.inner.disk, mode) {
-            (Some(disk), FillMode::Warm) => Some(DiskStreamer::start(disk.clone())),
-            _ => None,
-        };
+        let streamer = self
+            .inner
+            .disk
+            .as_ref()
+            .map(|disk| DiskStreamer::start(disk.clone(), mode != FillMode::Warm));
         let mut streaming = false;
         while let Some(chunk) = stream.next().await {
             let mut chunk = chunk?;
@@ -822,7 +823,7 @@ impl BlockCache {
                 let piece = chunk.split_to(take);
                 cur.extend_from_slice(&piece);
                 if streaming && let Some(st) = &streamer {
-                    st.chunk(piece).await;
+                    streaming = st.chunk(piece).await;
                 }
                 if cur.len() == block_len(i) {
                     let block = std::mem::take(&mut cur).freeze();
@@ -832,14 +833,11 @@ impl BlockCache {
                         &block,
                         mode == FillMode::Warm && self.inner.disk.is_none(),
                     );
-                    match &streamer {
-                        Some(st) if streaming => written.push(st.end().await),
-                        Some(_) => {}
-                        None => {
-                            if let Some(done) = self.store_disk(key, *d, &block, mode).await {
-                                written.push(done);
-                            }
-                        }
+                    if streaming
+                        && let Some(st) = &streamer
+                        && let Some(done) = st.end().await
+                    {
+                        written.push(done);
                     }
                     streaming = false;
                     out.push(block);
@@ -1116,6 +1114,7 @@ impl BlockCache {
             faults.write_errors = ld(&dc.write_errors);
             faults.no_space = ld(&dc.no_space);
             faults.removed_on_start = ld(&dc.removed_on_start);
+            faults.writes_dropped += ld(&dc.dropped);
             TierStats {
                 capacity_bytes: cap,
                 used_bytes: used,
@@ -1170,10 +1169,14 @@ impl BlockCache {
     }
 }
 
-/// A blocking writer that receives a run's chunks and writes them to block files as they arrive.
+/// A blocking writer that receives a run's chunks and writes them to block files as they arrive, while they are
+/// still hot in the CPU cache. Warm-ups wait for it (backpressure); ordinary reads never do: in lossy mode a
+/// full channel abandons the block's file (counted), and a block whose `End` never arrives is abandoned when
+/// the next one begins or the run ends.
 struct DiskStreamer {
     tx: mpsc::Sender<StreamMsg>,
     disk: Arc<DiskTier>,
+    lossy: bool,
 }
 
 enum StreamMsg {
@@ -1187,15 +1190,23 @@ enum StreamMsg {
 }
 
 impl DiskStreamer {
-    fn start(disk: Arc<DiskTier>) -> Self {
+    fn start(disk: Arc<DiskTier>, lossy: bool) -> Self {
         let (tx, mut rx) = mpsc::channel::<StreamMsg>(64);
         let d2 = disk.clone();
         tokio::task::spawn_blocking(move || {
             let disk = d2;
+            let abandon = |cur: &mut Option<(disk::BlockFile, Digest)>| {
+                if let Some((f, d)) = cur.take() {
+                    drop(f);
+                    disk.drop_entry(&d);
+                    disk.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            };
             let mut cur: Option<(disk::BlockFile, Digest)> = None;
             while let Some(msg) = rx.blocking_recv() {
                 match msg {
                     StreamMsg::Begin { key, digest, len } => {
+                        abandon(&mut cur);
                         cur = match disk.begin(&key, &digest, len) {
                             Ok(f) => Some((f, digest)),
                             Err(e) => {
@@ -1220,18 +1231,28 @@ impl DiskStreamer {
                     }
                 }
             }
-            // The run ended mid-block (an error or shutdown): the partial file goes, and its reservation.
-            if let Some((f, d)) = cur.take() {
-                drop(f);
-                disk.drop_entry(&d);
-            }
+            // The run ended mid-block (an error, shutdown, or a lost `End`).
+            abandon(&mut cur);
         });
-        Self { tx, disk }
+        Self { tx, disk, lossy }
     }
 
-    /// Reserve space for a block and open its file. False if the tier did not admit it.
+    async fn send(&self, msg: StreamMsg) -> bool {
+        if self.lossy {
+            self.tx.try_send(msg).is_ok()
+        } else {
+            self.tx.send(msg).await.is_ok()
+        }
+    }
+
+    /// Reserve space for a block and open its file. False if the tier did not admit it (or, lossy, the
+    /// writer is behind).
     async fn begin(&self, key: &BlockKey, digest: Digest, len: u64, pin: bool) -> bool {
-        if !self.disk.reserve(key, digest, len, pin, true).admitted {
+        if !self
+            .disk
+            .reserve(key, digest, len, pin, !self.lossy)
+            .admitted
+        {
             return false;
         }
         let msg = StreamMsg::Begin {
@@ -1239,22 +1260,26 @@ impl DiskStreamer {
             digest,
             len,
         };
-        if self.tx.send(msg).await.is_err() {
+        if !self.send(msg).await {
             self.disk.drop_entry(&digest);
+            self.disk.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
         true
     }
 
-    async fn chunk(&self, b: Bytes) {
-        let _ = self.tx.send(StreamMsg::Chunk(b)).await;
+    /// Append to the current block; false when the block was abandoned (lossy and the writer is behind):
+    /// send nothing more for it.
+    async fn chunk(&self, b: Bytes) -> bool {
+        self.send(StreamMsg::Chunk(b)).await
     }
 
-    /// Finish the current block; the receiver fires once it is on disk (or has failed, counted).
-    async fn end(&self) -> oneshot::Receiver<()> {
+    /// Finish the current block. Warm-ups get a receiver that fires once it is on disk (or has failed,
+    /// counted); lossy streams do not wait.
+    async fn end(&self) -> Option<oneshot::Receiver<()>> {
         let (tx, rx) = oneshot::channel();
-        let _ = self.tx.send(StreamMsg::End(tx)).await;
-        rx
+        let sent = self.send(StreamMsg::End(tx)).await;
+        (sent && !self.lossy).then_some(rx)
     }
 }
 
@@ -1284,7 +1309,9 @@ struct Readahead {
     /// The block a sequential reader would read next.
     next: Option<u64>,
     window: u32,
-    prefetched: HashMap<u64, (SharedFetch, OwnedSemaphorePermit)>,
+    /// Blocks fetched ahead for this reader. Readahead holds budget with them; runs started by
+    /// [`CachedObject::prefetch`] took theirs while fetching.
+    prefetched: HashMap<u64, (SharedFetch, Option<OwnedSemaphorePermit>)>,
 }
 
 /// A reader of one version of one object through the cache. Reads are verified against that version: if the
@@ -1331,6 +1358,9 @@ impl CachedObject {
         }
         let bs = self.cache.inner.cfg.block_size.bytes();
         let (first, last) = (range.start / bs, (end - 1) / bs);
+        if last > first {
+            self.prefetch(range.start..end);
+        }
         self.schedule_readahead(first, last, end);
         let par = self.cache.inner.cfg.read_parallelism;
         let blocks: Vec<Bytes> = futures::stream::iter(first..=last)
@@ -1363,6 +1393,48 @@ impl CachedObject {
         Ok(out.freeze())
     }
 
+    /// Start fetching the uncached blocks of `range` now, consecutive ones together: one backend request per
+    /// run of up to half the in-flight budget. A reader that knows it will read a whole range (a ranged GET of
+    /// the gateway) calls this first, so a cold 50 MiB range costs one backend request, not one per block.
+    pub fn prefetch(&self, range: Range<u64>) {
+        let size = self.obj.meta.size;
+        let end = range.end.min(size);
+        if range.start >= end {
+            return;
+        }
+        let cfg = &self.cache.inner.cfg;
+        let bs = cfg.block_size.bytes();
+        let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1);
+        let (first, last) = (range.start / bs, (end - 1) / bs);
+        let mut ra = self.ra.lock();
+        let mut run: Option<(u64, u64)> = None;
+        let mut runs = Vec::new();
+        for i in first..=last + 1 {
+            let missing = i <= last
+                && !ra.prefetched.contains_key(&i)
+                && !self
+                    .cache
+                    .holds(&BlockKey::new(self.obj.id.clone(), i).digest());
+            match (&mut run, missing) {
+                (Some((_, n)), true) if *n < cap => *n += 1,
+                (Some(r), _) => {
+                    runs.push(*r);
+                    run = missing.then_some((i, 1));
+                }
+                (None, true) => run = Some((i, 1)),
+                (None, false) => {}
+            }
+        }
+        for (start, count) in runs {
+            let futs =
+                self.cache
+                    .fetch_run(&self.ctx, &self.obj, start, count, FillMode::Demand, None);
+            for (k, f) in futs.into_iter().enumerate() {
+                ra.prefetched.insert(start + k as u64, (f, None));
+            }
+        }
+    }
+
     async fn block(&self, i: u64) -> Result<Bytes> {
         let pre = self.ra.lock().prefetched.remove(&i);
         if let Some((fut, permit)) = pre {
@@ -1389,8 +1461,9 @@ impl CachedObject {
         };
         ra.next = Some(end / bs);
         if !sequential {
+            // A jump: readahead of the old position is useless (runs for the current read stay).
             ra.window = 0;
-            ra.prefetched.clear();
+            ra.prefetched.retain(|&i, _| i >= first && i <= last);
             return;
         }
         ra.window = (ra.window * 2).clamp(1, cfg.readahead_blocks);
@@ -1427,7 +1500,7 @@ impl CachedObject {
                 .counters
                 .readahead
                 .fetch_add(1, Ordering::Relaxed);
-            ra.prefetched.insert(i, (fut, permit));
+            ra.prefetched.insert(i, (fut, Some(permit)));
         }
     }
 }

@@ -49,10 +49,34 @@ async fn thirty_two_readers_cause_one_origin_read_per_block() {
             "every reader gets the exact bytes"
         );
     }
+    // Every byte came from the origin exactly once: the ranges of the origin GETs tile the object.
     let gets = proxy.gets_of("obj.bin");
-    assert_eq!(gets.len(), 6, "one origin GET per block, saw {gets:?}");
+    let mut ranges: Vec<(u64, u64)> = gets
+        .iter()
+        .map(|g| {
+            let r = g
+                .range
+                .as_deref()
+                .expect("ranged GET")
+                .trim_start_matches("bytes=");
+            let (a, b) = r.split_once('-').unwrap();
+            (a.parse().unwrap(), b.parse::<u64>().unwrap() + 1)
+        })
+        .collect();
+    ranges.sort();
+    let mut next = 0;
+    for (a, b) in &ranges {
+        assert_eq!(*a, next, "origin ranges overlap or leave a gap: {gets:?}");
+        next = *b;
+    }
+    assert_eq!(next, data.len() as u64);
+    assert!(
+        gets.len() <= 6,
+        "at most one origin GET per block, saw {gets:?}"
+    );
     let s = cache.stats();
-    assert_eq!(s.fills, 6);
+    assert_eq!(s.fills, 6, "each of the 6 blocks filled once");
+    assert_eq!(s.fill_requests, gets.len() as u64);
     assert!(s.single_flight_joins > 0);
     // the cache's own lookups are I/O events carrying the caller's context
     assert!(t.metrics().cache_hits(Tier::Ram) + t.metrics().cache_misses() >= 32 * 6);

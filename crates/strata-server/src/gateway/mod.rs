@@ -710,6 +710,8 @@ impl S3 for Gateway {
             }
         };
         let len = range.end - range.start;
+        // One backend request for the client's whole range when it is cold, not one per block.
+        obj.prefetch(range.clone());
         let body = self.body_of(obj, range).await?;
         Ok(S3Response::new(GetObjectOutput {
             body: Some(body),
