@@ -679,12 +679,10 @@ impl S3 for Gateway {
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         check_key(&input.key)?;
-        let bs = self.agent.cache().config().block_size.bytes();
-        let reads_first_block = match &input.range {
-            None => true,
-            Some(s3s::dto::Range::Int { first, .. }) => *first < bs,
-            Some(s3s::dto::Range::Suffix { .. }) => false,
-        };
+        // A whole-object GET learns the version from the GET of its first block (one request for a small
+        // object). A ranged GET asks with a HEAD, then fetches exactly its range as one run: the GET-first
+        // trick would cost a third request per large object read in parts.
+        let reads_first_block = input.range.is_none();
         let cache = self.agent.cache();
         let obj = if reads_first_block {
             cache.open_object_reading(&ctx, &backend, &input.key).await
