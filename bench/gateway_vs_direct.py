@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The S3 gateway side by side with its baselines, in one run.
 
-1. s5cmd (a) straight at the origin S3 server (moto), (b) through the gateway with an empty cache, (c) through
+1. s5cmd with 16 workers (16 concurrent clients) (a) straight at the origin S3 server (moto), (b) through the gateway with an empty cache, (c) through
    the gateway again (hot), for two data sets: 64 MiB objects and 16 KiB objects.
 2. p50/p99 latency of one 16 KiB GET (presigned URL, one keep-alive connection): gateway hot vs origin.
 3. The practical limit: nginx serving the same bytes as static files vs the hot gateway serving presigned URLs,
@@ -36,7 +36,7 @@ RAM_MIB, INFLIGHT_MIB = 1024, 512
 AK, SK = "benchkey", "bench-secret-key"
 
 
-def s5(endpoint, *args, workers=None):
+def s5(endpoint, *args, workers=16):
     env = dict(os.environ, AWS_ACCESS_KEY_ID=AK, AWS_SECRET_ACCESS_KEY=SK, AWS_REGION="us-east-1")
     cmd = [os.path.join(VENV, "s5cmd"), "--endpoint-url", endpoint]
     if workers:

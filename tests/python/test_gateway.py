@@ -400,7 +400,7 @@ def test_killed_gateway_leaves_no_partial_objects(origin):
         gw.stop()
 
 
-def test_io_events_carry_principal_team_and_job(gateway):
+def test_gateway_io_shows_in_metrics(gateway):
     s3 = gateway.client()
     s3.meta.events.register("before-sign.s3.*", lambda request, **kw: request.headers.add_header("x-strata-job", "job-42"))
     s3.put_object(Bucket="default", Key="ev/x", Body=b"x" * 10)

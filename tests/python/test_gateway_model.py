@@ -90,5 +90,5 @@ def test_gateway_matches_origin(gateway, origin):
     S3Model.gateway = gateway
     S3Model.origin = origin
     from hypothesis.stateful import run_state_machine_as_test
-    run_state_machine_as_test(S3Model, settings=settings(max_examples=25, stateful_step_count=20, deadline=None,
+    run_state_machine_as_test(S3Model, settings=settings(max_examples=40, stateful_step_count=20, deadline=None, derandomize=True,
                                                          suppress_health_check=list(HealthCheck)))

@@ -378,19 +378,32 @@ impl BlockCache {
         Ok(self.object_from_meta(ctx, backend, meta))
     }
 
-    /// Like [`Self::open_object`], but a cold open reads the first block with the same request that learns the
-    /// object's version (one backend request instead of two for small objects, which are read whole anyway).
+    /// Like [`Self::open_object`], but a cold open reads the start of the object with the same request that
+    /// learns its version: the first `upto` bytes (rounded up to whole blocks, at least one block, at most half
+    /// the in-flight budget). One backend request instead of two for a small object, or for the first part of
+    /// a large object read in parts. The blocks read are cached and held for the returned reader.
     pub async fn open_object_reading(
         &self,
         ctx: &IoContext,
         backend: &Backend,
         key: &str,
+        upto: u64,
     ) -> Result<CachedObject> {
         if let Some(meta) = self.cached_meta(backend, key) {
             return Ok(self.object_from_meta(ctx, backend, meta));
         }
-        let bs = self.inner.cfg.block_size.bytes();
-        let (meta, first) = match backend.get_head(ctx, key, bs).await {
+        let cfg = &self.inner.cfg;
+        let bs = cfg.block_size.bytes();
+        let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1) * bs;
+        let len = upto.div_ceil(bs).max(1).saturating_mul(bs).min(cap);
+        let permit = self
+            .inner
+            .budget
+            .clone()
+            .acquire_many_owned(units(len))
+            .await
+            .map_err(|_| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?;
+        let (meta, head) = match backend.get_head(ctx, key, len).await {
             Ok(v) => v,
             // An empty object has no satisfiable range: fall back to HEAD.
             Err(e) if e.kind() == ErrorKind::InvalidInput => {
@@ -400,16 +413,34 @@ impl BlockCache {
         };
         self.remember_meta(backend, &meta);
         let obj = self.object_from_meta(ctx, backend, meta);
-        if first.len() as u64 == obj.meta().size.min(bs) && !first.is_empty() {
-            let key = BlockKey::new(obj.obj.id.clone(), 0);
+        let size = obj.meta().size;
+        let c = &self.inner.counters;
+        c.fill_requests.fetch_add(1, Ordering::Relaxed);
+        c.fill_bytes.fetch_add(head.len() as u64, Ordering::Relaxed);
+        let mut permit = Some(permit);
+        let nblocks = (head.len() as u64).div_ceil(bs);
+        for i in 0..nblocks {
+            let lo = i * bs;
+            let hi = ((i + 1) * bs).min(head.len() as u64);
+            // Only whole blocks (or the object's last block) are blocks.
+            if hi - lo != ((i + 1) * bs).min(size) - lo {
+                break;
+            }
+            let block = head.slice(lo as usize..hi as usize);
+            let key = BlockKey::new(obj.obj.id.clone(), i);
             let d = key.digest();
-            let c = &self.inner.counters;
             c.fills.fetch_add(1, Ordering::Relaxed);
-            c.fill_requests.fetch_add(1, Ordering::Relaxed);
-            c.fill_bytes
-                .fetch_add(first.len() as u64, Ordering::Relaxed);
-            self.insert_ram(&key, d, &first, false);
-            self.store_disk(&key, d, &first, FillMode::Demand).await;
+            self.insert_ram(&key, d, &block, false);
+            self.store_disk(&key, d, &block, FillMode::Demand).await;
+            let share = if i + 1 == nblocks {
+                permit.take()
+            } else {
+                permit
+                    .as_mut()
+                    .and_then(|p| p.split(units(hi - lo) as usize))
+            };
+            let ready = futures::future::ready(Ok(block)).boxed().shared();
+            obj.ra.lock().prefetched.insert(i, (ready, share));
         }
         Ok(obj)
     }
@@ -1359,7 +1390,7 @@ impl CachedObject {
         let bs = self.cache.inner.cfg.block_size.bytes();
         let (first, last) = (range.start / bs, (end - 1) / bs);
         if last > first {
-            self.prefetch(range.start..end);
+            self.prefetch(range.start..end, false).await;
         }
         self.schedule_readahead(first, last, end);
         let par = self.cache.inner.cfg.read_parallelism;
@@ -1396,7 +1427,12 @@ impl CachedObject {
     /// Start fetching the uncached blocks of `range` now, consecutive ones together: one backend request per
     /// run of up to half the in-flight budget. A reader that knows it will read a whole range (a ranged GET of
     /// the gateway) calls this first, so a cold 50 MiB range costs one backend request, not one per block.
-    pub fn prefetch(&self, range: Range<u64>) {
+    ///
+    /// The fetched blocks are held for this reader, and their share of the in-flight budget with them, until
+    /// read. With `wait`, the first run waits for budget; later runs (and every run without `wait`) start only
+    /// if budget is free now, so a reader never waits for budget while holding some (no deadlock); blocks not
+    /// started here are fetched when read.
+    pub async fn prefetch(&self, range: Range<u64>, wait: bool) {
         let size = self.obj.meta.size;
         let end = range.end.min(size);
         if range.start >= end {
@@ -1406,31 +1442,66 @@ impl CachedObject {
         let bs = cfg.block_size.bytes();
         let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1);
         let (first, last) = (range.start / bs, (end - 1) / bs);
-        let mut ra = self.ra.lock();
-        let mut run: Option<(u64, u64)> = None;
-        let mut runs = Vec::new();
-        for i in first..=last + 1 {
-            let missing = i <= last
-                && !ra.prefetched.contains_key(&i)
-                && !self
-                    .cache
-                    .holds(&BlockKey::new(self.obj.id.clone(), i).digest());
-            match (&mut run, missing) {
-                (Some((_, n)), true) if *n < cap => *n += 1,
-                (Some(r), _) => {
-                    runs.push(*r);
-                    run = missing.then_some((i, 1));
+        let runs = {
+            let ra = self.ra.lock();
+            let mut run: Option<(u64, u64)> = None;
+            let mut runs = Vec::new();
+            for i in first..=last + 1 {
+                let missing = i <= last
+                    && !ra.prefetched.contains_key(&i)
+                    && !self
+                        .cache
+                        .holds(&BlockKey::new(self.obj.id.clone(), i).digest());
+                match (&mut run, missing) {
+                    (Some((_, n)), true) if *n < cap => *n += 1,
+                    (Some(r), _) => {
+                        runs.push(*r);
+                        run = missing.then_some((i, 1));
+                    }
+                    (None, true) => run = Some((i, 1)),
+                    (None, false) => {}
                 }
-                (None, true) => run = Some((i, 1)),
-                (None, false) => {}
             }
-        }
-        for (start, count) in runs {
-            let futs =
+            runs
+        };
+        let block_len = |i: u64| ((i + 1) * bs).min(size) - i * bs;
+        for (n, (start, count)) in runs.into_iter().enumerate() {
+            let len: u64 = (start..start + count).map(block_len).sum();
+            let budget = self.cache.inner.budget.clone();
+            let permit = if wait && n == 0 {
+                budget.acquire_many_owned(units(len)).await.ok()
+            } else {
+                budget.try_acquire_many_owned(units(len)).ok()
+            };
+            let Some(permit) = permit else {
                 self.cache
-                    .fetch_run(&self.ctx, &self.obj, start, count, FillMode::Demand, None);
+                    .inner
+                    .counters
+                    .readahead_skipped
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            let futs = self.cache.fetch_run(
+                &self.ctx,
+                &self.obj,
+                start,
+                count,
+                FillMode::Readahead,
+                None,
+            );
+            // Each block carries its share of the budget until it is read.
+            let mut permit = Some(permit);
+            let mut ra = self.ra.lock();
             for (k, f) in futs.into_iter().enumerate() {
-                ra.prefetched.insert(start + k as u64, (f, None));
+                let i = start + k as u64;
+                let share = if k as u64 + 1 == count {
+                    permit.take()
+                } else {
+                    permit
+                        .as_mut()
+                        .and_then(|p| p.split(units(block_len(i)) as usize))
+                };
+                ra.prefetched.insert(i, (f, share));
             }
         }
     }

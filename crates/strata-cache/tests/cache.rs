@@ -541,7 +541,7 @@ async fn metadata_ttl_saves_lookups_and_invalidate_ends_it() {
     // a cold open that reads: one backend request learns the version and fills block 0
     let before = t.emitted();
     let obj = cache
-        .open_object_reading(&ctx(), &backend, "m")
+        .open_object_reading(&ctx(), &backend, "m", 1)
         .await
         .unwrap();
     assert_eq!(t.emitted() - before, 1, "one GET, no HEAD");
@@ -562,14 +562,14 @@ async fn metadata_ttl_saves_lookups_and_invalidate_ends_it() {
     assert_eq!(o.meta().size, 10_000);
     cache.invalidate(&backend, "m");
     let o = cache
-        .open_object_reading(&ctx(), &backend, "m")
+        .open_object_reading(&ctx(), &backend, "m", 1)
         .await
         .unwrap();
     assert!(o.read_all().await.unwrap() == v2);
     // an empty object opens through the HEAD fallback
     put(&backend, "empty", &bytes::Bytes::new()).await;
     let o = cache
-        .open_object_reading(&ctx(), &backend, "empty")
+        .open_object_reading(&ctx(), &backend, "empty", 1)
         .await
         .unwrap();
     assert!(o.read_all().await.unwrap().is_empty());

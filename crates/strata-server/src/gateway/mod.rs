@@ -506,7 +506,7 @@ impl Gateway {
                 Ok::<_, std::io::Error>(b)
             })));
         }
-        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
         tokio::spawn(async move {
             let mut off = range.start;
             while off < range.end {
@@ -679,17 +679,25 @@ impl S3 for Gateway {
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         check_key(&input.key)?;
-        // A whole-object GET learns the version from the GET of its first block (one request for a small
-        // object). A ranged GET asks with a HEAD, then fetches exactly its range as one run: the GET-first
-        // trick would cost a third request per large object read in parts.
-        let reads_first_block = input.range.is_none();
+        // A cold GET learns the object's version from the GET of the start of its range (one request for a
+        // small object or the first part of a large one); a range that starts later asks with a HEAD, then
+        // fetches exactly its range as one run.
         let cache = self.agent.cache();
-        let obj = if reads_first_block {
-            cache.open_object_reading(&ctx, &backend, &input.key).await
-        } else {
-            cache.open_object(&ctx, &backend, &input.key).await
-        }
-        .map_err(s3err)?;
+        let opened = match &input.range {
+            None => {
+                cache
+                    .open_object_reading(&ctx, &backend, &input.key, 1)
+                    .await
+            }
+            Some(s3s::dto::Range::Int { first: 0, last }) => {
+                let upto = last.map_or(1, |l| l.saturating_add(1));
+                cache
+                    .open_object_reading(&ctx, &backend, &input.key, upto)
+                    .await
+            }
+            Some(_) => cache.open_object(&ctx, &backend, &input.key).await,
+        };
+        let obj = opened.map_err(s3err)?;
         let meta = obj.meta().clone();
         check_read_conditions(
             &meta,
@@ -709,7 +717,7 @@ impl S3 for Gateway {
         };
         let len = range.end - range.start;
         // One backend request for the client's whole range when it is cold, not one per block.
-        obj.prefetch(range.clone());
+        obj.prefetch(range.clone(), true).await;
         let body = self.body_of(obj, range).await?;
         Ok(S3Response::new(GetObjectOutput {
             body: Some(body),
@@ -966,6 +974,13 @@ impl S3 for Gateway {
         let src = self.backend(&src_bucket)?;
         let dst = self.backend(&input.bucket)?;
         let meta = src.head(&ctx, &src_key).await.map_err(s3err)?;
+        if src_bucket == input.bucket && src_key == input.key {
+            return Err(s3_error!(
+                InvalidRequest,
+                "This copy request is illegal because it is trying to copy an object to itself without changing \
+                 the object's metadata, storage class, website redirect location or encryption attributes."
+            ));
+        }
         let matches = |c: &ETagCondition| match c {
             ETagCondition::Any => true,
             ETagCondition::ETag(e) => etag_of(&meta).is_some_and(|cur| cur.strong_cmp(e)),
