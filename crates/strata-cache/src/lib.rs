@@ -392,6 +392,11 @@ impl BlockCache {
         if let Some(meta) = self.cached_meta(backend, key) {
             return Ok(self.object_from_meta(ctx, backend, meta));
         }
+        // Known before but expired: the blocks are probably cached, so revalidate with a HEAD instead of
+        // reading the data again.
+        if self.known_meta(backend, key) {
+            return self.open_object(ctx, backend, key).await;
+        }
         let cfg = &self.inner.cfg;
         let bs = cfg.block_size.bytes();
         let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1) * bs;
@@ -453,6 +458,16 @@ impl BlockCache {
         let m = self.inner.meta.lock();
         let (meta, at) = m.get(&(backend.id().clone(), key.to_string()))?;
         (at.elapsed() < ttl).then(|| meta.clone())
+    }
+
+    /// Whether metadata of `key` was learned before, fresh or not.
+    fn known_meta(&self, backend: &Backend, key: &str) -> bool {
+        self.inner.cfg.metadata_ttl_ms > 0
+            && self
+                .inner
+                .meta
+                .lock()
+                .contains_key(&(backend.id().clone(), key.to_string()))
     }
 
     fn remember_meta(&self, backend: &Backend, meta: &ObjectMeta) {
