@@ -912,13 +912,27 @@ impl BlockCache {
     }
 
     /// Read one block: tiers first, then the backend.
+    ///
+    /// A reader's own miss takes in-flight budget when it is free but does not wait for it: the reader may
+    /// hold budget for blocks it prefetched, and readers waiting on each other's budget would deadlock. So the
+    /// budget bounds prefetch, readahead and warm-ups strictly, and demand reads to one block per reader
+    /// beyond it.
     async fn block(&self, ctx: &IoContext, obj: &Arc<ObjState>, index: u64) -> Result<Bytes> {
         let key = BlockKey::new(obj.id.clone(), index);
         let d = key.digest();
         if let Some(b) = self.lookup(ctx, &key, &d).await {
             return Ok(b);
         }
-        self.fetch(ctx, obj, index, FillMode::Demand, None).await
+        let bs = self.inner.cfg.block_size.bytes();
+        let len = ((index + 1) * bs).min(obj.meta.size) - index * bs;
+        let permit = self
+            .inner
+            .budget
+            .clone()
+            .try_acquire_many_owned(units(len))
+            .ok();
+        self.fetch(ctx, obj, index, FillMode::Readahead, permit)
+            .await
     }
 
     /// Blocks per backend request for sequential fills.
@@ -1483,7 +1497,9 @@ impl CachedObject {
         for (n, (start, count)) in runs.into_iter().enumerate() {
             let len: u64 = (start..start + count).map(block_len).sum();
             let budget = self.cache.inner.budget.clone();
-            let permit = if wait && n == 0 {
+            // Wait only while holding no budget: a reader that holds some never waits for more.
+            let holds_budget = self.ra.lock().prefetched.values().any(|(_, p)| p.is_some());
+            let permit = if wait && n == 0 && !holds_budget {
                 budget.acquire_many_owned(units(len)).await.ok()
             } else {
                 budget.try_acquire_many_owned(units(len)).ok()
