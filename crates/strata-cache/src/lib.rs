@@ -1251,7 +1251,8 @@ enum StreamMsg {
 
 impl DiskStreamer {
     fn start(disk: Arc<DiskTier>, lossy: bool) -> Self {
-        let (tx, mut rx) = mpsc::channel::<StreamMsg>(64);
+        // Chunks are a few KiB to a few hundred KiB; 512 of them let the writer lag a block or so behind.
+        let (tx, mut rx) = mpsc::channel::<StreamMsg>(512);
         let d2 = disk.clone();
         tokio::task::spawn_blocking(move || {
             let disk = d2;

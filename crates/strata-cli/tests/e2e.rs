@@ -259,6 +259,13 @@ fn serves_on_embedded_defaults_and_stops_cleanly_on_sigterm() {
         text.contains("hit ratio") && text.contains("disk"),
         "{text}"
     );
+    // make sure every block is on disk (ordinary reads cache on disk lossily), then pin
+    let out = agent.cli(&["cache", "warm", "default/datasets/", "--quiet"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = agent.cli(&["cache", "pin", "default/datasets/"]);
     assert!(
         out.status.success(),
