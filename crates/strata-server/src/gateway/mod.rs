@@ -384,6 +384,17 @@ impl Gateway {
         })
     }
 
+    /// The I/O context and the access key of an authenticated request.
+    fn caller<T>(&self, req: &S3Request<T>) -> S3Result<(IoContext, String)> {
+        let ctx = self.ctx(req)?;
+        let key = req
+            .credentials
+            .as_ref()
+            .map(|c| c.access_key.clone())
+            .unwrap_or_default();
+        Ok((ctx, key))
+    }
+
     fn backend(&self, bucket: &str) -> S3Result<Backend> {
         self.agent
             .backends()
@@ -1038,12 +1049,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        self.ctx(&req)?;
-        let owner = req
-            .credentials
-            .as_ref()
-            .map(|c| c.access_key.clone())
-            .unwrap_or_default();
+        let (_, owner) = self.caller(&req)?;
         let input = req.input;
         self.backend(&input.bucket)?;
         check_key(&input.key)?;
@@ -1068,12 +1074,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        self.ctx(&req)?;
-        let owner = req
-            .credentials
-            .as_ref()
-            .map(|c| c.access_key.clone())
-            .unwrap_or_default();
+        let (_, owner) = self.caller(&req)?;
         let trailers = req.trailing_headers;
         let input = req.input;
         if !(1..=10_000).contains(&input.part_number) {
@@ -1134,12 +1135,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<ListPartsInput>,
     ) -> S3Result<S3Response<ListPartsOutput>> {
-        self.ctx(&req)?;
-        let owner = req
-            .credentials
-            .as_ref()
-            .map(|c| c.access_key.clone())
-            .unwrap_or_default();
+        let (_, owner) = self.caller(&req)?;
         let input = req.input;
         self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
         let marker = input.part_number_marker.unwrap_or(0);
@@ -1185,12 +1181,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        let ctx = self.ctx(&req)?;
-        let owner = req
-            .credentials
-            .as_ref()
-            .map(|c| c.access_key.clone())
-            .unwrap_or_default();
+        let (ctx, owner) = self.caller(&req)?;
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
@@ -1322,12 +1313,7 @@ impl S3 for Gateway {
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        self.ctx(&req)?;
-        let owner = req
-            .credentials
-            .as_ref()
-            .map(|c| c.access_key.clone())
-            .unwrap_or_default();
+        let (_, owner) = self.caller(&req)?;
         let input = req.input;
         self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
         self.staging
