@@ -87,6 +87,21 @@ fn unix_of(t: &Timestamp) -> i64 {
     odt.unix_timestamp()
 }
 
+/// The byte range a request asks for, and its `Content-Range` when it asked for one.
+fn resolve_range(
+    range: Option<&s3s::dto::Range>,
+    size: u64,
+) -> S3Result<(Range<u64>, Option<String>)> {
+    match range {
+        None => Ok((0..size, None)),
+        Some(r) => {
+            let rr = r.check(size)?;
+            let cr = format!("bytes {}-{}/{size}", rr.start, rr.end.saturating_sub(1));
+            Ok((rr, Some(cr)))
+        }
+    }
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -718,14 +733,7 @@ impl S3 for Gateway {
             input.if_unmodified_since.as_ref(),
         )?;
         let size = meta.size;
-        let (range, content_range) = match &input.range {
-            None => (0..size, None),
-            Some(r) => {
-                let rr = r.check(size)?;
-                let cr = format!("bytes {}-{}/{size}", rr.start, rr.end.saturating_sub(1));
-                (rr, Some(cr))
-            }
-        };
+        let (range, content_range) = resolve_range(input.range.as_ref(), size)?;
         let len = range.end - range.start;
         // One backend request for the client's whole range when it is cold, not one per block.
         obj.prefetch(range.clone(), true).await;
@@ -764,21 +772,8 @@ impl S3 for Gateway {
             input.if_modified_since.as_ref(),
             input.if_unmodified_since.as_ref(),
         )?;
-        let (len, content_range) = match &input.range {
-            None => (meta.size, None),
-            Some(r) => {
-                let rr = r.check(meta.size)?;
-                (
-                    rr.end - rr.start,
-                    Some(format!(
-                        "bytes {}-{}/{}",
-                        rr.start,
-                        rr.end.saturating_sub(1),
-                        meta.size
-                    )),
-                )
-            }
-        };
+        let (range, content_range) = resolve_range(input.range.as_ref(), meta.size)?;
+        let len = range.end - range.start;
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(len as i64),
             content_range,
