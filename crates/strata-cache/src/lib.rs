@@ -838,11 +838,9 @@ impl BlockCache {
         let mut cur = BytesMut::with_capacity(block_len(0));
         // Warm-ups stream each received chunk straight to its block file while it is hot in the CPU cache
         // (writing blocks later, from memory gone cold, cost several times the CPU on the machines we measured).
-        let streamer = self
-            .inner
-            .disk
-            .as_ref()
-            .map(|disk| DiskStreamer::start(disk.clone(), mode != FillMode::Warm));
+        let streamer = self.inner.disk.as_ref().map(|disk| {
+            DiskStreamer::start(disk.clone(), mode != FillMode::Warm, &self.inner.tasks)
+        });
         let mut streaming = false;
         while let Some(chunk) = stream.next().await {
             let mut chunk = chunk?;
@@ -1250,11 +1248,12 @@ enum StreamMsg {
 }
 
 impl DiskStreamer {
-    fn start(disk: Arc<DiskTier>, lossy: bool) -> Self {
+    /// Start the writer on a blocking thread tracked by `tasks`, so shutdown waits for it.
+    fn start(disk: Arc<DiskTier>, lossy: bool, tasks: &TaskTracker) -> Self {
         // Chunks are a few KiB to a few hundred KiB; 512 of them let the writer lag a block or so behind.
         let (tx, mut rx) = mpsc::channel::<StreamMsg>(512);
         let d2 = disk.clone();
-        tokio::task::spawn_blocking(move || {
+        tasks.spawn_blocking(move || {
             let disk = d2;
             let abandon = |cur: &mut Option<(disk::BlockFile, Digest)>| {
                 if let Some((f, d)) = cur.take() {
