@@ -40,6 +40,9 @@ pub struct Metrics {
     backend_errors: IntCounterVec,
     backend_retries: IntCounterVec,
     events_dropped: IntCounter,
+    loader_samples: IntCounterVec,
+    loader_stall: prometheus::CounterVec,
+    loader_skipped: IntCounterVec,
 }
 
 impl Metrics {
@@ -104,8 +107,35 @@ impl Metrics {
             "I/O events dropped because a telemetry subscriber was full",
         )
         .expect("static metric definition");
+        let loader_samples = IntCounterVec::new(
+            Opts::new(
+                "strata_loader_samples_total",
+                "Samples the dataset loader handed to the training loop, by rank",
+            ),
+            &["rank"],
+        )
+        .expect("static metric definition");
+        let loader_stall = prometheus::CounterVec::new(
+            Opts::new(
+                "strata_loader_stall_seconds_total",
+                "Time the training loop waited for a sample that was not ready (I/O stall), by rank",
+            ),
+            &["rank"],
+        )
+        .expect("static metric definition");
+        let loader_skipped = IntCounterVec::new(
+            Opts::new(
+                "strata_loader_skipped_total",
+                "Corrupt samples skipped by the loader (only when skipping is enabled), by rank",
+            ),
+            &["rank"],
+        )
+        .expect("static metric definition");
         for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(loader_samples.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(loader_stall.clone()),
+            Box::new(loader_skipped.clone()),
+            Box::new(requests.clone()),
             Box::new(bytes.clone()),
             Box::new(latency.clone()),
             Box::new(cache_hits.clone()),
@@ -137,6 +167,28 @@ impl Metrics {
             backend_errors,
             backend_retries,
             events_dropped,
+            loader_samples,
+            loader_stall,
+            loader_skipped,
+        }
+    }
+
+    /// Count loader progress of `rank`: samples delivered, seconds stalled, corrupt samples skipped.
+    pub fn record_loader(&self, rank: &str, samples: u64, stall_secs: f64, skipped: u64) {
+        if samples > 0 {
+            self.loader_samples
+                .with_label_values(&[rank])
+                .inc_by(samples);
+        }
+        if stall_secs > 0.0 {
+            self.loader_stall
+                .with_label_values(&[rank])
+                .inc_by(stall_secs);
+        }
+        if skipped > 0 {
+            self.loader_skipped
+                .with_label_values(&[rank])
+                .inc_by(skipped);
         }
     }
 

@@ -1,0 +1,4 @@
+//! Shard formats.
+
+pub mod mds;
+pub mod tar;

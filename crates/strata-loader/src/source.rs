@@ -1,0 +1,381 @@
+//! Where shard bytes come from: the node agent's shared cache, or an in-process cache over the backend.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use strata_cache::{BlockCache, CacheConfig, CachedObject, DiskConfig};
+use strata_object::Backend;
+use strata_object::{BackendOptions, RetryPolicy};
+use strata_telemetry::Telemetry;
+use strata_types::ByteSize;
+use strata_types::{Error, ErrorKind, IoContext, ObjectMeta, Result};
+
+use crate::dataset::Shard;
+
+/// Shard bytes through the node agent (`strata serve`): every rank of the node shares its cache, so each block is
+/// fetched from the origin once per node.
+#[derive(Debug, Clone)]
+pub struct AgentSource {
+    client: reqwest::Client,
+    /// `http://host:port` of the agent's API.
+    api: String,
+    /// Dataset URL as the agent resolves it (`s3://bucket/prefix`, or a configured backend's URL or name).
+    root: String,
+    /// The backend itself, for listing a dataset that has no index (the agent has no listing API).
+    lister: Option<Backend>,
+}
+
+/// Shard bytes through a cache in this process.
+#[derive(Debug, Clone)]
+pub struct LocalSource {
+    backend: Backend,
+    cache: BlockCache,
+    /// Readers opened once per shard: the version seen first is the one read all epoch.
+    open: Arc<Mutex<HashMap<String, Arc<CachedObject>>>>,
+    root: String,
+}
+
+/// A source of shard bytes.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// Through the node agent.
+    Agent(AgentSource),
+    /// Through an in-process cache.
+    Local(LocalSource),
+}
+
+fn join(root: &str, key: &str) -> String {
+    format!("{}/{key}", root.trim_end_matches('/'))
+}
+
+fn check_version(shard: &Shard, meta: &ObjectMeta) -> Result<()> {
+    let size_ok = shard.size.is_none_or(|s| s == meta.size);
+    let etag_ok = match (&shard.etag, &meta.etag) {
+        (Some(a), Some(b)) => a.trim_matches('"') == b.trim_matches('"'),
+        _ => true,
+    };
+    if size_ok && etag_ok {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::PreconditionFailed,
+        format!(
+            "shard {}: the index says {} bytes (etag {}), the object has {} bytes (etag {}); the object changed after \
+             the index was built: rebuild it (strata dataset index)",
+            shard.key,
+            shard.size.map_or("?".to_string(), |s| s.to_string()),
+            shard.etag.as_deref().unwrap_or("-"),
+            meta.size,
+            meta.etag.as_deref().unwrap_or("-"),
+        ),
+    ))
+}
+
+impl AgentSource {
+    /// A source reading `root` through the agent whose API listens at `api` (`http://127.0.0.1:7070`).
+    pub fn new(api: &str, root: &str, lister: Option<Backend>) -> Result<Self> {
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()
+            .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            client,
+            api: api.trim_end_matches('/').to_string(),
+            root: root.to_string(),
+            lister,
+        })
+    }
+
+    async fn get(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        range: Option<Range<u64>>,
+    ) -> Result<(Option<String>, u64, Bytes)> {
+        let location = join(&self.root, key);
+        let url = url::Url::parse_with_params(
+            &format!("{}/v1/read", self.api),
+            [("location", location.as_str())],
+        )
+        .map_err(|e| Error::invalid_input(format!("agent URL {}: {e}", self.api)))?;
+        let mut req = self.client.get(url);
+        if let Some(job) = &ctx.job {
+            req = req.header("x-strata-job", job.as_ref());
+        }
+        if let Some(r) = &range {
+            if r.end <= r.start {
+                return Ok((None, 0, Bytes::new()));
+            }
+            req = req.header("range", format!("bytes={}-{}", r.start, r.end - 1));
+        }
+        let resp = req.send().await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("agent at {}: {e}", self.api),
+            )
+        })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let kind = match status.as_u16() {
+                404 => ErrorKind::NotFound,
+                400 | 416 => ErrorKind::InvalidInput,
+                412 => ErrorKind::PreconditionFailed,
+                403 => ErrorKind::PermissionDenied,
+                _ => ErrorKind::Unavailable,
+            };
+            let body = resp.text().await.unwrap_or_default();
+            return Err(Error::new(
+                kind,
+                format!("agent read of {location}: {status}: {body}"),
+            ));
+        }
+        let etag = resp
+            .headers()
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let total = resp
+            .headers()
+            .get("content-range")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit('/').next())
+            .and_then(|v| v.parse().ok());
+        let body = resp.bytes().await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("agent read of {location}: {e}"),
+            )
+        })?;
+        let total = total.unwrap_or(body.len() as u64);
+        Ok((etag, total, body))
+    }
+}
+
+impl LocalSource {
+    /// A source reading `backend` (opened at the dataset root) through `cache`.
+    pub fn new(backend: Backend, cache: BlockCache, root: &str) -> Self {
+        Self {
+            backend,
+            cache,
+            open: Arc::new(Mutex::new(HashMap::new())),
+            root: root.to_string(),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The in-process cache.
+    pub fn cache(&self) -> &BlockCache {
+        &self.cache
+    }
+
+    async fn object(&self, ctx: &IoContext, shard: &Shard) -> Result<Arc<CachedObject>> {
+        if let Some(o) = self.open.lock().get(&shard.key) {
+            return Ok(o.clone());
+        }
+        let obj = self
+            .cache
+            .open_object(ctx, &self.backend, &shard.key)
+            .await?;
+        check_version(shard, obj.meta())?;
+        Ok(self
+            .open
+            .lock()
+            .entry(shard.key.clone())
+            .or_insert(Arc::new(obj))
+            .clone())
+    }
+}
+
+impl Source {
+    /// The dataset root, for messages.
+    pub fn root(&self) -> &str {
+        match self {
+            Source::Agent(a) => &a.root,
+            Source::Local(l) => &l.root,
+        }
+    }
+
+    /// Bytes `range` of a shard, verified against the shard's recorded size and ETag.
+    pub async fn read(&self, ctx: &IoContext, shard: &Shard, range: Range<u64>) -> Result<Bytes> {
+        let (start, len) = (range.start, range.end - range.start);
+        let bytes = match self {
+            Source::Local(l) => {
+                let obj = l.object(ctx, shard).await?;
+                let size = obj.meta().size;
+                if range.end > size {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "shard {}: bytes {range:?} asked, the object has {size} (truncated shard?)",
+                            shard.key
+                        ),
+                    ));
+                }
+                obj.read(range).await?
+            }
+            Source::Agent(a) => {
+                let (etag, total, body) = a.get(ctx, &shard.key, Some(range.clone())).await?;
+                check_version(
+                    shard,
+                    &ObjectMeta {
+                        key: shard.key.clone(),
+                        size: total,
+                        etag,
+                        version: None,
+                        last_modified_unix: 0,
+                    },
+                )?;
+                body
+            }
+        };
+        if bytes.len() as u64 != len {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "shard {}: {len} bytes asked at {start}, {} read (truncated shard?)",
+                    shard.key,
+                    bytes.len()
+                ),
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// Size of a shard's object.
+    pub async fn size(&self, ctx: &IoContext, shard: &Shard) -> Result<u64> {
+        Ok(self.meta(ctx, shard).await?.size)
+    }
+
+    /// Current metadata of a shard's object.
+    pub async fn meta(&self, ctx: &IoContext, shard: &Shard) -> Result<ObjectMeta> {
+        match self {
+            Source::Local(l) => Ok(l.object(ctx, shard).await?.meta().clone()),
+            Source::Agent(a) => {
+                let (etag, total, _) = a.get(ctx, &shard.key, Some(0..1)).await?;
+                Ok(ObjectMeta {
+                    key: shard.key.clone(),
+                    size: total,
+                    etag,
+                    version: None,
+                    last_modified_unix: 0,
+                })
+            }
+        }
+    }
+
+    /// A whole small object (an index or manifest), not cached: it is read once per open.
+    pub async fn read_whole(&self, ctx: &IoContext, key: &str) -> Result<Bytes> {
+        match self {
+            Source::Local(l) => Ok(l.backend.get(ctx, key).await?.1),
+            Source::Agent(a) => Ok(a.get(ctx, key, None).await?.2),
+        }
+    }
+
+    /// Every object under the root (for datasets without an index).
+    pub async fn list(&self, ctx: &IoContext) -> Result<Vec<ObjectMeta>> {
+        let backend = match self {
+            Source::Local(l) => &l.backend,
+            Source::Agent(AgentSource {
+                lister: Some(b), ..
+            }) => b,
+            Source::Agent(_) => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "{}: cannot list through the agent; build a manifest (strata dataset index)",
+                        self.root()
+                    ),
+                ));
+            }
+        };
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = backend.list_page(ctx, "", after.as_deref(), 1000).await?;
+            out.extend(page.objects);
+            match page.next_start_after {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A dataset location as a URL: `s3://`, `file://` and other URLs as they are; a local path becomes `file://`
+/// with an absolute path.
+pub fn dataset_url(location: &str) -> Result<String> {
+    if location.contains("://") {
+        return Ok(location.trim_end_matches('/').to_string());
+    }
+    let p = std::path::Path::new(location);
+    let abs = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| Error::from_io(e, "current directory"))?
+            .join(p)
+    };
+    if !abs.is_dir() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!("dataset directory {} does not exist", abs.display()),
+        ));
+    }
+    Ok(format!("file://{}", abs.display()))
+}
+
+/// The in-process cache of a loader with no agent.
+#[derive(Debug, Clone)]
+pub struct LocalCacheOptions {
+    /// RAM tier capacity.
+    pub ram_bytes: u64,
+    /// Optional disk tier: directory and capacity.
+    pub disk: Option<(std::path::PathBuf, u64)>,
+    /// Cache block size (the unit fetched from the backend). 4 MiB by default: samples are read at random
+    /// inside a shuffle window, so smaller blocks than the agent's read less that is not needed.
+    pub block_size: u64,
+}
+
+impl Default for LocalCacheOptions {
+    fn default() -> Self {
+        Self {
+            ram_bytes: 512 << 20,
+            disk: None,
+            block_size: 4 << 20,
+        }
+    }
+}
+
+impl LocalSource {
+    /// Open `url`'s backend (credentials and endpoint from the AWS environment for `s3://`) behind a new
+    /// in-process cache.
+    pub fn open(url: &str, opts: &LocalCacheOptions, telemetry: Arc<Telemetry>) -> Result<Self> {
+        let backend = Backend::open(
+            url,
+            &BackendOptions::default(),
+            RetryPolicy::default(),
+            telemetry.clone(),
+        )?;
+        let mut cfg = CacheConfig::new(
+            ByteSize(opts.ram_bytes),
+            opts.disk.as_ref().map(|(dir, cap)| DiskConfig {
+                dir: dir.clone(),
+                capacity: ByteSize(*cap),
+            }),
+        );
+        cfg.block_size = ByteSize(opts.block_size);
+        cfg.inflight_budget = ByteSize((opts.ram_bytes / 2).clamp(2 * opts.block_size, 512 << 20));
+        cfg.max_request_size = ByteSize(opts.block_size);
+        cfg.validate()?;
+        let cache = BlockCache::open(cfg, telemetry)?;
+        Ok(Self::new(backend, cache, url))
+    }
+}

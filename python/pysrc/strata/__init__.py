@@ -1,0 +1,35 @@
+"""Strata: the AI data layer, from Python.
+
+- :class:`StreamingDataset`: stream WebDataset tar or MosaicML MDS shards from ``s3://``, ``file://`` or a local
+  directory into a training loop, in a deterministic order that can be resumed with a different world size.
+- :func:`index_dataset`: write a ``strata-manifest.json`` so jobs start without listing or scanning shards.
+- :func:`metrics_text`: this process's metrics (loader samples and I/O stall time per rank) in Prometheus format.
+
+The bytes are moved and decoded by Strata's Rust core with the GIL released. When a Strata agent
+(``strata serve``) runs on the node and ``STRATA_AGENT`` names its API address, every rank reads through the
+agent's shared cache; otherwise each process uses an in-process cache.
+"""
+
+from strata._native import (
+    ChangedError,
+    CorruptDataError,
+    InvalidInputError,
+    NotFoundError,
+    StrataError,
+    UnavailableError,
+    index_dataset,
+    metrics_text,
+)
+from strata.dataset import StreamingDataset
+
+__all__ = [
+    "StreamingDataset",
+    "index_dataset",
+    "metrics_text",
+    "StrataError",
+    "NotFoundError",
+    "CorruptDataError",
+    "InvalidInputError",
+    "ChangedError",
+    "UnavailableError",
+]

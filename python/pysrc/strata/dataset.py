@@ -1,0 +1,227 @@
+"""`StreamingDataset`: deterministic, resumable streaming of sharded datasets."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Optional
+
+from strata import _native
+
+try:  # torch is optional: without it the dataset is a plain iterable.
+    import torch.utils.data as _tud
+
+    _Base: type = _tud.IterableDataset
+except ImportError:  # pragma: no cover - exercised where torch is absent
+    _tud = None
+    _Base = object
+
+STATE_VERSION = 1
+
+
+def _env_int(name: str) -> Optional[int]:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return None
+    try:
+        return int(v)
+    except ValueError as e:
+        raise _native.InvalidInputError(f"environment variable {name}={v!r} is not an integer") from e
+
+
+class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
+    """Samples of a WebDataset or MDS dataset, as dicts, in a seeded global order.
+
+    Args:
+        url: ``s3://bucket/prefix``, ``file:///dir`` or a local directory holding ``strata-manifest.json``,
+            an MDS ``index.json``, or ``.tar`` shards (scanned once at open).
+        shuffle: shuffle shards and, inside windows of ``shuffle_window`` samples, samples.
+        seed: the shuffle seed. Seed and epoch define the order, bit for bit, whatever the number of nodes,
+            ranks or workers.
+        shuffle_window: samples permuted together (bounded memory; larger mixes more).
+        batch_size: the DataLoader's batch size. Workers take turns batch by batch as the DataLoader
+            consumes them, so a rank's samples arrive in the same order with any number of workers.
+        tail: ``"drop"`` (each rank gets ``floor(remaining / world)`` samples per epoch; at most ``world - 1``
+            are skipped) or ``"pad"`` (``ceil``; the missing ones repeat samples from the start of the epoch).
+        rank, world_size: this rank and the number of ranks; default from ``RANK`` / ``WORLD_SIZE`` (or
+            ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` with ``NODE_RANK`` / ``GROUP_RANK``), else 0 and 1.
+        agent: address of the node agent's API (``http://127.0.0.1:7070``); default ``STRATA_AGENT``. With an
+            agent all ranks of the node share its cache; ``cache="local"`` forces the in-process cache.
+        cache: ``"auto"`` (agent if known, else local), ``"agent"`` or ``"local"``.
+        cache_bytes: RAM of the in-process cache. cache_dir / cache_dir_bytes: optional disk tier for it.
+        prefetch_bytes: bytes of samples read ahead of the training loop, per consumer. A sample larger than
+            this is still read, alone (a cache or window smaller than a shard never deadlocks).
+        prefetch_samples: samples fetched concurrently per consumer.
+        skip_corrupt: skip samples that fail to decode (counted in ``stats()["skipped"]``) instead of raising.
+        job: job id recorded with the I/O (default ``SLURM_JOB_ID``).
+
+    Resumption: ``state_dict(consumed)`` records the epoch and the global position reached when every rank has
+    consumed ``consumed`` samples this epoch (in-process iteration counts by itself). ``load_state_dict``
+    continues the same global order from there, with any world size: no sample repeated or skipped.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        shuffle_window: int = 4096,
+        batch_size: int = 1,
+        tail: str = "drop",
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        agent: Optional[str] = None,
+        cache: str = "auto",
+        cache_bytes: int = 512 << 20,
+        cache_dir: Optional[str] = None,
+        cache_dir_bytes: int = 0,
+        block_size: int = 4 << 20,
+        prefetch_bytes: int = 256 << 20,
+        prefetch_samples: int = 32,
+        skip_corrupt: bool = False,
+        job: Optional[str] = None,
+    ) -> None:
+        if cache not in ("auto", "agent", "local"):
+            raise _native.InvalidInputError(f"cache={cache!r}: expected 'auto', 'agent' or 'local'")
+        if agent is None and cache != "local":
+            agent = os.environ.get("STRATA_AGENT") or None
+        if cache == "agent" and agent is None:
+            raise _native.InvalidInputError("cache='agent' but no agent address (agent= or STRATA_AGENT)")
+        if cache == "local":
+            agent = None
+        if batch_size < 1:
+            raise _native.InvalidInputError("batch_size must be at least 1")
+        self.rank, self.world_size = self._resolve_rank(rank, world_size)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.shuffle_window = shuffle_window
+        self._native = _native.Dataset(
+            url,
+            agent=agent,
+            cache_bytes=cache_bytes,
+            cache_dir=cache_dir,
+            cache_dir_bytes=cache_dir_bytes,
+            block_size=block_size,
+            shuffle=shuffle,
+            seed=seed,
+            window=shuffle_window,
+            tail=tail,
+            prefetch_bytes=prefetch_bytes,
+            prefetch_samples=prefetch_samples,
+            skip_corrupt=skip_corrupt,
+            job=job if job is not None else os.environ.get("SLURM_JOB_ID"),
+        )
+        self.epoch = 0
+        self._start = 0  # global position the current epoch resumes at
+        self._consumed = 0  # samples this rank consumed in-process this epoch
+        self._last_stats: dict = {}
+        self._iter: Optional[Any] = None
+
+    @staticmethod
+    def _resolve_rank(rank: Optional[int], world: Optional[int]) -> tuple[int, int]:
+        r = rank if rank is not None else _env_int("RANK")
+        w = world if world is not None else _env_int("WORLD_SIZE")
+        if r is None or w is None:
+            local_rank = _env_int("LOCAL_RANK")
+            local_world = _env_int("LOCAL_WORLD_SIZE")
+            node = _env_int("NODE_RANK") if _env_int("NODE_RANK") is not None else _env_int("GROUP_RANK")
+            if local_rank is not None and local_world is not None and r is None and w is None:
+                r = (node or 0) * local_world + local_rank
+                w = local_world * max(1, _env_int("NNODES") or _env_int("GROUP_WORLD_SIZE") or 1)
+        r = 0 if r is None else r
+        w = 1 if w is None else w
+        if w < 1 or not 0 <= r < w:
+            raise _native.InvalidInputError(f"rank {r} is not in a world of {w} ranks")
+        return r, w
+
+    # -- sizes ---------------------------------------------------------------------------------------------
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset."""
+        return len(self._native)
+
+    def __len__(self) -> int:
+        """Samples this rank gets in the current epoch (from the resume point)."""
+        return self._native.per_rank(self._start, self.world_size)
+
+    @property
+    def source_kind(self) -> str:
+        """``"agent"`` or ``"local"``: where bytes come from."""
+        return self._native.source_kind
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start `epoch` from its beginning (unless it is the epoch a loaded state resumes)."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._start = 0
+            self._consumed = 0
+
+    # -- iteration -----------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict]:
+        worker, workers = 0, 1
+        if _tud is not None:
+            info = _tud.get_worker_info()
+            if info is not None:
+                worker, workers = info.id, info.num_workers
+        it = self._native.iter(
+            self.epoch, self._start, self.rank, self.world_size, worker, workers, self.batch_size
+        )
+        self._iter = it
+        in_process = workers == 1 and worker == 0
+        try:
+            for sample in it:
+                if in_process:
+                    self._consumed += 1
+                yield sample
+        finally:
+            self._last_stats = dict(it.stats())
+            it.close()
+
+    def stats(self) -> dict:
+        """Counters of the current (or last) iteration in this process: samples, bytes, stall_seconds (time
+        the loop waited for data: the I/O stall), skipped."""
+        if self._iter is not None:
+            live = dict(self._iter.stats())
+            if live:
+                return live
+        return dict(self._last_stats)
+
+    # -- resumption ----------------------------------------------------------------------------------------
+    def state_dict(self, consumed: Optional[int] = None) -> dict:
+        """The resume point after this rank consumed `consumed` samples of the current epoch (default: what
+        this process iterated). All ranks consume the same number per step, so the global position is
+        ``start + consumed * world_size``."""
+        k = self._consumed if consumed is None else int(consumed)
+        if k < 0:
+            raise _native.InvalidInputError("consumed must be non-negative")
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "sample_in_epoch": min(self._start + k * self.world_size, self.num_samples),
+            "num_samples": self.num_samples,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "shuffle_window": self.shuffle_window,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at a state from :meth:`state_dict`, with this dataset's (possibly different) world size."""
+        if state.get("version") != STATE_VERSION:
+            raise _native.InvalidInputError(f"state version {state.get('version')!r}; expected {STATE_VERSION}")
+        for k in ("num_samples", "seed", "shuffle", "shuffle_window"):
+            mine = self.num_samples if k == "num_samples" else getattr(self, k)
+            if state.get(k) != mine:
+                raise _native.InvalidInputError(
+                    f"state was saved with {k}={state.get(k)!r}, this dataset has {mine!r}: the order would differ"
+                )
+        pos = int(state["sample_in_epoch"])
+        if not 0 <= pos <= self.num_samples:
+            raise _native.InvalidInputError(f"sample_in_epoch {pos} is outside the epoch")
+        self.epoch = int(state["epoch"])
+        self._start = pos
+        self._consumed = 0
+
+    def locate(self, position: int, epoch: Optional[int] = None) -> tuple[str, int]:
+        """``(shard, index in shard)`` of global `position` in `epoch` (default: the current one)."""
+        return self._native.locate(self.epoch if epoch is None else epoch, position)
