@@ -3,17 +3,19 @@
 #
 #   scripts/test.sh
 #
-# - Python tools into .venv (moto's S3 server, boto3, the aws cli, s5cmd, pytest, hypothesis). Tests start their own S3 servers on loopback
-#   from there, one per test, on free ports; nothing is left running afterwards.
+# - Python tools into .venv (moto's S3 server, boto3, the aws cli, s5cmd, pytest, hypothesis, maturin, torch,
+#   webdataset, mosaicml-streaming). Tests start their own S3 servers on loopback from there, on free ports;
+#   nothing is left running afterwards.
 # - cargo fmt --check, cargo clippy -D warnings, a check of the feature-gated backends, and the whole
-#   workspace's tests, then the Python tests of the S3 gateway against the binary those tests built.
+#   workspace's tests; then the `strata` Python package is built from python/ (maturin, same target dir) and
+#   installed into .venv, and the Python tests (gateway and loader) run against it and the binary built above.
 # Safe to run again: the venv is reused when it already has everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf '\n==> %s\n' "$*"; }
 
-if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis' 2>/dev/null; then
+if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis, maturin, torch, webdataset, streaming' 2>/dev/null; then
   say "installing test tools into .venv"
   if ! python3 -m venv .venv 2>/dev/null; then
     # Debian's python3 ships venv separately.
@@ -37,7 +39,12 @@ cargo check -p strata-object --features gcp,azure --locked
 say "cargo test"
 cargo test --workspace --locked
 
-say "gateway tests with real S3 clients (pytest: boto3, aws cli, s5cmd)"
-STRATA_BIN="$PWD/target/debug/strata" .venv/bin/python -m pytest -q tests/python
+say "the strata Python package: wheel built from python/ and installed into .venv"
+rm -rf target/wheels
+.venv/bin/maturin build --quiet --locked -m python/Cargo.toml --target-dir target -o target/wheels
+.venv/bin/pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/strata-*.whl
+
+say "Python tests: the gateway with real S3 clients (boto3, aws cli, s5cmd); the loader (torch, webdataset, MDS)"
+STRATA_BIN="$PWD/target/debug/strata" .venv/bin/python -m pytest -q -W ignore::UserWarning tests/python
 
 say "all tests passed"

@@ -40,6 +40,26 @@ enum Command {
     /// Check configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Datasets for the streaming loader (the `strata` Python package).
+    #[command(subcommand)]
+    Dataset(DatasetCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum DatasetCommand {
+    /// Write `strata-manifest.json` at a dataset's root: every shard's key, size, ETag and sample offsets.
+    ///
+    /// A job then starts from the manifest instead of listing (and, for WebDataset tars, reading) every shard,
+    /// and a shard that changed afterwards is detected by its ETag. DATASET is `s3://bucket/prefix` (endpoint
+    /// and credentials from the AWS_* environment), `file:///dir` or a local directory holding `.tar` shards
+    /// or an MDS `index.json`. Rebuild the manifest whenever shards change.
+    Index {
+        /// The dataset root.
+        dataset: String,
+        /// Shards read concurrently while scanning.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+        parallelism: u16,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -186,6 +206,32 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Cache(c) => cache(c).await,
+        Command::Dataset(DatasetCommand::Index {
+            dataset,
+            parallelism,
+        }) => {
+            let url = strata_loader::source::dataset_url(&dataset)?;
+            let src = strata_loader::LocalSource::open(
+                &url,
+                &strata_loader::source::LocalCacheOptions::default(),
+                strata_telemetry::Telemetry::new(),
+            )?;
+            let m = strata_loader::dataset::write_manifest(
+                &src,
+                &strata_types::IoContext::default(),
+                usize::from(parallelism),
+            )
+            .await?;
+            let samples: u64 = m.shards.iter().map(|s| s.samples).sum();
+            let bytes: u64 = m.shards.iter().map(|s| s.size).sum();
+            println!(
+                "{url}/{}: {} shards ({:?}), {samples} samples, {bytes} bytes",
+                strata_loader::MANIFEST_NAME,
+                m.shards.len(),
+                m.shard_format
+            );
+            Ok(())
+        }
     }
 }
 
