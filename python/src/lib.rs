@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+use strata_loader::share::{ShareClient, ShareServer};
 use strata_loader::source::{LocalCacheOptions, dataset_url};
 use strata_loader::{
     AgentSource, DatasetIndex, Loader, LoaderOptions, LocalSource, Partition, SampleStream,
@@ -121,7 +122,9 @@ struct SourceSpec {
 }
 
 impl SourceSpec {
-    fn open(&self, telemetry: Arc<Telemetry>) -> Result<Source, Error> {
+    /// Open the source: the agent's cache, or an in-process cache (with its disk tier under
+    /// `cache_dir/<tag>` when a cache dir is configured).
+    fn open(&self, telemetry: Arc<Telemetry>, tag: &str) -> Result<Source, Error> {
         match &self.agent {
             Some(api) => {
                 // The backend is opened too, only to list a dataset without an index.
@@ -134,11 +137,13 @@ impl SourceSpec {
                 .ok();
                 Ok(Source::Agent(AgentSource::new(api, &self.url, lister)?))
             }
-            None => Ok(Source::Local(LocalSource::open(
-                &self.url,
-                &self.cache,
-                telemetry,
-            )?)),
+            None => {
+                let mut cache = self.cache.clone();
+                cache.disk = cache.disk.map(|(dir, cap)| (dir.join(tag), cap));
+                Ok(Source::Local(LocalSource::open(
+                    &self.url, &cache, telemetry,
+                )?))
+            }
         }
     }
 }
@@ -150,8 +155,12 @@ struct Dataset {
     opts: LoaderOptions,
     index: Arc<DatasetIndex>,
     ctx: IoContext,
-    /// (pid, source): the source of this process.
-    source: Mutex<Option<(u32, Source)>>,
+    /// The source of this process, with the pid that opened it. In a forked DataLoader worker it is replaced
+    /// (the inherited one is never dropped: its threads do not exist there) by a client of the opener's
+    /// cache, or of the agent.
+    source: Mutex<(u32, Option<Source>)>,
+    /// The opener's cache served to its workers (in-process cache only).
+    share: Option<ShareServer>,
 }
 
 impl Dataset {
@@ -159,18 +168,20 @@ impl Dataset {
         let (rt, telemetry) = proc()?;
         let pid = std::process::id();
         let mut g = self.source.lock();
-        let src = match g.as_ref() {
-            Some((p, s)) if *p == pid => s.clone(),
-            _ => {
-                if let Some(old) = g.take() {
-                    std::mem::forget(old); // inherited through fork: not ours to shut down
+        if g.0 != pid {
+            std::mem::forget(g.1.take());
+            let s = match &self.share {
+                Some(share) => Source::Shared(ShareClient::new(share.path())),
+                None => {
+                    let _guard = rt.enter();
+                    self.spec.open(telemetry.clone(), "").map_err(to_py)?
                 }
-                let _guard = rt.enter();
-                let s = self.spec.open(telemetry.clone()).map_err(to_py)?;
-                *g = Some((pid, s.clone()));
-                s
-            }
-        };
+            };
+            *g = (pid, Some(s));
+        }
+        let src =
+            g.1.clone()
+                .ok_or_else(|| StrataError::new_err("dataset source missing"))?;
         Ok((
             rt,
             Loader::new(self.index.clone(), src, self.opts.clone(), telemetry),
@@ -187,28 +198,29 @@ impl Dataset {
     /// Open the dataset at `url` (`s3://bucket/prefix`, `file:///dir` or a local directory): its Strata
     /// manifest, else its MDS `index.json`, else a scan of its `.tar` shards.
     #[new]
-    #[pyo3(signature = (url, *, agent=None, cache_bytes=512<<20, cache_dir=None, cache_dir_bytes=0,
-        block_size=4<<20, shuffle=false, seed=0, window=4096, tail="drop", prefetch_bytes=256<<20,
+    #[pyo3(signature = (url, *, agent=None, cache_bytes=None, cache_dir=None, cache_dir_bytes=0,
+        cache_tag="rank-0".to_string(), block_size=8<<20, shuffle=false, seed=0, window=None, tail="drop", prefetch_bytes=64<<20,
         prefetch_samples=32, skip_corrupt=false, job=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         url: &str,
         agent: Option<String>,
-        cache_bytes: u64,
+        cache_bytes: Option<u64>,
         cache_dir: Option<std::path::PathBuf>,
         cache_dir_bytes: u64,
+        cache_tag: String,
         block_size: u64,
         shuffle: bool,
         seed: u64,
-        window: u32,
+        window: Option<u32>,
         tail: &str,
         prefetch_bytes: u64,
         prefetch_samples: usize,
         skip_corrupt: bool,
         job: Option<String>,
     ) -> PyResult<Self> {
-        if window == 0 {
+        if window == Some(0) {
             return Err(InvalidInputError::new_err(
                 "shuffle window must be at least 1 sample",
             ));
@@ -224,13 +236,16 @@ impl Dataset {
                 }
             }),
             cache: LocalCacheOptions {
-                ram_bytes: cache_bytes,
+                ram_bytes: cache_bytes.unwrap_or(64 << 20),
                 disk: cache_dir.map(|d| (d, cache_dir_bytes.max(1 << 30))),
                 block_size,
             },
         };
-        let opts = LoaderOptions {
-            shuffle: shuffle.then_some(Shuffle { seed, window }),
+        let mut opts = LoaderOptions {
+            shuffle: shuffle.then_some(Shuffle {
+                seed,
+                window: window.unwrap_or(1),
+            }),
             tail: tail_of(tail)?,
             prefetch_bytes: prefetch_bytes.max(1),
             prefetch_samples: prefetch_samples.max(1),
@@ -241,19 +256,53 @@ impl Dataset {
             ..IoContext::default()
         };
         let (rt, telemetry) = proc()?;
-        let source = {
+        if cache_tag.is_empty() || cache_tag.contains(['/', '\\']) || cache_tag.contains("..") {
+            return Err(InvalidInputError::new_err(format!(
+                "cache_tag {cache_tag:?} must be a plain name"
+            )));
+        }
+        // The index is read through a small RAM-only cache; the rank's cache is sized from the index.
+        let probe = {
             let _guard = rt.enter();
-            spec.open(telemetry).map_err(to_py)?
+            let mut probe_spec = spec.clone();
+            probe_spec.cache.disk = None;
+            probe_spec
+                .open(telemetry.clone(), &cache_tag)
+                .map_err(to_py)?
         };
-        let index = py
-            .detach(|| rt.block_on(DatasetIndex::open(&source, &ctx, 8)))
-            .map_err(to_py)?;
+        let index = Arc::new(
+            py.detach(|| rt.block_on(DatasetIndex::open(&probe, &ctx, 8)))
+                .map_err(to_py)?,
+        );
+        let avg = index.avg_sample_bytes();
+        let window = window.unwrap_or_else(|| strata_loader::auto_window(avg));
+        if let Some(s) = &mut opts.shuffle {
+            s.window = window;
+        }
+        let mut spec = spec;
+        spec.cache.ram_bytes =
+            cache_bytes.unwrap_or_else(|| strata_loader::auto_cache_bytes(window, avg, block_size));
+        let source = match probe {
+            Source::Agent(a) => Source::Agent(a),
+            _ => {
+                let _guard = rt.enter();
+                spec.open(telemetry, &cache_tag).map_err(to_py)?
+            }
+        };
+        let share = match &source {
+            Source::Local(_) => Some(
+                ShareServer::start(rt.handle(), index.clone(), source.clone(), ctx.clone())
+                    .map_err(to_py)?,
+            ),
+            _ => None,
+        };
         Ok(Self {
             spec,
             opts,
-            index: Arc::new(index),
+            index,
             ctx,
-            source: Mutex::new(Some((std::process::id(), source))),
+            source: Mutex::new((std::process::id(), Some(source))),
+            share,
         })
     }
 
@@ -296,6 +345,27 @@ impl Dataset {
     #[getter]
     fn url(&self) -> String {
         self.spec.url.clone()
+    }
+
+    /// The shuffle window in samples (the one given, or the default derived from the sample size).
+    #[getter]
+    fn window(&self) -> Option<u32> {
+        self.opts.shuffle.map(|s| s.window)
+    }
+
+    /// RAM of the in-process cache, in bytes (0 when reading through the agent).
+    #[getter]
+    fn cache_bytes(&self) -> u64 {
+        match &self.spec.agent {
+            Some(_) => 0,
+            None => self.spec.cache.ram_bytes,
+        }
+    }
+
+    /// Average bytes per sample.
+    #[getter]
+    fn avg_sample_bytes(&self) -> u64 {
+        self.index.avg_sample_bytes()
     }
 
     /// Samples each rank gets in an epoch resumed at global position `start`, with `world` ranks.

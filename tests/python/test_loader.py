@@ -454,3 +454,32 @@ def test_cli_dataset_index(tmp_path, mds_dir):
     assert ds._native.index_origin == "strata-manifest.json" and len(list(ds)) == 150
     bad = subprocess.run([STRATA, "dataset", "index", str(tmp_path / "missing")], capture_output=True, text=True)
     assert bad.returncode != 0 and "does not exist" in bad.stderr
+
+
+def backend_get_bytes():
+    total = 0.0
+    for line in strata.metrics_text().splitlines():
+        if line.startswith("strata_io_bytes_total") and 'op="get"' in line and 'tier="backend"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_dataloader_workers_share_the_rank_cache_across_epochs(s3_env, tmp_path):
+    """Workers read through their rank's cache: each block is fetched from the origin once for the rank, and
+    a second epoch (new worker processes) fetches nothing."""
+    torch = pytest.importorskip("torch")
+    d = write_wds(str(tmp_path / "shared"), 200, 40, seed=5)
+    upload_dir(s3_env, "direct", "loader/shared", d)
+    strata.index_dataset("s3://direct/loader/shared")
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".tar"))
+    ds = strata.StreamingDataset("s3://direct/loader/shared", shuffle=True, seed=3, batch_size=4, cache="local",
+                                 block_size=256 << 10)
+    want = sorted(keys(strata.StreamingDataset(d)))
+    before = backend_get_bytes()
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        dl = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+        got = [s["__key__"] for b in dl for s in b]
+        assert sorted(got) == want
+        fetched = backend_get_bytes() - before
+        assert size <= fetched <= size + (256 << 10) * 5, (epoch, fetched, size)

@@ -153,6 +153,12 @@ impl DatasetIndex {
         self.shards.iter().map(|s| s.samples).collect()
     }
 
+    /// Average bytes per sample (shard sizes over samples; 0 when unknown or empty).
+    pub fn avg_sample_bytes(&self) -> u64 {
+        let bytes: u64 = self.shards.iter().filter_map(|s| s.size).sum();
+        bytes.checked_div(self.len()).unwrap_or(0)
+    }
+
     /// Samples in the dataset.
     pub fn len(&self) -> u64 {
         self.shards.iter().map(|s| s.samples).sum()

@@ -6,6 +6,7 @@
 //! - [`order`]: the deterministic global order of an epoch (seeded shard shuffle plus a bounded window
 //!   shuffle) and its partition over ranks and dataloader workers; resuming at any position costs the same.
 //! - [`source`]: bytes through the node agent's shared cache, or an in-process [`strata_cache::BlockCache`].
+//! - [`share`]: the rank's cache served to its DataLoader worker processes over a Unix socket.
 //! - [`stream`]: one consumer's prefetching stream with a bounded window in bytes and stall accounting.
 //!
 //! The Python package (`python/`) wraps this crate; see ARCHITECTURE.md for the resumption contract.
@@ -13,11 +14,12 @@
 pub mod dataset;
 pub mod format;
 pub mod order;
+pub mod share;
 pub mod source;
 pub mod stream;
 
 pub use dataset::{DatasetIndex, MANIFEST_NAME, Manifest, Sample, ShardFormat};
 pub use format::mds::Value;
-pub use order::{EpochOrder, Partition, Shuffle, TailPolicy};
+pub use order::{EpochOrder, Partition, Shuffle, TailPolicy, auto_cache_bytes, auto_window};
 pub use source::{AgentSource, LocalSource, Source};
 pub use stream::{Fetched, Loader, LoaderOptions, SampleStream, StreamStats};

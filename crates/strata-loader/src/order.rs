@@ -76,6 +76,23 @@ pub struct Shuffle {
     pub window: u32,
 }
 
+/// Bytes a default shuffle window spans.
+pub const AUTO_WINDOW_SPAN: u64 = 384 << 20;
+
+/// The default shuffle window for samples of `avg_sample_bytes`: as many samples as fit in
+/// [`AUTO_WINDOW_SPAN`], between 64 and 16,384. A window's bytes are read at random while it is consumed, so
+/// they must fit the cache; this keeps them bounded whatever the sample size. It depends only on the dataset,
+/// so the order is still the same for every partition.
+pub fn auto_window(avg_sample_bytes: u64) -> u32 {
+    (AUTO_WINDOW_SPAN / avg_sample_bytes.max(1)).clamp(64, 16_384) as u32
+}
+
+/// The default RAM for a rank's cache: the shuffle window's bytes with a quarter to spare plus a few blocks,
+/// between 256 MiB and 4 GiB.
+pub fn auto_cache_bytes(window: u32, avg_sample_bytes: u64, block_size: u64) -> u64 {
+    (u64::from(window) * avg_sample_bytes * 5 / 4 + 4 * block_size).clamp(256 << 20, 4 << 30)
+}
+
 /// What to do with the tail of an epoch that does not divide evenly over the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

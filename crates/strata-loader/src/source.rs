@@ -36,6 +36,8 @@ pub struct LocalSource {
     /// Readers opened once per shard: the version seen first is the one read all epoch.
     open: Arc<Mutex<HashMap<String, Arc<CachedObject>>>>,
     root: String,
+    /// Exclusive lock on the disk tier's directory, held while this source lives.
+    _dir_lock: Option<Arc<std::fs::File>>,
 }
 
 /// A source of shard bytes.
@@ -45,6 +47,8 @@ pub enum Source {
     Agent(AgentSource),
     /// Through an in-process cache.
     Local(LocalSource),
+    /// Through the cache of the process that opened the dataset (DataLoader workers).
+    Shared(crate::share::ShareClient),
 }
 
 fn join(root: &str, key: &str) -> String {
@@ -162,6 +166,7 @@ impl LocalSource {
             cache,
             open: Arc::new(Mutex::new(HashMap::new())),
             root: root.to_string(),
+            _dir_lock: None,
         }
     }
 
@@ -199,6 +204,7 @@ impl Source {
         match self {
             Source::Agent(a) => &a.root,
             Source::Local(l) => &l.root,
+            Source::Shared(_) => "(shared loader cache)",
         }
     }
 
@@ -234,6 +240,7 @@ impl Source {
                 )?;
                 body
             }
+            Source::Shared(c) => c.read(&shard.key, range).await?,
         };
         if bytes.len() as u64 != len {
             return Err(Error::new(
@@ -250,7 +257,10 @@ impl Source {
 
     /// Size of a shard's object.
     pub async fn size(&self, ctx: &IoContext, shard: &Shard) -> Result<u64> {
-        Ok(self.meta(ctx, shard).await?.size)
+        match self {
+            Source::Shared(c) => c.size(&shard.key).await,
+            _ => Ok(self.meta(ctx, shard).await?.size),
+        }
     }
 
     /// Current metadata of a shard's object.
@@ -267,6 +277,13 @@ impl Source {
                     last_modified_unix: 0,
                 })
             }
+            Source::Shared(c) => Ok(ObjectMeta {
+                key: shard.key.clone(),
+                size: c.size(&shard.key).await?,
+                etag: shard.etag.clone(),
+                version: None,
+                last_modified_unix: 0,
+            }),
         }
     }
 
@@ -275,6 +292,10 @@ impl Source {
         match self {
             Source::Local(l) => Ok(l.backend.get(ctx, key).await?.1),
             Source::Agent(a) => Ok(a.get(ctx, key, None).await?.2),
+            Source::Shared(_) => Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{key}: a worker reads shards only; the dataset is opened by its rank"),
+            )),
         }
     }
 
@@ -285,7 +306,7 @@ impl Source {
             Source::Agent(AgentSource {
                 lister: Some(b), ..
             }) => b,
-            Source::Agent(_) => {
+            Source::Agent(_) | Source::Shared(_) => {
                 return Err(Error::new(
                     ErrorKind::Unsupported,
                     format!(
@@ -357,6 +378,9 @@ impl Default for LocalCacheOptions {
 impl LocalSource {
     /// Open `url`'s backend (credentials and endpoint from the AWS environment for `s3://`) behind a new
     /// in-process cache.
+    ///
+    /// A disk tier directory is locked for this process (one cache per directory); when another process holds
+    /// it, this source runs with the RAM tier only and logs why.
     pub fn open(url: &str, opts: &LocalCacheOptions, telemetry: Arc<Telemetry>) -> Result<Self> {
         let backend = Backend::open(
             url,
@@ -364,18 +388,40 @@ impl LocalSource {
             RetryPolicy::default(),
             telemetry.clone(),
         )?;
-        let mut cfg = CacheConfig::new(
-            ByteSize(opts.ram_bytes),
-            opts.disk.as_ref().map(|(dir, cap)| DiskConfig {
-                dir: dir.clone(),
-                capacity: ByteSize(*cap),
-            }),
-        );
+        let mut lock = None;
+        let mut disk = None;
+        if let Some((dir, cap)) = &opts.disk {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::from_io(e, format!("creating {}", dir.display())))?;
+            let path = dir.join("loader.lock");
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(|e| Error::from_io(e, format!("opening {}", path.display())))?;
+            match f.try_lock() {
+                Ok(()) => {
+                    lock = Some(Arc::new(f));
+                    disk = Some(DiskConfig {
+                        dir: dir.join("cache"),
+                        capacity: ByteSize(*cap),
+                    });
+                }
+                Err(_) => tracing::warn!(
+                    dir = %dir.display(),
+                    "loader disk cache is in use by another process; using RAM only"
+                ),
+            }
+        }
+        let mut cfg = CacheConfig::new(ByteSize(opts.ram_bytes), disk);
         cfg.block_size = ByteSize(opts.block_size);
         cfg.inflight_budget = ByteSize((opts.ram_bytes / 2).clamp(2 * opts.block_size, 512 << 20));
         cfg.max_request_size = ByteSize(opts.block_size);
         cfg.validate()?;
         let cache = BlockCache::open(cfg, telemetry)?;
-        Ok(Self::new(backend, cache, url))
+        let mut me = Self::new(backend, cache, url);
+        me._dir_lock = lock;
+        Ok(me)
     }
 }

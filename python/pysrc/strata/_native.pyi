@@ -19,13 +19,14 @@ class Dataset:
         url: str,
         *,
         agent: Optional[str] = None,
-        cache_bytes: int = ...,
+        cache_bytes: Optional[int] = None,
         cache_dir: Optional[str] = None,
         cache_dir_bytes: int = 0,
+        cache_tag: str = "rank-0",
         block_size: int = ...,
         shuffle: bool = False,
         seed: int = 0,
-        window: int = 4096,
+        window: Optional[int] = None,
         tail: str = "drop",
         prefetch_bytes: int = ...,
         prefetch_samples: int = 32,
@@ -43,6 +44,12 @@ class Dataset:
     def source_kind(self) -> str: ...
     @property
     def url(self) -> str: ...
+    @property
+    def window(self) -> Optional[int]: ...
+    @property
+    def cache_bytes(self) -> int: ...
+    @property
+    def avg_sample_bytes(self) -> int: ...
     def per_rank(self, start: int, world: int) -> int: ...
     def locate(self, epoch: int, position: int) -> tuple[str, int]: ...
     def iter(

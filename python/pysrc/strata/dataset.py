@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Iterator, Optional
 
 from strata import _native
@@ -37,7 +38,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         shuffle: shuffle shards and, inside windows of ``shuffle_window`` samples, samples.
         seed: the shuffle seed. Seed and epoch define the order, bit for bit, whatever the number of nodes,
             ranks or workers.
-        shuffle_window: samples permuted together (bounded memory; larger mixes more).
+        shuffle_window: samples permuted together (larger mixes more). Default: as many samples as fit in
+            384 MiB (64 to 16,384), from the dataset's average sample size. The window's bytes are read at
+            random while it is consumed, so they should fit ``cache_bytes``.
         batch_size: the DataLoader's batch size. Workers take turns batch by batch as the DataLoader
             consumes them, so a rank's samples arrive in the same order with any number of workers.
         tail: ``"drop"`` (each rank gets ``floor(remaining / world)`` samples per epoch; at most ``world - 1``
@@ -47,7 +50,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         agent: address of the node agent's API (``http://127.0.0.1:7070``); default ``STRATA_AGENT``. With an
             agent all ranks of the node share its cache; ``cache="local"`` forces the in-process cache.
         cache: ``"auto"`` (agent if known, else local), ``"agent"`` or ``"local"``.
-        cache_bytes: RAM of the in-process cache. cache_dir / cache_dir_bytes: optional disk tier for it.
+        cache_bytes: RAM of the rank's in-process cache (default: the shuffle window's bytes plus a quarter,
+            256 MiB to 4 GiB). DataLoader workers read through their rank's cache (a Unix socket), so each
+            block is fetched once per rank and stays warm across epochs. cache_dir / cache_dir_bytes:
+            optional disk tier for it (``cache_dir/rank-N``).
+        block_size: cache block, the unit read from storage.
         prefetch_bytes: bytes of samples read ahead of the training loop, per consumer. A sample larger than
             this is still read, alone (a cache or window smaller than a shard never deadlocks).
         prefetch_samples: samples fetched concurrently per consumer.
@@ -65,18 +72,18 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         *,
         shuffle: bool = False,
         seed: int = 0,
-        shuffle_window: int = 4096,
+        shuffle_window: Optional[int] = None,
         batch_size: int = 1,
         tail: str = "drop",
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         agent: Optional[str] = None,
         cache: str = "auto",
-        cache_bytes: int = 512 << 20,
+        cache_bytes: Optional[int] = None,
         cache_dir: Optional[str] = None,
         cache_dir_bytes: int = 0,
-        block_size: int = 4 << 20,
-        prefetch_bytes: int = 256 << 20,
+        block_size: int = 8 << 20,
+        prefetch_bytes: int = 64 << 20,
         prefetch_samples: int = 32,
         skip_corrupt: bool = False,
         job: Optional[str] = None,
@@ -95,13 +102,13 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
-        self.shuffle_window = shuffle_window
         self._native = _native.Dataset(
             url,
             agent=agent,
             cache_bytes=cache_bytes,
             cache_dir=cache_dir,
             cache_dir_bytes=cache_dir_bytes,
+            cache_tag=f"rank-{self.rank}",
             block_size=block_size,
             shuffle=shuffle,
             seed=seed,
@@ -112,6 +119,15 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             skip_corrupt=skip_corrupt,
             job=job if job is not None else os.environ.get("SLURM_JOB_ID"),
         )
+        self.shuffle_window = self._native.window
+        span = (self.shuffle_window or 1) * self._native.avg_sample_bytes
+        if shuffle and cache_bytes is not None and 0 < self._native.cache_bytes < span:
+            warnings.warn(
+                f"strata: cache_bytes={cache_bytes} is smaller than the shuffle window's {span} bytes "
+                f"({self.shuffle_window} samples): blocks will be read again and again; raise cache_bytes or "
+                "lower shuffle_window",
+                stacklevel=2,
+            )
         self.epoch = 0
         self._start = 0  # global position the current epoch resumes at
         self._consumed = 0  # samples this rank consumed in-process this epoch
