@@ -183,6 +183,18 @@ secret_access_key = "{SECRET}"
     return proc, open(addr).read().strip()
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of a live process."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+ORIGIN_PID = None
+
+
 def child(kind, url, args, endpoint, keys):
     scratch = tempfile.mkdtemp(prefix=f"bench-{kind}-")
     agent = None
@@ -196,6 +208,7 @@ def child(kind, url, args, endpoint, keys):
             f.write("3\n")
     except OSError:
         pass
+    cpu0 = cpu_seconds(ORIGIN_PID)
     try:
         r = subprocess.run([sys.executable, __file__, "--run", kind, url, "--workers", str(args.workers),
                             "--batch", str(args.batch), "--scratch", scratch, "--endpoint", endpoint,
@@ -205,6 +218,7 @@ def child(kind, url, args, endpoint, keys):
             print(r.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"{kind} failed")
         out = json.loads(r.stdout.strip().splitlines()[-1])
+        out["origin_cpu_s"] = cpu_seconds(ORIGIN_PID) - cpu0
         if agent is not None:
             out["rss_agent_mib"] = vm_hwm(agent.pid)
         return out
@@ -317,6 +331,8 @@ def main():
     port = free_port()
     moto = subprocess.Popen([os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    global ORIGIN_PID
+    ORIGIN_PID = moto.pid
     out = tempfile.mkdtemp(prefix="bench-loader-")
     try:
         wait_port(port)
@@ -353,13 +369,13 @@ def main():
 
         print(f"\nworkers={args.workers} batch={args.batch}; samples/s (epoch 1 cold, epoch 2 warm)")
         print(f"{'dataset':<7} {'loader':<17} {'cold/s':>9} {'warm/s':>9} {'first(s)':>9} {'RSS main':>9} "
-              f"{'RSS wrk':>8} {'agent':>7}")
+              f"{'RSS wrk':>8} {'agent':>7} {'origin CPU':>10}")
         for (name, kind), r in results.items():
             e = r["epochs"]
             rate = [x["samples"] / x["seconds"] for x in e]
             agent = f"{r['rss_agent_mib']:6.0f}M" if "rss_agent_mib" in r else "      -"
             print(f"{name:<7} {kind:<17} {rate[0]:9.1f} {rate[1]:9.1f} {r['first_sample_s']:9.2f} "
-                  f"{r['rss_main_mib']:8.0f}M {r['rss_worker_mib']:7.0f}M {agent}")
+                  f"{r['rss_main_mib']:8.0f}M {r['rss_worker_mib']:7.0f}M {agent} {r['origin_cpu_s']:9.1f}s")
         print("\nratios (Strata / best baseline, same shards):")
         for name in ("small", "large"):
             for ep, label in ((0, "cold"), (1, "warm")):

@@ -179,6 +179,23 @@ impl EpochOrder {
         (self.shard_order[slot] as usize, q - self.starts[slot])
     }
 
+    /// The shards and sample ranges that stream indices `range` cover, in stream order.
+    pub fn stream_spans(&self, range: std::ops::Range<u64>) -> Vec<(usize, std::ops::Range<u64>)> {
+        let mut out = Vec::new();
+        let end = range.end.min(self.len());
+        let mut q = range.start;
+        while q < end {
+            let slot = self.starts.partition_point(|&s| s <= q) - 1;
+            let slot_end = self.starts[slot + 1].min(end);
+            out.push((
+                self.shard_order[slot] as usize,
+                (q - self.starts[slot])..(slot_end - self.starts[slot]),
+            ));
+            q = slot_end;
+        }
+        out
+    }
+
     /// The `(shard, sample in shard)` at global position `p < len()`. Positions are usually visited in order;
     /// use a [`Cursor`] for that, which computes each window's permutation once.
     pub fn locate(&self, p: u64) -> (usize, u64) {
@@ -340,6 +357,23 @@ mod tests {
                 n.div_ceil(u64::from(world)) * u64::from(world)
             );
         }
+    }
+
+    #[test]
+    fn stream_spans_cover_a_range_once() {
+        let counts = [5u64, 0, 7, 3];
+        let order = EpochOrder::new(&counts, Some(Shuffle { seed: 4, window: 4 }), 1);
+        let spans = order.stream_spans(3..14);
+        let n: u64 = spans.iter().map(|(_, r)| r.end - r.start).sum();
+        assert_eq!(n, 11);
+        let mut from_locate: Vec<(usize, u64)> = (3..14).map(|q| order.locate_stream(q)).collect();
+        let mut from_spans: Vec<(usize, u64)> = spans
+            .iter()
+            .flat_map(|(s, r)| r.clone().map(move |i| (*s, i)))
+            .collect();
+        from_locate.sort();
+        from_spans.sort();
+        assert_eq!(from_locate, from_spans);
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! opened the dataset (the rank) serves its [`LocalSource`](crate::LocalSource) on a Unix socket and the
 //! workers read through it: one cache per rank, warm across epochs, each block fetched from the origin once.
 //!
-//! The protocol is deliberately tiny (no HTTP): a request is `u32 key_len | key | u64 start | u64 end`
-//! (`start == end == u64::MAX` asks for the object's size); the reply is `u8 status | u32 error kind |
-//! u64 len | payload`, the payload being the bytes (status 0) or the error message (status 1).
+//! The protocol is deliberately tiny (no HTTP): a request is `u8 op | u32 key_len | key | u64 start | u64 end`
+//! (op 0 reads `start..end`, 1 asks for the object's size, 2 starts a prefetch of `start..end`); the reply is
+//! `u8 status | u32 error kind | u64 len | payload`, the payload being the bytes (status 0; the size as a u64;
+//! nothing for a prefetch) or the error message (status 1).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,7 +26,9 @@ use strata_types::{Error, ErrorKind, IoContext, Result};
 use crate::dataset::DatasetIndex;
 use crate::source::Source;
 
-const SIZE_QUERY: u64 = u64::MAX;
+const OP_READ: u8 = 0;
+const OP_SIZE: u8 = 1;
+const OP_PREFETCH: u8 = 2;
 const MAX_KEY: u32 = 64 * 1024;
 /// Most worker connections served at once.
 const MAX_CONNECTIONS: usize = 1024;
@@ -145,7 +148,7 @@ impl Drop for ShareServer {
 
 async fn serve_conn(
     stream: UnixStream,
-    index: &DatasetIndex,
+    index: &Arc<DatasetIndex>,
     by_key: &HashMap<String, usize>,
     src: &Source,
     ctx: &IoContext,
@@ -153,6 +156,9 @@ async fn serve_conn(
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::new(r);
     loop {
+        let Ok(op) = r.read_u8().await else {
+            return;
+        };
         let Ok(klen) = r.read_u32_le().await else {
             return;
         };
@@ -172,14 +178,24 @@ async fn serve_conn(
                 ErrorKind::NotFound,
                 format!("shard {key} is not in the dataset"),
             )),
-            Some(shard) if start == SIZE_QUERY => src
+            Some(shard) if op == OP_SIZE => src
                 .size(ctx, shard)
                 .await
                 .map(|n| Bytes::copy_from_slice(&n.to_le_bytes())),
             Some(_) if end < start => {
                 Err(Error::invalid_input(format!("bad range {start}..{end}")))
             }
-            Some(shard) => src.read(ctx, shard, start..end).await,
+            Some(_) if op == OP_PREFETCH => {
+                // Answer at once; the prefetch runs on its own.
+                let (src, ctx, index) = (src.clone(), ctx.clone(), index.clone());
+                let i = by_key.get(key.as_ref()).copied().unwrap_or(0);
+                tokio::spawn(async move {
+                    let _ = src.prefetch(&ctx, &index.shards[i], start..end).await;
+                });
+                Ok(Bytes::new())
+            }
+            Some(shard) if op == OP_READ => src.read(ctx, shard, start..end).await,
+            Some(_) => Err(Error::invalid_input(format!("unknown operation {op}"))),
         };
         let ok = match result {
             Ok(b) => {
@@ -218,7 +234,7 @@ impl ShareClient {
         }
     }
 
-    async fn call(&self, key: &str, start: u64, end: u64) -> Result<Bytes> {
+    async fn call(&self, op: u8, key: &str, start: u64, end: u64) -> Result<Bytes> {
         let pooled = self.idle.lock().pop();
         let mut s = match pooled {
             Some(s) => s,
@@ -226,7 +242,8 @@ impl ShareClient {
                 .await
                 .map_err(|e| io_err(e, &format!("connecting to {}", self.path.display())))?,
         };
-        let mut req = Vec::with_capacity(4 + key.len() + 16);
+        let mut req = Vec::with_capacity(5 + key.len() + 16);
+        req.push(op);
         req.extend_from_slice(&(key.len() as u32).to_le_bytes());
         req.extend_from_slice(key.as_bytes());
         req.extend_from_slice(&start.to_le_bytes());
@@ -256,12 +273,19 @@ impl ShareClient {
 
     /// Bytes `range` of the shard `key`, verified by the serving process.
     pub async fn read(&self, key: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
-        self.call(key, range.start, range.end).await
+        self.call(OP_READ, key, range.start, range.end).await
+    }
+
+    /// Ask the serving process to start fetching `range` of shard `key` into its cache.
+    pub async fn prefetch(&self, key: &str, range: std::ops::Range<u64>) -> Result<()> {
+        self.call(OP_PREFETCH, key, range.start, range.end)
+            .await
+            .map(|_| ())
     }
 
     /// Size of the shard `key`.
     pub async fn size(&self, key: &str) -> Result<u64> {
-        let b = self.call(key, SIZE_QUERY, SIZE_QUERY).await?;
+        let b = self.call(OP_SIZE, key, 0, 0).await?;
         let a: [u8; 8] = b
             .as_ref()
             .try_into()

@@ -255,6 +255,20 @@ impl Source {
         Ok(bytes)
     }
 
+    /// Start fetching bytes `range` of a shard into the cache (large sequential requests) without waiting;
+    /// a hint: through the agent it does nothing, and budget limits may skip part of it.
+    pub async fn prefetch(&self, ctx: &IoContext, shard: &Shard, range: Range<u64>) -> Result<()> {
+        match self {
+            Source::Local(l) => {
+                let obj = l.object(ctx, shard).await?;
+                obj.prefetch(range, false).await;
+                Ok(())
+            }
+            Source::Shared(c) => c.prefetch(&shard.key, range).await,
+            Source::Agent(_) => Ok(()),
+        }
+    }
+
     /// Size of a shard's object.
     pub async fn size(&self, ctx: &IoContext, shard: &Shard) -> Result<u64> {
         match self {

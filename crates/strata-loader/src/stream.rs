@@ -190,6 +190,7 @@ impl Producer {
         let mut inflight: VecDeque<Pending> = VecDeque::new();
         let conc = self.loader.opts.prefetch_samples.max(1);
         let mut more = true;
+        let mut window_seen: Option<u64> = None;
         loop {
             // Admit new fetches while there is room; each takes its bytes from the window first, in order, so
             // the head of the queue always holds its share and the window can never deadlock.
@@ -198,6 +199,13 @@ impl Producer {
                     more = false;
                     break;
                 };
+                // Entering a new window: ask for its bytes as large sequential reads, instead of one block at a
+                // time in the window's random order.
+                let w = p / self.prefetch_window();
+                if window_seen != Some(w) {
+                    window_seen = Some(w);
+                    self.prefetch_window_bytes(w);
+                }
                 let (shard, idx) = cursor.locate(p);
                 let size = match self.sample_len(shard, idx).await {
                     Ok(s) => s,
@@ -246,6 +254,29 @@ impl Producer {
                 return;
             }
         }
+    }
+
+    /// Samples per prefetch window: the shuffle window, or 1,024 samples when not shuffling.
+    fn prefetch_window(&self) -> u64 {
+        u64::from(self.loader.opts.shuffle.map_or(1024, |s| s.window.max(1)))
+    }
+
+    fn prefetch_window_bytes(&self, w: u64) {
+        let size = self.prefetch_window();
+        let spans = self.order.stream_spans(w * size..(w + 1) * size);
+        let (loader, ctx) = (self.loader.clone(), self.ctx.clone());
+        tokio::spawn(async move {
+            for (shard, samples) in spans {
+                let s = &loader.index.shards[shard];
+                let Ok(offs) = s.offsets(&loader.source, &ctx).await else {
+                    continue;
+                };
+                let range = offs[samples.start as usize]..offs[samples.end as usize];
+                if let Err(e) = loader.source.prefetch(&ctx, s, range).await {
+                    tracing::debug!(shard = %s.key, error = %e, "prefetch hint failed");
+                }
+            }
+        });
     }
 
     async fn sample_len(&self, shard: usize, idx: u64) -> Result<u64> {
