@@ -1,0 +1,546 @@
+//! Strata's checkpoint manager.
+//!
+//! A checkpoint is a run id and a step; every rank saves one shard (a safetensors file of named tensors and
+//! blobs, [`format`]); a [`Manifest`] lists every shard with its size and blake3 and is written last and
+//! atomically, so a checkpoint exists exactly when its manifest does ([`tier`]).
+//!
+//! [`Checkpointer::save`] takes tensors already copied into memory the caller no longer touches (the only part
+//! that blocks training) and returns a [`SaveHandle`]; a background task writes the shard to the local tier
+//! (fsync, rename), records it, and rank 0 commits the local manifest once every rank's record is there; then,
+//! on the upload schedule, the same to the object store (multipart, manifest put-if-absent). Retention runs
+//! after each commit. Failures go to the handle, the log and the metrics: they never reach the training loop.
+//!
+//! Restore ([`Checkpointer::load`], [`Checkpointer::load_latest`]) takes the newest step committed in any tier,
+//! reads this rank's shard from the local tier, else the object store, verifies its blake3, and on a mismatch
+//! tries the next tier; `load_latest` falls back to older checkpoints when every copy of the newest is bad.
+
+pub mod format;
+pub mod manifest;
+pub mod tier;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use strata_types::{Error, ErrorKind, IoContext, Result};
+use tokio::sync::{Semaphore, watch};
+
+pub use format::Tensor;
+pub use manifest::{Manifest, ShardRecord};
+pub use tier::Tier;
+
+/// Which checkpoints a tier keeps. The newest committed checkpoint is always kept, and an older one is only
+/// deleted once a newer one is committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Retention {
+    /// Keep the newest N committed checkpoints (0: keep all).
+    pub keep_last: usize,
+    /// Also keep every checkpoint whose step is a multiple of K.
+    pub keep_every: Option<u64>,
+}
+
+impl Retention {
+    /// The committed steps (ascending) this policy deletes.
+    pub fn victims(&self, committed: &[u64]) -> Vec<u64> {
+        if self.keep_last == 0 || committed.len() <= 1 {
+            return Vec::new();
+        }
+        let keep_from = committed.len().saturating_sub(self.keep_last.max(1));
+        committed[..keep_from]
+            .iter()
+            .copied()
+            .filter(|s| !self.keep_every.is_some_and(|k| k > 0 && s.is_multiple_of(k)))
+            .collect()
+    }
+}
+
+/// What to do when `save` is called while the previous save is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overlap {
+    /// Block the caller until the previous save is done.
+    #[default]
+    Wait,
+    /// Skip this save (its handle says so).
+    Skip,
+}
+
+/// A checkpointer's configuration.
+#[derive(Debug, Clone)]
+pub struct CheckpointConfig {
+    /// The run; only its checkpoints are ever listed or deleted.
+    pub run_id: String,
+    /// This rank.
+    pub rank: u32,
+    /// Ranks saving each checkpoint.
+    pub world_size: u32,
+    /// Whether every rank shares the local tier (one node): then rank 0 commits a local manifest.
+    pub local_is_shared: bool,
+    /// The local tier (node-local NVMe).
+    pub local: Tier,
+    /// The object store tier.
+    pub remote: Option<Tier>,
+    /// Upload every N-th save to the object store (1: every save).
+    pub upload_every: u64,
+    /// Retention of the local tier.
+    pub keep_local: Retention,
+    /// Retention of the object store.
+    pub keep_remote: Retention,
+    /// Overlapping saves.
+    pub overlap: Overlap,
+    /// How long rank 0 waits for the other ranks' records before giving up a commit.
+    pub commit_timeout: Duration,
+}
+
+/// Where a save stands.
+#[derive(Debug, Clone)]
+pub enum SaveState {
+    /// Running.
+    Pending,
+    /// Committed in every tier it was scheduled for.
+    Done,
+    /// Not taken: the previous save was still running and the policy is [`Overlap::Skip`].
+    Skipped,
+    /// Failed; earlier checkpoints are untouched.
+    Failed(Error),
+}
+
+/// The caller's view of one save.
+#[derive(Debug, Clone)]
+pub struct SaveHandle {
+    step: u64,
+    rx: watch::Receiver<SaveState>,
+}
+
+impl SaveHandle {
+    /// The step.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The current state.
+    pub fn state(&self) -> SaveState {
+        self.rx.borrow().clone()
+    }
+
+    /// Whether the save finished (done, skipped or failed).
+    pub fn done(&self) -> bool {
+        !matches!(*self.rx.borrow(), SaveState::Pending)
+    }
+
+    /// Wait until it finishes.
+    pub async fn wait(&self) -> SaveState {
+        let mut rx = self.rx.clone();
+        loop {
+            let s = rx.borrow_and_update().clone();
+            if !matches!(s, SaveState::Pending) {
+                return s;
+            }
+            if rx.changed().await.is_err() {
+                // The save task ended without a verdict: it panicked.
+                return match rx.borrow().clone() {
+                    SaveState::Pending => {
+                        SaveState::Failed(Error::internal("the save task panicked"))
+                    }
+                    s => s,
+                };
+            }
+        }
+    }
+}
+
+/// Saves and restores one rank's checkpoints.
+#[derive(Debug, Clone)]
+pub struct Checkpointer {
+    cfg: Arc<CheckpointConfig>,
+    ctx: IoContext,
+    running: Arc<Semaphore>,
+    saves: Arc<std::sync::atomic::AtomicU64>,
+    tasks: tokio_tasks::Tracker,
+}
+
+mod tokio_tasks {
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+
+    /// Join handles of background saves, so a caller can wait for all of them (process exit).
+    #[derive(Debug, Clone, Default)]
+    pub struct Tracker(Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>);
+
+    impl Tracker {
+        pub fn push(&self, h: tokio::task::JoinHandle<()>) {
+            let mut v = self.0.lock();
+            v.retain(|h| !h.is_finished());
+            v.push(h);
+        }
+
+        pub fn take(&self) -> Vec<tokio::task::JoinHandle<()>> {
+            std::mem::take(&mut *self.0.lock())
+        }
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Checkpointer {
+    /// A checkpointer; checks the run id and the ranks.
+    pub fn new(cfg: CheckpointConfig, ctx: IoContext) -> Result<Self> {
+        manifest::validate_run_id(&cfg.run_id)?;
+        if cfg.world_size == 0 || cfg.rank >= cfg.world_size {
+            return Err(Error::invalid_input(format!(
+                "rank {} is not in a world of {} ranks",
+                cfg.rank, cfg.world_size
+            )));
+        }
+        if cfg.upload_every == 0 {
+            return Err(Error::invalid_input("upload_every must be at least 1"));
+        }
+        Ok(Self {
+            cfg: Arc::new(cfg),
+            ctx,
+            running: Arc::new(Semaphore::new(1)),
+            saves: Arc::default(),
+            tasks: tokio_tasks::Tracker::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CheckpointConfig {
+        &self.cfg
+    }
+
+    /// Start saving `tensors` (already copied; the caller may change its own state now) as `step`, on `rt`.
+    /// With [`Overlap::Wait`] this waits (async) for the previous save to finish first.
+    pub async fn save(
+        &self,
+        rt: &tokio::runtime::Handle,
+        step: u64,
+        tensors: Vec<Tensor>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<SaveHandle> {
+        format::encode_header(&tensors, &metadata)?; // bad input fails here, in the caller
+        let permit = match self.cfg.overlap {
+            Overlap::Wait => self
+                .running
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| Error::new(ErrorKind::Cancelled, "checkpointer closed"))?,
+            Overlap::Skip => match self.running.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    let (_tx, rx) = watch::channel(SaveState::Skipped);
+                    tracing::warn!(
+                        step,
+                        "checkpoint skipped: the previous save is still running"
+                    );
+                    return Ok(SaveHandle { step, rx });
+                }
+            },
+        };
+        let n = self
+            .saves
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let upload = self.cfg.remote.is_some() && n.is_multiple_of(self.cfg.upload_every);
+        let (tx, rx) = watch::channel(SaveState::Pending);
+        let me = self.clone();
+        let h = rt.spawn(async move {
+            let r = me.run_save(step, tensors, metadata, upload).await;
+            match r {
+                Ok(()) => {
+                    let _ = tx.send(SaveState::Done);
+                }
+                Err(e) => {
+                    tracing::error!(run = %me.cfg.run_id, step, error = %e, "checkpoint save failed");
+                    let _ = tx.send(SaveState::Failed(e));
+                }
+            }
+            drop(permit);
+        });
+        self.tasks.push(h);
+        Ok(SaveHandle { step, rx })
+    }
+
+    /// Wait for every background save of this checkpointer.
+    pub async fn flush(&self) {
+        for h in self.tasks.take() {
+            let _ = h.await;
+        }
+    }
+
+    async fn run_save(
+        &self,
+        step: u64,
+        tensors: Vec<Tensor>,
+        metadata: BTreeMap<String, String>,
+        upload: bool,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let (header, _) = format::encode_header(&tensors, &metadata)?;
+        let rec = cfg
+            .local
+            .write_shard(&self.ctx, &cfg.run_id, step, cfg.rank, &header, &tensors)
+            .await?;
+        cfg.local
+            .write_record(&self.ctx, &cfg.run_id, step, &rec)
+            .await?;
+        if cfg.rank == 0 && cfg.local_is_shared {
+            self.commit_when_complete(&cfg.local, step, &metadata)
+                .await?;
+            self.retain(&cfg.local, cfg.keep_local).await;
+        }
+        if let (true, Some(remote)) = (upload, &cfg.remote) {
+            let rrec = remote
+                .write_shard(&self.ctx, &cfg.run_id, step, cfg.rank, &header, &tensors)
+                .await?;
+            if rrec.blake3 != rec.blake3 {
+                return Err(Error::internal("shard checksum differs between tiers"));
+            }
+            remote
+                .write_record(&self.ctx, &cfg.run_id, step, &rrec)
+                .await?;
+            if cfg.rank == 0 {
+                self.commit_when_complete(remote, step, &metadata).await?;
+                self.retain(remote, cfg.keep_remote).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rank 0: wait for every rank's record in `tier`, then write the manifest.
+    async fn commit_when_complete(
+        &self,
+        tier: &Tier,
+        step: u64,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let deadline = tokio::time::Instant::now() + cfg.commit_timeout;
+        let shards = loop {
+            let recs = tier
+                .records(&self.ctx, &cfg.run_id, step, cfg.world_size)
+                .await?;
+            if recs.iter().all(Option::is_some) {
+                break recs.into_iter().flatten().collect::<Vec<_>>();
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let missing: Vec<usize> = recs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.is_none())
+                    .map(|(i, _)| i)
+                    .collect();
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "step {step}: ranks {missing:?} did not save within {:?}; not committed in {}",
+                        cfg.commit_timeout,
+                        tier.describe()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let m = Manifest {
+            format: "strata-checkpoint".into(),
+            version: 1,
+            run_id: cfg.run_id.clone(),
+            step,
+            world_size: cfg.world_size,
+            committed_unix: now_unix(),
+            shards,
+            metadata: metadata.clone(),
+        };
+        tier.commit(&self.ctx, &m).await
+    }
+
+    /// Apply a retention policy after a commit. Errors are logged: retention never fails a save.
+    async fn retain(&self, tier: &Tier, policy: Retention) {
+        let run = &self.cfg.run_id;
+        let result = async {
+            let committed = tier.committed(&self.ctx, run).await?;
+            let Some(&newest) = committed.last() else {
+                return Ok::<_, Error>(());
+            };
+            for step in policy.victims(&committed) {
+                tier.delete_step(&self.ctx, run, step).await?;
+            }
+            // Debris of saves that never committed, older than the newest commit: never complete, never needed.
+            for step in tier.steps(&self.ctx, run).await? {
+                if step < newest && !committed.contains(&step) {
+                    tier.delete_step(&self.ctx, run, step).await?;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(run = %run, tier = %tier.describe(), error = %e, "checkpoint retention failed; nothing more deleted");
+        }
+    }
+
+    /// The tiers, local first.
+    fn tiers(&self) -> Vec<&Tier> {
+        std::iter::once(&self.cfg.local)
+            .chain(self.cfg.remote.as_ref())
+            .collect()
+    }
+
+    /// Committed steps in any tier, descending, with the manifest found first (local first).
+    pub async fn committed(&self) -> Result<Vec<(u64, Manifest)>> {
+        let mut steps = BTreeMap::new();
+        for tier in self.tiers() {
+            let list = match tier.committed(&self.ctx, &self.cfg.run_id).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(tier = %tier.describe(), error = %e, "cannot list checkpoints");
+                    continue;
+                }
+            };
+            for s in list {
+                if steps.contains_key(&s) {
+                    continue;
+                }
+                if let Ok(Some(m)) = tier.manifest(&self.ctx, &self.cfg.run_id, s).await {
+                    steps.insert(s, m);
+                }
+            }
+        }
+        Ok(steps.into_iter().rev().collect())
+    }
+
+    /// Load this rank's shard of `step`: from the first tier holding a copy whose blake3 matches the manifest.
+    pub async fn load(&self, step: u64) -> Result<(Vec<Tensor>, BTreeMap<String, String>)> {
+        let m = self
+            .committed()
+            .await?
+            .into_iter()
+            .find(|(s, _)| *s == step)
+            .map(|(_, m)| m)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "run {} has no complete checkpoint at step {step}",
+                        self.cfg.run_id
+                    ),
+                )
+            })?;
+        self.load_manifest(&m).await
+    }
+
+    /// The newest complete checkpoint this rank can load, or `None` when there is none. Falls back to older
+    /// checkpoints (with a warning) when no copy of a newer one verifies.
+    pub async fn load_latest(
+        &self,
+    ) -> Result<Option<(u64, Vec<Tensor>, BTreeMap<String, String>)>> {
+        let mut last_err = None;
+        for (step, m) in self.committed().await? {
+            match self.load_manifest(&m).await {
+                Ok((t, md)) => return Ok(Some((step, t, md))),
+                Err(e) if e.kind() == ErrorKind::InvalidInput => return Err(e),
+                Err(e) => {
+                    tracing::warn!(step, error = %e, "checkpoint unusable; trying an older one");
+                    last_err = Some(e);
+                }
+            }
+        }
+        match last_err {
+            Some(e) => Err(e.context("no complete checkpoint could be loaded")),
+            None => Ok(None),
+        }
+    }
+
+    async fn load_manifest(&self, m: &Manifest) -> Result<(Vec<Tensor>, BTreeMap<String, String>)> {
+        if m.world_size != self.cfg.world_size {
+            return Err(Error::invalid_input(format!(
+                "checkpoint {} step {} was saved by {} ranks; this job has {}: resharding is not supported",
+                m.run_id, m.step, m.world_size, self.cfg.world_size
+            )));
+        }
+        let rec = &m.shards[self.cfg.rank as usize];
+        let mut why = Vec::new();
+        for tier in self.tiers() {
+            match tier
+                .read_file(&self.ctx, &m.run_id, m.step, &rec.file)
+                .await
+            {
+                Ok(bytes) => {
+                    let sum = blake3::hash(&bytes).to_hex().to_string();
+                    if sum != rec.blake3 || bytes.len() as u64 != rec.size {
+                        tracing::warn!(tier = %tier.describe(), step = m.step, file = %rec.file, "checksum mismatch; trying the next tier");
+                        why.push(format!("{}: checksum mismatch", tier.describe()));
+                        continue;
+                    }
+                    let (t, md) = format::decode(&rec.file, &bytes)?;
+                    return Ok((t, md));
+                }
+                Err(e) => why.push(format!("{}: {}", tier.describe(), e.message())),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "step {} rank {}: no tier has a verified copy of {} ({})",
+                m.step,
+                self.cfg.rank,
+                rec.file,
+                why.join("; ")
+            ),
+        ))
+    }
+
+    /// Delete a committed step from every tier.
+    pub async fn delete(&self, step: u64) -> Result<()> {
+        for tier in self.tiers() {
+            tier.delete_step(&self.ctx, &self.cfg.run_id, step).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Convenience for callers that hold raw bytes.
+pub fn blob(name: &str, data: Bytes) -> Tensor {
+    Tensor {
+        name: name.to_string(),
+        dtype: "U8".into(),
+        shape: vec![data.len() as u64],
+        data,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_keeps_newest_and_every_kth() {
+        let r = Retention {
+            keep_last: 2,
+            keep_every: Some(1000),
+        };
+        assert_eq!(r.victims(&[500, 1000, 1500, 2000, 2500]), vec![500, 1500]);
+        assert!(Retention::default().victims(&[1, 2, 3]).is_empty());
+        assert!(
+            Retention {
+                keep_last: 1,
+                keep_every: None
+            }
+            .victims(&[7])
+            .is_empty()
+        );
+        assert_eq!(
+            Retention {
+                keep_last: 1,
+                keep_every: None
+            }
+            .victims(&[1, 2, 3]),
+            vec![1, 2]
+        );
+    }
+}

@@ -1,0 +1,426 @@
+//! Where checkpoints are kept: a local directory (node-local NVMe, fsync'd, renamed into place) or an object
+//! store (multipart upload; the manifest written with put-if-absent).
+//!
+//! Layout, identical in both: `<run>/step-<20 digits>/rank-NNNNN.safetensors`, `rank-NNNNN.json` (the rank's
+//! record, written once its shard is durable) and `manifest.json` (written last, by rank 0, once every rank's
+//! record is there). Deleting a checkpoint removes its manifest first, so a half-deleted checkpoint is never
+//! mistaken for a complete one.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use strata_object::{Backend, PutMode};
+use strata_types::{Error, ErrorKind, IoContext, Result};
+
+use crate::format::Tensor;
+use crate::manifest::{
+    MANIFEST, Manifest, ShardRecord, parse_step_dir, record_file, shard_file, step_dir,
+};
+
+/// Part size of shard uploads.
+const PART_SIZE: usize = 16 << 20;
+
+/// A checkpoint tier.
+#[derive(Debug, Clone)]
+pub enum Tier {
+    /// A local directory.
+    Local(PathBuf),
+    /// An object store (or any backend) at a URL.
+    Remote(Backend),
+}
+
+fn failpoint(name: &str) -> Result<()> {
+    fail::fail_point!(name, |arg| Err(Error::new(
+        ErrorKind::Io,
+        format!("injected failure at {name} ({})", arg.unwrap_or_default())
+    )));
+    let _ = name;
+    Ok(())
+}
+
+fn io(e: std::io::Error, what: impl std::fmt::Display) -> Error {
+    Error::from_io(e, what)
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io(e, format!("fsync {}", dir.display())))
+}
+
+/// Write `bytes` to `path` atomically: a temp file in the same directory, fsync, rename, fsync the directory.
+fn write_atomic(path: &Path, bytes: &[u8], fp_write: &str, fp_rename: &str) -> Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::internal("path without parent"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("f"),
+        std::process::id()
+    ));
+    let result = (|| {
+        failpoint(fp_write)?;
+        let mut f =
+            std::fs::File::create(&tmp).map_err(|e| io(e, format!("create {}", tmp.display())))?;
+        f.write_all(bytes)
+            .map_err(|e| io(e, format!("write {}", tmp.display())))?;
+        failpoint("ckpt-fsync")?;
+        f.sync_all()
+            .map_err(|e| io(e, format!("fsync {}", tmp.display())))?;
+        failpoint(fp_rename)?;
+        std::fs::rename(&tmp, path).map_err(|e| io(e, format!("rename to {}", path.display())))?;
+        fsync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+impl Tier {
+    /// A short name for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Tier::Local(p) => format!("local {}", p.display()),
+            Tier::Remote(b) => format!("remote {}", b.id()),
+        }
+    }
+
+    fn local_step(root: &Path, run: &str, step: u64) -> PathBuf {
+        root.join(run).join(step_dir(step))
+    }
+
+    fn key(run: &str, step: u64, file: &str) -> String {
+        format!("{run}/{}/{file}", step_dir(step))
+    }
+
+    /// Write a rank's shard (header, then every tensor's bytes), durably, and return its record.
+    pub async fn write_shard(
+        &self,
+        ctx: &IoContext,
+        run: &str,
+        step: u64,
+        rank: u32,
+        header: &[u8],
+        tensors: &[Tensor],
+    ) -> Result<ShardRecord> {
+        let file = shard_file(rank);
+        match self {
+            Tier::Local(root) => {
+                let dir = Self::local_step(root, run, step);
+                let path = dir.join(&file);
+                let header = header.to_vec();
+                let data: Vec<Bytes> = tensors.iter().map(|t| t.data.clone()).collect();
+                let n = tensors.len();
+                tokio::task::spawn_blocking(move || -> Result<ShardRecord> {
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| io(e, format!("create {}", dir.display())))?;
+                    let tmp = dir.join(format!(".{file}.tmp-{}", std::process::id()));
+                    let r = (|| {
+                        let mut f = std::io::BufWriter::with_capacity(
+                            8 << 20,
+                            std::fs::File::create(&tmp)
+                                .map_err(|e| io(e, format!("create {}", tmp.display())))?,
+                        );
+                        let mut h = blake3::Hasher::new();
+                        let mut size = 0u64;
+                        for chunk in std::iter::once(&header[..]).chain(data.iter().map(|b| &b[..]))
+                        {
+                            failpoint("ckpt-shard-write")?;
+                            f.write_all(chunk)
+                                .map_err(|e| io(e, format!("write {}", tmp.display())))?;
+                            h.update(chunk);
+                            size += chunk.len() as u64;
+                        }
+                        let f = f
+                            .into_inner()
+                            .map_err(|e| io(e.into_error(), format!("write {}", tmp.display())))?;
+                        failpoint("ckpt-fsync")?;
+                        f.sync_all()
+                            .map_err(|e| io(e, format!("fsync {}", tmp.display())))?;
+                        failpoint("ckpt-shard-rename")?;
+                        std::fs::rename(&tmp, &path)
+                            .map_err(|e| io(e, format!("rename to {}", path.display())))?;
+                        fsync_dir(&dir)?;
+                        Ok(ShardRecord {
+                            rank,
+                            file: file.clone(),
+                            size,
+                            blake3: h.finalize().to_hex().to_string(),
+                            tensors: n,
+                        })
+                    })();
+                    if r.is_err() {
+                        let _ = std::fs::remove_file(&tmp);
+                    }
+                    r
+                })
+                .await
+                .map_err(|e| Error::internal(format!("shard writer: {e}")))?
+            }
+            Tier::Remote(b) => {
+                let key = Self::key(run, step, &file);
+                let mut up = b.put_multipart(ctx, &key, PART_SIZE).await?;
+                let mut h = blake3::Hasher::new();
+                let mut size = 0u64;
+                let chunks = std::iter::once(Bytes::copy_from_slice(header))
+                    .chain(tensors.iter().map(|t| t.data.clone()));
+                for chunk in chunks {
+                    h.update(&chunk);
+                    size += chunk.len() as u64;
+                    if let Err(e) = async {
+                        failpoint("ckpt-upload-part")?;
+                        up.write(chunk).await
+                    }
+                    .await
+                    {
+                        let _ = up.abort().await;
+                        return Err(e);
+                    }
+                }
+                if let Err(e) = failpoint("ckpt-upload-complete") {
+                    let _ = up.abort().await;
+                    return Err(e);
+                }
+                up.complete().await?;
+                Ok(ShardRecord {
+                    rank,
+                    file,
+                    size,
+                    blake3: h.finalize().to_hex().to_string(),
+                    tensors: tensors.len(),
+                })
+            }
+        }
+    }
+
+    /// Record that a rank's shard is durable in this tier.
+    pub async fn write_record(
+        &self,
+        ctx: &IoContext,
+        run: &str,
+        step: u64,
+        rec: &ShardRecord,
+    ) -> Result<()> {
+        let text = serde_json::to_vec(rec).map_err(|e| Error::internal(e.to_string()))?;
+        let file = record_file(rec.rank);
+        match self {
+            Tier::Local(root) => {
+                let path = Self::local_step(root, run, step).join(file);
+                tokio::task::spawn_blocking(move || {
+                    write_atomic(&path, &text, "ckpt-record-write", "ckpt-record-rename")
+                })
+                .await
+                .map_err(|e| Error::internal(e.to_string()))?
+            }
+            Tier::Remote(b) => {
+                failpoint("ckpt-record-write")?;
+                b.put(
+                    ctx,
+                    &Self::key(run, step, &file),
+                    Bytes::from(text),
+                    PutMode::Overwrite,
+                )
+                .await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The records present for a step, by rank (`None` where a rank's is missing).
+    pub async fn records(
+        &self,
+        ctx: &IoContext,
+        run: &str,
+        step: u64,
+        world: u32,
+    ) -> Result<Vec<Option<ShardRecord>>> {
+        let mut out = Vec::with_capacity(world as usize);
+        for rank in 0..world {
+            let text = match self.read_file(ctx, run, step, &record_file(rank)).await {
+                Ok(t) => t,
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    out.push(None);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            out.push(serde_json::from_slice(&text).ok());
+        }
+        Ok(out)
+    }
+
+    /// Commit: write the manifest, atomically. On an object store the write is put-if-absent; an existing,
+    /// identical manifest (a retried commit) is success.
+    pub async fn commit(&self, ctx: &IoContext, m: &Manifest) -> Result<()> {
+        let text = m.to_json();
+        match self {
+            Tier::Local(root) => {
+                let path = Self::local_step(root, &m.run_id, m.step).join(MANIFEST);
+                tokio::task::spawn_blocking(move || {
+                    write_atomic(&path, &text, "ckpt-manifest-write", "ckpt-manifest-rename")
+                })
+                .await
+                .map_err(|e| Error::internal(e.to_string()))?
+            }
+            Tier::Remote(b) => {
+                failpoint("ckpt-manifest-write")?;
+                let key = Self::key(&m.run_id, m.step, MANIFEST);
+                match b.put(ctx, &key, Bytes::from(text), PutMode::Create).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                        let existing = Manifest::parse(&b.get(ctx, &key).await?.1, &key)?;
+                        if existing.shards == m.shards {
+                            Ok(())
+                        } else {
+                            Err(Error::new(
+                                ErrorKind::AlreadyExists,
+                                format!(
+                                    "{key} exists with other shards: step {} was committed by another save",
+                                    m.step
+                                ),
+                            ))
+                        }
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// A file of a checkpoint.
+    pub async fn read_file(
+        &self,
+        ctx: &IoContext,
+        run: &str,
+        step: u64,
+        file: &str,
+    ) -> Result<Bytes> {
+        match self {
+            Tier::Local(root) => {
+                let path = Self::local_step(root, run, step).join(file);
+                tokio::task::spawn_blocking(move || match std::fs::read(&path) {
+                    Ok(b) => Ok(Bytes::from(b)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!("{} does not exist", path.display()),
+                    )),
+                    Err(e) => Err(io(e, format!("read {}", path.display()))),
+                })
+                .await
+                .map_err(|e| Error::internal(e.to_string()))?
+            }
+            Tier::Remote(b) => Ok(b.get(ctx, &Self::key(run, step, file)).await?.1),
+        }
+    }
+
+    /// The manifest of a step, if the step is committed here.
+    pub async fn manifest(
+        &self,
+        ctx: &IoContext,
+        run: &str,
+        step: u64,
+    ) -> Result<Option<Manifest>> {
+        match self.read_file(ctx, run, step, MANIFEST).await {
+            Ok(text) => Ok(Some(Manifest::parse(
+                &text,
+                &format!("{} {run} step {step}", self.describe()),
+            )?)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Steps of a run that have anything in this tier (committed or not), ascending.
+    pub async fn steps(&self, ctx: &IoContext, run: &str) -> Result<Vec<u64>> {
+        let mut steps: Vec<u64> = match self {
+            Tier::Local(root) => {
+                let dir = root.join(run);
+                match std::fs::read_dir(&dir) {
+                    Ok(rd) => rd
+                        .filter_map(|e| e.ok())
+                        .filter_map(|e| e.file_name().to_str().and_then(parse_step_dir))
+                        .collect(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                    Err(e) => return Err(io(e, format!("list {}", dir.display()))),
+                }
+            }
+            Tier::Remote(b) => b
+                .list_delimited(ctx, &format!("{run}/"))
+                .await?
+                .common_prefixes
+                .iter()
+                .filter_map(|p| {
+                    p.trim_end_matches('/')
+                        .rsplit('/')
+                        .next()
+                        .and_then(parse_step_dir)
+                })
+                .collect(),
+        };
+        steps.sort_unstable();
+        Ok(steps)
+    }
+
+    /// Committed steps of a run, ascending.
+    pub async fn committed(&self, ctx: &IoContext, run: &str) -> Result<Vec<u64>> {
+        let mut out = Vec::new();
+        for s in self.steps(ctx, run).await? {
+            match self.read_file(ctx, run, s, MANIFEST).await {
+                Ok(_) => out.push(s),
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Delete a step: the manifest first (so it is never seen complete but partial), then everything else.
+    pub async fn delete_step(&self, ctx: &IoContext, run: &str, step: u64) -> Result<()> {
+        failpoint("ckpt-retention-delete")?;
+        match self {
+            Tier::Local(root) => {
+                let dir = Self::local_step(root, run, step);
+                tokio::task::spawn_blocking(move || {
+                    match std::fs::remove_file(dir.join(MANIFEST)) {
+                        Ok(()) => fsync_dir(&dir)?,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(io(e, format!("remove {}", dir.display()))),
+                    }
+                    match std::fs::remove_dir_all(&dir) {
+                        Ok(()) => Ok(()),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                        Err(e) => Err(io(e, format!("remove {}", dir.display()))),
+                    }
+                })
+                .await
+                .map_err(|e| Error::internal(e.to_string()))?
+            }
+            Tier::Remote(b) => {
+                let prefix = format!("{run}/{}/", step_dir(step));
+                match b.delete(ctx, &format!("{prefix}{MANIFEST}")).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+                let mut after = None;
+                loop {
+                    let page = b.list_page(ctx, &prefix, after.as_deref(), 1000).await?;
+                    for o in &page.objects {
+                        match b.delete(ctx, &o.key).await {
+                            Ok(()) => {}
+                            Err(e) if e.kind() == ErrorKind::NotFound => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    match page.next_start_after {
+                        Some(n) => after = Some(n),
+                        None => break,
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,202 @@
+#![allow(clippy::unwrap_used)]
+//! Save and restore across tiers: a local directory and a real S3 server (moto).
+
+mod common;
+
+use common::*;
+use strata_ckpt::{Overlap, Retention, SaveState, Tier};
+use strata_testkit::S3Server;
+use strata_types::{ErrorKind, IoContext};
+
+async fn save_all(cks: &[strata_ckpt::Checkpointer], step: u64) {
+    let rt = tokio::runtime::Handle::current();
+    let mut hs = Vec::new();
+    for (r, c) in cks.iter().enumerate() {
+        hs.push(
+            c.save(&rt, step, state(r as u32, step), meta(step))
+                .await
+                .unwrap(),
+        );
+    }
+    for h in hs {
+        assert!(
+            matches!(h.wait().await, SaveState::Done),
+            "step {step}: {:?}",
+            h.state()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ranks_save_and_restore_locally() {
+    let dir = tempfile::tempdir().unwrap();
+    let cks = [ckpt(dir.path(), None, 0, 2), ckpt(dir.path(), None, 1, 2)];
+    assert!(cks[0].load_latest().await.unwrap().is_none());
+    for step in [10, 20, 30] {
+        save_all(&cks, step).await;
+    }
+    for (r, c) in cks.iter().enumerate() {
+        let (step, tensors, md) = c.load_latest().await.unwrap().unwrap();
+        assert_eq!(step, 30);
+        assert_eq!(tensors, state(r as u32, 30));
+        assert_eq!(md["step"], "30");
+        let (t20, _) = c.load(20).await.unwrap();
+        assert_eq!(t20, state(r as u32, 20));
+    }
+    assert_eq!(
+        cks[0].load(25).await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    // Other world size: a clear refusal.
+    let other = ckpt(dir.path(), None, 0, 3);
+    let e = other.load_latest().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    assert!(e.message().contains("2 ranks"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_falls_back_tier_by_tier_and_never_loads_a_corrupt_copy() {
+    let server = S3Server::start();
+    server.create_bucket("ckpts").await;
+    let dir = tempfile::tempdir().unwrap();
+    let cks = [
+        ckpt(dir.path(), Some(remote(&server.endpoint(), "ckpts")), 0, 2),
+        ckpt(dir.path(), Some(remote(&server.endpoint(), "ckpts")), 1, 2),
+    ];
+    save_all(&cks, 1).await;
+    save_all(&cks, 2).await;
+    let local_shard = |step: u64, rank: u32| {
+        dir.path()
+            .join("run-1")
+            .join(strata_ckpt::manifest::step_dir(step))
+            .join(strata_ckpt::manifest::shard_file(rank))
+    };
+    // Corrupt rank 1's local copy of step 2: it must come from the object store, verified.
+    let p = local_shard(2, 1);
+    let mut b = std::fs::read(&p).unwrap();
+    let last = b.len() - 1;
+    b[last] ^= 0xff;
+    std::fs::write(&p, b).unwrap();
+    let (step, t, _) = cks[1].load_latest().await.unwrap().unwrap();
+    assert_eq!((step, t), (2, state(1, 2)));
+    // Local directory gone entirely (a new node): everything from the object store.
+    std::fs::remove_dir_all(dir.path().join("run-1")).unwrap();
+    let (step, t, _) = cks[0].load_latest().await.unwrap().unwrap();
+    assert_eq!((step, t), (2, state(0, 2)));
+    // Every copy of step 2 of rank 0 corrupt: load(2) fails clearly, load_latest falls back to step 1.
+    let remote_tier = remote(&server.endpoint(), "ckpts");
+    let Tier::Remote(backend) = &remote_tier else {
+        unreachable!()
+    };
+    let key = format!(
+        "run-1/{}/{}",
+        strata_ckpt::manifest::step_dir(2),
+        strata_ckpt::manifest::shard_file(0)
+    );
+    let ctx = IoContext::default();
+    backend
+        .put(
+            &ctx,
+            &key,
+            bytes::Bytes::from_static(b"garbage"),
+            strata_object::PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    let e = cks[0].load(2).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt);
+    assert!(e.message().contains("rank-00000"), "{e}");
+    let (step, t, _) = cks[0].load_latest().await.unwrap().unwrap();
+    assert_eq!((step, t), (1, state(0, 1)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_per_tier_and_upload_schedule() {
+    let server = S3Server::start();
+    server.create_bucket("ret").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = ckpt(dir.path(), Some(remote(&server.endpoint(), "ret")), 0, 1);
+    {
+        let cfg = strata_ckpt::CheckpointConfig {
+            upload_every: 2,
+            keep_local: Retention {
+                keep_last: 2,
+                keep_every: None,
+            },
+            keep_remote: Retention {
+                keep_last: 1,
+                keep_every: Some(400),
+            },
+            ..c.config().clone()
+        };
+        c = strata_ckpt::Checkpointer::new(cfg, IoContext::default()).unwrap();
+    }
+    for step in [100, 200, 300, 400, 500, 600, 700] {
+        save_all(std::slice::from_ref(&c), step).await;
+    }
+    let ctx = IoContext::default();
+    let local = Tier::Local(dir.path().to_path_buf());
+    assert_eq!(
+        local.committed(&ctx, "run-1").await.unwrap(),
+        vec![600, 700]
+    );
+    // Uploaded: saves 1, 3, 5, 7 = steps 100, 300, 500, 700; kept: the newest and multiples of 400 (none).
+    let rem = remote(&server.endpoint(), "ret");
+    assert_eq!(rem.committed(&ctx, "run-1").await.unwrap(), vec![700]);
+    // Another run's checkpoints are never touched.
+    let other = strata_ckpt::Checkpointer::new(
+        strata_ckpt::CheckpointConfig {
+            run_id: "run-10".into(),
+            ..c.config().clone()
+        },
+        IoContext::default(),
+    )
+    .unwrap();
+    save_all(std::slice::from_ref(&other), 1).await;
+    save_all(std::slice::from_ref(&c), 800).await;
+    assert_eq!(local.committed(&ctx, "run-10").await.unwrap(), vec![1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_saves_wait_or_skip_and_bad_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ckpt(dir.path(), None, 0, 1);
+    let skip = strata_ckpt::Checkpointer::new(
+        strata_ckpt::CheckpointConfig {
+            overlap: Overlap::Skip,
+            ..base.config().clone()
+        },
+        IoContext::default(),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Handle::current();
+    // A large state keeps the first save busy while the second arrives.
+    let big = vec![strata_ckpt::blob(
+        "big",
+        bytes::Bytes::from(vec![7u8; 64 << 20]),
+    )];
+    let h1 = skip.save(&rt, 1, big, meta(1)).await.unwrap();
+    let h2 = skip.save(&rt, 2, state(0, 2), meta(2)).await.unwrap();
+    assert!(matches!(h2.state(), SaveState::Skipped));
+    assert!(matches!(h1.wait().await, SaveState::Done));
+    let bad = vec![strata_ckpt::Tensor {
+        name: "x".into(),
+        dtype: "F32".into(),
+        shape: vec![3],
+        data: bytes::Bytes::from_static(b"12"),
+    }];
+    assert_eq!(
+        base.save(&rt, 3, bad, meta(3)).await.unwrap_err().kind(),
+        ErrorKind::InvalidInput
+    );
+    assert!(
+        strata_ckpt::Checkpointer::new(
+            strata_ckpt::CheckpointConfig {
+                run_id: "../escape".into(),
+                ..base.config().clone()
+            },
+            IoContext::default()
+        )
+        .is_err()
+    );
+}
