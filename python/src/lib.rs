@@ -505,6 +505,217 @@ impl SampleIter {
     }
 }
 
+/// Where a save stands (native). `strata.SaveHandle` wraps it.
+#[pyclass(module = "strata._native", frozen)]
+struct SaveHandle {
+    inner: strata_ckpt::SaveHandle,
+    rt: Arc<tokio::runtime::Runtime>,
+}
+
+fn state_name(s: &strata_ckpt::SaveState) -> &'static str {
+    match s {
+        strata_ckpt::SaveState::Pending => "pending",
+        strata_ckpt::SaveState::Done => "done",
+        strata_ckpt::SaveState::Skipped => "skipped",
+        strata_ckpt::SaveState::Failed(_) => "failed",
+    }
+}
+
+#[pymethods]
+impl SaveHandle {
+    /// The step.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.inner.step()
+    }
+
+    /// `"pending"`, `"done"`, `"skipped"` or `"failed"`.
+    #[getter]
+    fn state(&self) -> &'static str {
+        state_name(&self.inner.state())
+    }
+
+    /// The failure, if the save failed.
+    #[getter]
+    fn error(&self) -> Option<String> {
+        match self.inner.state() {
+            strata_ckpt::SaveState::Failed(e) => Some(e.to_string()),
+            _ => None,
+        }
+    }
+
+    /// Whether the save finished (done, skipped or failed).
+    fn done(&self) -> bool {
+        self.inner.done()
+    }
+
+    /// Wait until the save finishes, at most `timeout` seconds; returns the state. Never raises for a failed
+    /// save: check the state (or `error`).
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> &'static str {
+        let h = self.inner.clone();
+        let rt = self.rt.clone();
+        let s = py.detach(move || {
+            rt.block_on(async move {
+                match timeout {
+                    Some(t) => tokio::time::timeout(std::time::Duration::from_secs_f64(t.max(0.0)), h.wait())
+                        .await
+                        .unwrap_or(strata_ckpt::SaveState::Pending),
+                    None => h.wait().await,
+                }
+            })
+        });
+        state_name(&s)
+    }
+}
+
+/// A rank's checkpointer (native). `strata.Checkpointer` wraps it.
+#[pyclass(module = "strata._native", frozen)]
+struct Checkpointer {
+    inner: strata_ckpt::Checkpointer,
+}
+
+type TensorTuple = (String, String, Vec<u64>, pyo3::buffer::PyBuffer<u8>);
+
+#[pymethods]
+impl Checkpointer {
+    #[new]
+    #[pyo3(signature = (run_id, local_dir, *, remote_url=None, rank=0, world_size=1, local_is_shared=true,
+        upload_every=1, keep_local=2, keep_remote=0, keep_every=None, overlap="wait", commit_timeout=600.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        run_id: &str,
+        local_dir: std::path::PathBuf,
+        remote_url: Option<&str>,
+        rank: u32,
+        world_size: u32,
+        local_is_shared: bool,
+        upload_every: u64,
+        keep_local: usize,
+        keep_remote: usize,
+        keep_every: Option<u64>,
+        overlap: &str,
+        commit_timeout: f64,
+    ) -> PyResult<Self> {
+        let (rt, telemetry) = proc()?;
+        let remote = match remote_url {
+            Some(u) => {
+                let _guard = rt.enter();
+                Some(strata_ckpt::Tier::Remote(
+                    strata_object::Backend::open(
+                        &dataset_url(u).or_else(|_| Ok::<_, Error>(u.to_string())).map_err(to_py)?,
+                        &strata_object::BackendOptions::default(),
+                        strata_object::RetryPolicy::default(),
+                        telemetry,
+                    )
+                    .map_err(to_py)?,
+                ))
+            }
+            None => None,
+        };
+        let overlap = match overlap {
+            "wait" => strata_ckpt::Overlap::Wait,
+            "skip" => strata_ckpt::Overlap::Skip,
+            o => return Err(InvalidInputError::new_err(format!("overlap={o:?}: expected 'wait' or 'skip'"))),
+        };
+        if !commit_timeout.is_finite() || commit_timeout <= 0.0 {
+            return Err(InvalidInputError::new_err("commit_timeout must be a positive number of seconds"));
+        }
+        let cfg = strata_ckpt::CheckpointConfig {
+            run_id: run_id.to_string(),
+            rank,
+            world_size,
+            local_is_shared,
+            local: strata_ckpt::Tier::Local(local_dir),
+            remote,
+            upload_every,
+            keep_local: strata_ckpt::Retention { keep_last: keep_local, keep_every },
+            keep_remote: strata_ckpt::Retention { keep_last: keep_remote, keep_every },
+            overlap,
+            commit_timeout: std::time::Duration::from_secs_f64(commit_timeout),
+        };
+        Ok(Self {
+            inner: strata_ckpt::Checkpointer::new(cfg, IoContext::default()).map_err(to_py)?,
+        })
+    }
+
+    /// Copy `tensors` (`(name, dtype, shape, buffer)`; the buffer's bytes) into staging memory and save them
+    /// as `step` in the background. Only the copy (and, with overlap="wait", waiting for the previous save)
+    /// blocks.
+    fn save(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        tensors: Vec<TensorTuple>,
+        metadata: std::collections::BTreeMap<String, String>,
+    ) -> PyResult<SaveHandle> {
+        let mut staged = Vec::with_capacity(tensors.len());
+        for (name, dtype, shape, buf) in tensors {
+            let data = bytes::Bytes::from(buf.to_vec(py)?);
+            staged.push(strata_ckpt::Tensor { name, dtype, shape, data });
+        }
+        let (rt, _) = proc()?;
+        let inner = self.inner.clone();
+        let handle = rt.handle().clone();
+        let h = py
+            .detach(|| rt.block_on(async move { inner.save(&handle, step, staged, metadata).await }))
+            .map_err(to_py)?;
+        Ok(SaveHandle { inner: h, rt })
+    }
+
+    /// Wait for every background save.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let (rt, _) = proc()?;
+        let inner = self.inner.clone();
+        py.detach(|| rt.block_on(async move { inner.flush().await }));
+        Ok(())
+    }
+
+    /// Committed steps, newest first.
+    fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        let (rt, _) = proc()?;
+        let inner = self.inner.clone();
+        let c = py.detach(|| rt.block_on(async move { inner.committed().await })).map_err(to_py)?;
+        Ok(c.into_iter().map(|(s, _)| s).collect())
+    }
+
+    /// This rank's tensors of `step` (`None`: the newest loadable checkpoint), as
+    /// `(step, [(name, dtype, shape, bytearray)], metadata)`; `None` when there is no checkpoint.
+    #[pyo3(signature = (step=None))]
+    #[allow(clippy::type_complexity)]
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        step: Option<u64>,
+    ) -> PyResult<Option<(u64, Vec<(String, String, Vec<u64>, Bound<'py, pyo3::types::PyByteArray>)>, std::collections::BTreeMap<String, String>)>> {
+        let (rt, _) = proc()?;
+        let inner = self.inner.clone();
+        let r = py
+            .detach(|| {
+                rt.block_on(async move {
+                    match step {
+                        Some(s) => inner.load(s).await.map(|(t, m)| Some((s, t, m))),
+                        None => inner.load_latest().await,
+                    }
+                })
+            })
+            .map_err(to_py)?;
+        let Some((s, tensors, md)) = r else { return Ok(None) };
+        let out = tensors
+            .into_iter()
+            .map(|t| (t.name, t.dtype, t.shape, pyo3::types::PyByteArray::new(py, &t.data)))
+            .collect();
+        Ok(Some((s, out, md)))
+    }
+
+    /// Delete a checkpoint from every tier.
+    fn delete(&self, py: Python<'_>, step: u64) -> PyResult<()> {
+        let (rt, _) = proc()?;
+        let inner = self.inner.clone();
+        py.detach(|| rt.block_on(async move { inner.delete(step).await })).map_err(to_py)
+    }
+}
+
 /// Build the Strata manifest of the dataset at `url` (an MDS index or a scan of its `.tar` shards) and store it
 /// as `strata-manifest.json` there. Returns the number of samples indexed.
 #[pyfunction]
@@ -537,6 +748,8 @@ fn metrics_text() -> PyResult<String> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Dataset>()?;
     m.add_class::<SampleIter>()?;
+    m.add_class::<Checkpointer>()?;
+    m.add_class::<SaveHandle>()?;
     m.add_function(wrap_pyfunction!(index_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(metrics_text, m)?)?;
     let py = m.py();

@@ -3,6 +3,7 @@
 - :class:`StreamingDataset`: stream WebDataset tar or MosaicML MDS shards from ``s3://``, ``file://`` or a local
   directory into a training loop, in a deterministic order that can be resumed with a different world size.
 - :func:`index_dataset`: write a ``strata-manifest.json`` so jobs start without listing or scanning shards.
+- :class:`Checkpointer`: asynchronous sharded checkpoints, local tier then object store, verified restore.
 - :func:`metrics_text`: this process's metrics (loader samples and I/O stall time per rank) in Prometheus format.
 
 The bytes are moved and decoded by Strata's Rust core with the GIL released. When a Strata agent
@@ -20,10 +21,13 @@ from strata._native import (
     index_dataset,
     metrics_text,
 )
+from strata.checkpoint import Checkpointer, SaveHandle
 from strata.dataset import StreamingDataset
 
 __all__ = [
     "StreamingDataset",
+    "Checkpointer",
+    "SaveHandle",
     "index_dataset",
     "metrics_text",
     "StrataError",

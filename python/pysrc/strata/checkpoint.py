@@ -1,0 +1,248 @@
+"""`Checkpointer`: asynchronous, tiered, verified checkpoints of a training run."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+import weakref
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from strata import _native
+
+_NP_TO_ST = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32", "int16": "I16",
+    "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64", "bool": "BOOL",
+}
+_ST_TO_NP = {v: k for k, v in _NP_TO_ST.items()}
+TREE_KEY = "strata.tree"
+
+
+def _torch():
+    try:
+        import torch
+
+        return torch
+    except ImportError:  # pragma: no cover - torch is optional
+        return None
+
+
+class SaveHandle:
+    """A save in progress. ``wait()`` / ``done()``; ``state`` is ``pending``, ``done``, ``skipped`` or
+    ``failed`` (then ``error`` says why). A failed save never raises into the training loop."""
+
+    def __init__(self, native: Any) -> None:
+        self._h = native
+
+    @property
+    def step(self) -> int:
+        return self._h.step
+
+    @property
+    def state(self) -> str:
+        return self._h.state
+
+    @property
+    def error(self) -> Optional[str]:
+        return self._h.error
+
+    def done(self) -> bool:
+        return self._h.done()
+
+    def wait(self, timeout: Optional[float] = None) -> str:
+        """Wait (GIL released) until the save is durable in every scheduled tier, or failed."""
+        return self._h.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"SaveHandle(step={self.step}, state={self.state!r})"
+
+
+def _flatten(state: Any, tensors: list, path: str) -> Any:
+    """The tree's skeleton (JSON), appending `(name, dtype, shape, memoryview)` for every array leaf."""
+    torch = _torch()
+    if isinstance(state, dict):
+        items = []
+        for k, v in state.items():
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
+                raise _native.InvalidInputError(f"{path or 'state'}: keys must be str or int, got {k!r}")
+            items.append([["i", k] if isinstance(k, int) else ["s", k], _flatten(v, tensors, f"{path}/{k}")])
+        return {"d": items}
+    if isinstance(state, (list, tuple)):
+        kind = "l" if isinstance(state, list) else "t"
+        return {kind: [_flatten(v, tensors, f"{path}/{i}") for i, v in enumerate(state)]}
+    name = path.lstrip("/") or "value"
+    if torch is not None and isinstance(state, torch.Tensor):
+        t = state.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        t = t.contiguous()
+        if t.dtype == torch.bfloat16:
+            arr, dtype = t.view(torch.int16).numpy(), "BF16"
+        else:
+            arr = t.numpy()
+            dtype = _NP_TO_ST.get(arr.dtype.name)
+        if dtype is None:
+            raise _native.InvalidInputError(f"{name}: tensor dtype {t.dtype} is not supported")
+        tensors.append((name, dtype, list(t.shape), memoryview(arr.reshape(-1).view(np.uint8))))
+        return {"x": name, "k": "torch"}
+    if isinstance(state, np.ndarray):
+        arr = np.ascontiguousarray(state)
+        dtype = _NP_TO_ST.get(arr.dtype.name)
+        if dtype is None:
+            raise _native.InvalidInputError(f"{name}: array dtype {arr.dtype} is not supported")
+        tensors.append((name, dtype, list(arr.shape), memoryview(arr.reshape(-1).view(np.uint8))))
+        return {"x": name, "k": "numpy"}
+    if isinstance(state, (bytes, bytearray, memoryview)):
+        mv = memoryview(state).cast("B")
+        tensors.append((name, "U8", [mv.nbytes], mv))
+        return {"x": name, "k": "bytes"}
+    if state is None or isinstance(state, (bool, int, float, str)):
+        return {"v": state}
+    raise _native.InvalidInputError(
+        f"{name}: {type(state).__name__} cannot be checkpointed (tensors, arrays, bytes, numbers, strings, "
+        "and dicts/lists of them)"
+    )
+
+
+def _unflatten(skel: Any, arrays: dict) -> Any:
+    if "d" in skel:
+        return {(k[1]): _unflatten(v, arrays) for k, v in skel["d"]}
+    if "l" in skel:
+        return [_unflatten(v, arrays) for v in skel["l"]]
+    if "t" in skel:
+        return tuple(_unflatten(v, arrays) for v in skel["t"])
+    if "v" in skel:
+        return skel["v"]
+    name, kind = skel["x"], skel["k"]
+    dtype, shape, buf = arrays[name]
+    if kind == "bytes":
+        return bytes(buf)
+    if dtype == "BF16":
+        torch = _torch()
+        if torch is None:
+            raise _native.StrataError(f"{name} is a bfloat16 tensor: loading it needs torch")
+        return torch.frombuffer(buf, dtype=torch.int16).view(torch.bfloat16).reshape(shape)
+    arr = np.frombuffer(buf, dtype=_ST_TO_NP[dtype]).reshape(shape)
+    if kind == "torch" and _torch() is not None:
+        return _torch().from_numpy(arr)
+    return arr
+
+
+_LIVE: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    # save() has returned: finish the durability work before the interpreter goes (not after SIGKILL: an
+    # interrupted save is never visible, its checkpoint has no manifest).
+    for c in list(_LIVE):
+        try:
+            c.flush()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+
+
+class Checkpointer:
+    """Asynchronous, sharded checkpoints: one shard per rank, local tier first, then the object store.
+
+    Args:
+        run_id: names the run; only its checkpoints are listed or deleted.
+        local_dir: the local tier (node-local NVMe). Shards are fsync'd and renamed into place.
+        remote_url: the object store tier (``s3://bucket/prefix``; endpoint and credentials from ``AWS_*``), or
+            None.
+        peers: replication to peer agents is not available yet; passing peers raises.
+        rank, world_size: default from ``RANK`` / ``WORLD_SIZE``, else 0 and 1. With ``LOCAL_WORLD_SIZE`` equal
+            to the world size (one node), rank 0 also commits the local tier.
+        upload_every: upload every N-th save to the object store.
+        keep_local, keep_remote: keep the newest N committed checkpoints per tier (0 keeps all);
+            keep_every: also keep steps that are multiples of K. The newest committed checkpoint is never
+            deleted, and an older one only once a newer one is committed.
+        overlap: ``"wait"`` (block save() until the previous save finished) or ``"skip"``.
+        on_error: called with the handle of a failed save (from a helper thread).
+
+    ``save(step, state)`` copies the state (dicts/lists of torch tensors, numpy arrays, bytes, numbers,
+    strings) and returns a :class:`SaveHandle`; the caller may change its tensors at once. ``load_latest()``
+    returns ``(step, state)`` of the newest checkpoint complete for every rank, or None; every shard is
+    verified (blake3) and read from the local tier, else the object store.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        local_dir: str,
+        remote_url: Optional[str] = None,
+        peers: Optional[list] = None,
+        *,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        upload_every: int = 1,
+        keep_local: int = 2,
+        keep_remote: int = 0,
+        keep_every: Optional[int] = None,
+        overlap: str = "wait",
+        on_error: Optional[Callable[[SaveHandle], None]] = None,
+        commit_timeout: float = 600.0,
+    ) -> None:
+        if peers:
+            raise _native.InvalidInputError("replication to peers is not available yet; use remote_url")
+        env = os.environ
+        self.rank = int(env.get("RANK", "0")) if rank is None else rank
+        self.world_size = int(env.get("WORLD_SIZE", "1")) if world_size is None else world_size
+        local_world = int(env.get("LOCAL_WORLD_SIZE", str(self.world_size)))
+        os.makedirs(local_dir, exist_ok=True)
+        self._native = _native.Checkpointer(
+            run_id, local_dir, remote_url=remote_url, rank=self.rank, world_size=self.world_size,
+            local_is_shared=local_world == self.world_size, upload_every=upload_every, keep_local=keep_local,
+            keep_remote=keep_remote, keep_every=keep_every, overlap=overlap, commit_timeout=commit_timeout,
+        )
+        self.run_id = run_id
+        self._on_error = on_error
+        _LIVE.add(self)
+
+    def save(self, step: int, state: Any, metadata: Optional[dict] = None) -> SaveHandle:
+        tensors: list = []
+        skel = _flatten(state, tensors, "")
+        md = {str(k): str(v) for k, v in (metadata or {}).items()}
+        md[TREE_KEY] = json.dumps(skel)
+        h = SaveHandle(self._native.save(int(step), tensors, md))
+        if self._on_error is not None:
+            cb = self._on_error
+
+            def watch() -> None:
+                if h.wait() == "failed":
+                    cb(h)
+
+            threading.Thread(target=watch, name=f"strata-ckpt-{step}", daemon=True).start()
+        return h
+
+    def _restore(self, got: Any) -> Any:
+        step, tensors, md = got
+        arrays = {name: (dtype, shape, buf) for name, dtype, shape, buf in tensors}
+        skel = md.get(TREE_KEY)
+        if skel is None:  # written by another tool: a flat dict of arrays
+            return step, {n: _unflatten({"x": n, "k": "numpy"}, arrays) for n in arrays}
+        return step, _unflatten(json.loads(skel), arrays)
+
+    def load_latest(self) -> Optional[tuple[int, Any]]:
+        """``(step, state)`` of the newest complete checkpoint this rank can verify, or None."""
+        got = self._native.load(None)
+        return None if got is None else self._restore(got)
+
+    def load(self, step: int) -> Any:
+        """The state saved at `step` (complete for every rank; this rank's shard verified)."""
+        return self._restore(self._native.load(int(step)))[1]
+
+    def steps(self) -> list[int]:
+        """Committed steps, newest first."""
+        return self._native.steps()
+
+    def flush(self) -> None:
+        """Wait for every save in progress."""
+        self._native.flush()
+
+    def delete(self, step: int) -> None:
+        """Delete a checkpoint from every tier."""
+        self._native.delete(int(step))

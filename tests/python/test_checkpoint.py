@@ -1,0 +1,213 @@
+"""The checkpointer from Python: torch and numpy state, the local tier and a real S3 server (moto), verified
+restore with fallback, other world sizes, retention, failures reported but never raised, and SIGKILL of a
+saving process in a loop."""
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+strata = pytest.importorskip("strata")
+torch = pytest.importorskip("torch")
+
+from conftest import ORIGIN_KEY, ORIGIN_SECRET, client  # noqa: E402
+
+
+def model_state(step, n=1000):
+    g = torch.Generator().manual_seed(step)
+    return {
+        "model": {"w": torch.randn(n, 8, generator=g), "b": torch.arange(8, dtype=torch.bfloat16) + step,
+                  "steps": torch.tensor([step], dtype=torch.int64)},
+        "optimizer": {"state": {0: {"exp_avg": np.full(16, step, dtype=np.float32)}},
+                      "param_groups": [{"lr": 0.01, "betas": (0.9, 0.99)}]},
+        "rng": b"\x01\x02" * step,
+        "epoch": step // 10,
+        "name": "resnet",
+    }
+
+
+def same(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return a == b
+
+
+@pytest.fixture()
+def s3(origin, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", origin)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ORIGIN_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ORIGIN_SECRET)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    c = client(origin, ORIGIN_KEY, ORIGIN_SECRET)
+    name = f"ckpt-{random.randrange(1 << 30)}"
+    c.create_bucket(Bucket=name)
+    return f"s3://{name}/runs"
+
+
+def test_round_trip_and_mutation_after_save(tmp_path):
+    c = strata.Checkpointer("run-a", str(tmp_path), rank=0, world_size=1)
+    assert c.load_latest() is None
+    state = model_state(5, n=200_000)  # 6 MiB: the save is still running when the state changes
+    want = {k: v for k, v in model_state(5, n=200_000).items()}
+    h = c.save(5, state)
+    state["model"]["w"].add_(1.0)  # training goes on at once
+    state["optimizer"]["state"][0]["exp_avg"][:] = -1
+    assert h.wait() == "done" and h.error is None
+    step, got = c.load_latest()
+    assert step == 5 and same(got, want)
+    assert c.steps() == [5]
+
+
+def test_shards_are_safetensors(tmp_path):
+    from safetensors.torch import load_file
+
+    c = strata.Checkpointer("run-st", str(tmp_path), rank=0, world_size=1)
+    st = model_state(3)
+    assert c.save(3, st).wait() == "done"
+    (shard,) = glob.glob(str(tmp_path / "run-st" / "*" / "rank-00000.safetensors"))
+    loaded = load_file(shard)
+    assert torch.equal(loaded["model/w"], st["model"]["w"])
+    assert torch.equal(loaded["model/b"], st["model"]["b"])
+    manifest = json.load(open(os.path.join(os.path.dirname(shard), "manifest.json")))
+    assert manifest["world_size"] == 1 and manifest["shards"][0]["file"] == "rank-00000.safetensors"
+
+
+def test_object_store_tier_and_verified_fallback(tmp_path, s3):
+    c = strata.Checkpointer("run-s3", str(tmp_path / "nvme"), s3, rank=0, world_size=1, upload_every=2,
+                            keep_local=0, keep_remote=0)
+    for step in (1, 2, 3):
+        assert c.save(step, model_state(step)).wait() == "done"
+    # Step 3 is local only (uploads: saves 1 and 3 -> steps 1, 3); corrupt its local shard: load(3) must fail over
+    # to the object store copy, verified.
+    (shard,) = glob.glob(str(tmp_path / "nvme" / "run-s3" / "*3" / "rank-00000.safetensors"))
+    data = bytearray(open(shard, "rb").read())
+    data[-1] ^= 0xFF
+    open(shard, "wb").write(bytes(data))
+    assert same(c.load(3), model_state(3))
+    # A new node: no local tier at all. Step 3 and step 1 come from the object store; step 2 was never uploaded.
+    shutil.rmtree(tmp_path / "nvme")
+    fresh = strata.Checkpointer("run-s3", str(tmp_path / "nvme2"), s3, rank=0, world_size=1)
+    assert fresh.steps() == [3, 1]
+    step, got = fresh.load_latest()
+    assert step == 3 and same(got, model_state(3))
+    with pytest.raises(strata.NotFoundError):
+        fresh.load(2)
+
+
+SAVER = r"""
+import os, sys, torch, strata
+sys.path.insert(0, os.environ["TESTS_DIR"])
+from test_checkpoint import model_state
+c = strata.Checkpointer("run-mr", sys.argv[1], commit_timeout=60)
+for step in (10, 20):
+    st = model_state(step + int(os.environ["RANK"]))
+    assert c.save(step, st).wait() == "done"
+"""
+
+
+def test_two_ranks_and_another_world_size(tmp_path):
+    env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", TESTS_DIR=os.path.dirname(__file__))
+    procs = [subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], env=dict(env, RANK=str(r)))
+             for r in range(2)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    for r in range(2):
+        c = strata.Checkpointer("run-mr", str(tmp_path), rank=r, world_size=2)
+        step, got = c.load_latest()
+        assert step == 20 and same(got, model_state(20 + r))
+    three = strata.Checkpointer("run-mr", str(tmp_path), rank=0, world_size=3)
+    with pytest.raises(strata.InvalidInputError, match="2 ranks"):
+        three.load_latest()
+
+
+def test_retention_keeps_the_newest(tmp_path):
+    c = strata.Checkpointer("run-ret", str(tmp_path), rank=0, world_size=1, keep_local=2, keep_every=30)
+    for step in (10, 20, 30, 40, 50, 60):
+        assert c.save(step, {"x": np.array([step])}).wait() == "done"
+    assert c.steps() == [60, 50, 30]
+    other = strata.Checkpointer("run-ret2", str(tmp_path), rank=0, world_size=1, keep_local=1)
+    assert other.save(1, {"x": np.array([1])}).wait() == "done"
+    assert c.steps() == [60, 50, 30]
+
+
+def test_a_failing_save_is_reported_not_raised(tmp_path, origin, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", origin)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ORIGIN_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ORIGIN_SECRET)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    failed = []
+    got = threading.Event()
+    c = strata.Checkpointer("run-f", str(tmp_path), "s3://no-such-bucket-here/x", rank=0, world_size=1,
+                            on_error=lambda h: (failed.append(h), got.set()))
+    h = c.save(1, {"x": np.zeros(10)})
+    assert h.wait() == "failed"
+    assert h.error and "no-such-bucket-here" in h.error
+    assert got.wait(10) and failed[0].step == 1
+    # The local tier committed before the upload failed: the step is still restorable.
+    assert c.load_latest()[0] == 1
+    with pytest.raises(strata.InvalidInputError):
+        c.save(2, {"x": object()})
+    with pytest.raises(strata.InvalidInputError):
+        strata.Checkpointer("../up", str(tmp_path))
+
+
+def test_overlapping_saves_skip_by_policy(tmp_path):
+    c = strata.Checkpointer("run-o", str(tmp_path), rank=0, world_size=1, overlap="skip")
+    h1 = c.save(1, {"big": np.zeros(64 << 20, dtype=np.uint8)})
+    h2 = c.save(2, {"x": np.zeros(3)})
+    assert h2.state in ("skipped", "done")
+    assert h1.wait() == "done"
+    if h2.state == "skipped":
+        assert c.steps() == [1]
+
+
+KILL_LOOP = r"""
+import os, sys, numpy as np, strata
+local, remote = sys.argv[1], sys.argv[2]
+c = strata.Checkpointer("run-kill", local, remote, rank=0, world_size=1, keep_local=2, keep_remote=2)
+got = c.load_latest()
+step = 0 if got is None else got[0]
+while True:
+    step += 1
+    st = {"w": np.full(1 << 20, step, dtype=np.float32), "step": step}   # 4 MiB
+    c.save(step, st)          # returns after the copy; the durability work runs in the background
+"""
+
+
+def test_sigkill_while_saving_never_leaves_an_uncommitted_or_corrupt_checkpoint(tmp_path, s3):
+    rng = random.Random(2)
+    local = str(tmp_path / "nvme")
+    first_committed = None
+    for i in range(6):
+        p = subprocess.Popen([sys.executable, "-c", KILL_LOOP, local, s3])
+        time.sleep(rng.uniform(0.5, 2.5))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        c = strata.Checkpointer("run-kill", local, s3, rank=0, world_size=1)
+        got = c.load_latest()
+        if got is None:
+            assert first_committed is None, "a committed checkpoint disappeared"
+            continue
+        step, state = got
+        first_committed = first_committed or step
+        # Only committed, verified checkpoints load, and their content is that step's.
+        assert state["step"] == step and np.all(state["w"] == step), (i, step)
+        for s in c.steps():
+            assert c.load(s)["step"] == s
+    assert first_committed is not None, "no save ever committed in 6 runs"
