@@ -558,9 +558,12 @@ impl SaveHandle {
         let s = py.detach(move || {
             rt.block_on(async move {
                 match timeout {
-                    Some(t) => tokio::time::timeout(std::time::Duration::from_secs_f64(t.max(0.0)), h.wait())
-                        .await
-                        .unwrap_or(strata_ckpt::SaveState::Pending),
+                    Some(t) => tokio::time::timeout(
+                        std::time::Duration::from_secs_f64(t.max(0.0)),
+                        h.wait(),
+                    )
+                    .await
+                    .unwrap_or(strata_ckpt::SaveState::Pending),
                     None => h.wait().await,
                 }
             })
@@ -603,7 +606,9 @@ impl Checkpointer {
                 let _guard = rt.enter();
                 Some(strata_ckpt::Tier::Remote(
                     strata_object::Backend::open(
-                        &dataset_url(u).or_else(|_| Ok::<_, Error>(u.to_string())).map_err(to_py)?,
+                        &dataset_url(u)
+                            .or_else(|_| Ok::<_, Error>(u.to_string()))
+                            .map_err(to_py)?,
                         &strata_object::BackendOptions::default(),
                         strata_object::RetryPolicy::default(),
                         telemetry,
@@ -616,10 +621,16 @@ impl Checkpointer {
         let overlap = match overlap {
             "wait" => strata_ckpt::Overlap::Wait,
             "skip" => strata_ckpt::Overlap::Skip,
-            o => return Err(InvalidInputError::new_err(format!("overlap={o:?}: expected 'wait' or 'skip'"))),
+            o => {
+                return Err(InvalidInputError::new_err(format!(
+                    "overlap={o:?}: expected 'wait' or 'skip'"
+                )));
+            }
         };
         if !commit_timeout.is_finite() || commit_timeout <= 0.0 {
-            return Err(InvalidInputError::new_err("commit_timeout must be a positive number of seconds"));
+            return Err(InvalidInputError::new_err(
+                "commit_timeout must be a positive number of seconds",
+            ));
         }
         let cfg = strata_ckpt::CheckpointConfig {
             run_id: run_id.to_string(),
@@ -629,8 +640,14 @@ impl Checkpointer {
             local: strata_ckpt::Tier::Local(local_dir),
             remote,
             upload_every,
-            keep_local: strata_ckpt::Retention { keep_last: keep_local, keep_every },
-            keep_remote: strata_ckpt::Retention { keep_last: keep_remote, keep_every },
+            keep_local: strata_ckpt::Retention {
+                keep_last: keep_local,
+                keep_every,
+            },
+            keep_remote: strata_ckpt::Retention {
+                keep_last: keep_remote,
+                keep_every,
+            },
             overlap,
             commit_timeout: std::time::Duration::from_secs_f64(commit_timeout),
         };
@@ -652,13 +669,20 @@ impl Checkpointer {
         let mut staged = Vec::with_capacity(tensors.len());
         for (name, dtype, shape, buf) in tensors {
             let data = bytes::Bytes::from(buf.to_vec(py)?);
-            staged.push(strata_ckpt::Tensor { name, dtype, shape, data });
+            staged.push(strata_ckpt::Tensor {
+                name,
+                dtype,
+                shape,
+                data,
+            });
         }
         let (rt, _) = proc()?;
         let inner = self.inner.clone();
         let handle = rt.handle().clone();
         let h = py
-            .detach(|| rt.block_on(async move { inner.save(&handle, step, staged, metadata).await }))
+            .detach(|| {
+                rt.block_on(async move { inner.save(&handle, step, staged, metadata).await })
+            })
             .map_err(to_py)?;
         Ok(SaveHandle { inner: h, rt })
     }
@@ -675,7 +699,9 @@ impl Checkpointer {
     fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
         let (rt, _) = proc()?;
         let inner = self.inner.clone();
-        let c = py.detach(|| rt.block_on(async move { inner.committed().await })).map_err(to_py)?;
+        let c = py
+            .detach(|| rt.block_on(async move { inner.committed().await }))
+            .map_err(to_py)?;
         Ok(c.into_iter().map(|(s, _)| s).collect())
     }
 
@@ -687,7 +713,18 @@ impl Checkpointer {
         &self,
         py: Python<'py>,
         step: Option<u64>,
-    ) -> PyResult<Option<(u64, Vec<(String, String, Vec<u64>, Bound<'py, pyo3::types::PyByteArray>)>, std::collections::BTreeMap<String, String>)>> {
+    ) -> PyResult<
+        Option<(
+            u64,
+            Vec<(
+                String,
+                String,
+                Vec<u64>,
+                Bound<'py, pyo3::types::PyByteArray>,
+            )>,
+            std::collections::BTreeMap<String, String>,
+        )>,
+    > {
         let (rt, _) = proc()?;
         let inner = self.inner.clone();
         let r = py
@@ -700,10 +737,19 @@ impl Checkpointer {
                 })
             })
             .map_err(to_py)?;
-        let Some((s, tensors, md)) = r else { return Ok(None) };
+        let Some((s, tensors, md)) = r else {
+            return Ok(None);
+        };
         let out = tensors
             .into_iter()
-            .map(|t| (t.name, t.dtype, t.shape, pyo3::types::PyByteArray::new(py, &t.data)))
+            .map(|t| {
+                (
+                    t.name,
+                    t.dtype,
+                    t.shape,
+                    pyo3::types::PyByteArray::new(py, &t.data),
+                )
+            })
             .collect();
         Ok(Some((s, out, md)))
     }
@@ -712,7 +758,8 @@ impl Checkpointer {
     fn delete(&self, py: Python<'_>, step: u64) -> PyResult<()> {
         let (rt, _) = proc()?;
         let inner = self.inner.clone();
-        py.detach(|| rt.block_on(async move { inner.delete(step).await })).map_err(to_py)
+        py.detach(|| rt.block_on(async move { inner.delete(step).await }))
+            .map_err(to_py)
     }
 }
 

@@ -16,6 +16,7 @@
 
 pub mod format;
 pub mod manifest;
+pub mod ops;
 pub mod tier;
 
 use std::collections::BTreeMap;
@@ -50,7 +51,11 @@ impl Retention {
         committed[..keep_from]
             .iter()
             .copied()
-            .filter(|s| !self.keep_every.is_some_and(|k| k > 0 && s.is_multiple_of(k)))
+            .filter(|s| {
+                !self
+                    .keep_every
+                    .is_some_and(|k| k > 0 && s.is_multiple_of(k))
+            })
             .collect()
     }
 }

@@ -43,6 +43,69 @@ enum Command {
     /// Datasets for the streaming loader (the `strata` Python package).
     #[command(subcommand)]
     Dataset(DatasetCommand),
+    /// Checkpoints written by `strata.Checkpointer`: list, inspect, verify, restore into the local tier, delete.
+    #[command(subcommand)]
+    Ckpt(CkptCommand),
+}
+
+#[derive(Debug, Args)]
+struct TierArgs {
+    /// The local tier (the directory given to the Checkpointer as local_dir).
+    #[arg(long, value_name = "DIR")]
+    local: Option<PathBuf>,
+    /// The object store tier (`s3://bucket/prefix`; endpoint and credentials from the AWS_* environment).
+    #[arg(long, value_name = "URL")]
+    remote: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum CkptCommand {
+    /// List a run's complete checkpoints (newest first) and the tiers that hold each.
+    Ls {
+        /// The run id.
+        run: String,
+        #[command(flatten)]
+        tiers: TierArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a checkpoint's manifest: every rank's shard, its size and blake3.
+    Show {
+        /// The run id.
+        run: String,
+        /// The step.
+        step: u64,
+        #[command(flatten)]
+        tiers: TierArgs,
+    },
+    /// Check every copy of every shard against the manifest; exits 1 if some rank has no verified copy.
+    Verify {
+        /// The run id.
+        run: String,
+        /// The step (default: every complete checkpoint).
+        step: Option<u64>,
+        #[command(flatten)]
+        tiers: TierArgs,
+    },
+    /// Copy a checkpoint into the local tier from the object store (verified), so a job restores locally.
+    Restore {
+        /// The run id.
+        run: String,
+        /// The step.
+        step: u64,
+        #[command(flatten)]
+        tiers: TierArgs,
+    },
+    /// Delete a checkpoint from every given tier (its manifest first).
+    Rm {
+        /// The run id.
+        run: String,
+        /// The step.
+        step: u64,
+        #[command(flatten)]
+        tiers: TierArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -206,6 +269,7 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Cache(c) => cache(c).await,
+        Command::Ckpt(c) => ckpt(c).await,
         Command::Dataset(DatasetCommand::Index {
             dataset,
             parallelism,
@@ -479,4 +543,124 @@ async fn warm(
         bail!("{failed} blocks could not be cached");
     }
     Ok(())
+}
+
+fn ckpt_tiers(t: &TierArgs) -> Result<(Option<strata_ckpt::Tier>, Option<strata_ckpt::Tier>)> {
+    let local = t.local.clone().map(strata_ckpt::Tier::Local);
+    let remote = match &t.remote {
+        Some(url) => Some(strata_ckpt::Tier::Remote(strata_object::Backend::open(
+            url,
+            &strata_object::BackendOptions::default(),
+            strata_object::RetryPolicy::default(),
+            strata_telemetry::Telemetry::new(),
+        )?)),
+        None => None,
+    };
+    if local.is_none() && remote.is_none() {
+        anyhow::bail!("give at least one tier: --local DIR and/or --remote URL");
+    }
+    Ok((local, remote))
+}
+
+async fn ckpt(c: CkptCommand) -> Result<()> {
+    use strata_ckpt::ops;
+    let ctx = strata_types::IoContext::default();
+    match c {
+        CkptCommand::Ls { run, tiers, json } => {
+            let (l, r) = ckpt_tiers(&tiers)?;
+            let all: Vec<_> = l.into_iter().chain(r).collect();
+            let listed = ops::list(&ctx, &all, &run).await?;
+            if json {
+                let v: Vec<_> = listed
+                    .iter()
+                    .map(|l| {
+                        serde_json::json!({
+                            "step": l.step, "world_size": l.manifest.world_size, "bytes": l.manifest.bytes(),
+                            "committed_unix": l.manifest.committed_unix, "tiers": l.committed_in,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            if listed.is_empty() {
+                println!("run {run}: no complete checkpoint");
+                return Ok(());
+            }
+            println!("{:>12}  {:>5}  {:>12}  tiers", "step", "ranks", "bytes");
+            for l in &listed {
+                println!(
+                    "{:>12}  {:>5}  {:>12}  {}",
+                    l.step,
+                    l.manifest.world_size,
+                    l.manifest.bytes(),
+                    l.committed_in.join(", ")
+                );
+            }
+            Ok(())
+        }
+        CkptCommand::Show { run, step, tiers } => {
+            let (l, r) = ckpt_tiers(&tiers)?;
+            let all: Vec<_> = l.into_iter().chain(r).collect();
+            let m = ops::list(&ctx, &all, &run)
+                .await?
+                .into_iter()
+                .find(|l| l.step == step)
+                .ok_or_else(|| {
+                    anyhow::anyhow!("run {run} has no complete checkpoint at step {step}")
+                })?;
+            println!("{}", String::from_utf8_lossy(&m.manifest.to_json()));
+            Ok(())
+        }
+        CkptCommand::Verify { run, step, tiers } => {
+            let (l, r) = ckpt_tiers(&tiers)?;
+            let all: Vec<_> = l.into_iter().chain(r).collect();
+            let steps: Vec<u64> = match step {
+                Some(s) => vec![s],
+                None => ops::list(&ctx, &all, &run)
+                    .await?
+                    .iter()
+                    .map(|l| l.step)
+                    .collect(),
+            };
+            let mut bad = 0;
+            for s in steps {
+                let (checks, ok) = ops::verify(&ctx, &all, &run, s).await?;
+                for c in &checks {
+                    println!("step {s} rank {:>5} {:<40} {}", c.rank, c.tier, c.status);
+                }
+                if !ok {
+                    bad += 1;
+                    println!("step {s}: NOT restorable (a rank has no verified copy)");
+                }
+            }
+            if bad > 0 {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        CkptCommand::Restore { run, step, tiers } => {
+            let (l, r) = ckpt_tiers(&tiers)?;
+            let (Some(l), Some(r)) = (l, r) else {
+                anyhow::bail!("restore copies from --remote into --local: give both");
+            };
+            let m = ops::restore_into(&ctx, &l, &[r], &run, step).await?;
+            println!(
+                "run {run} step {step}: {} shards, {} bytes verified in {}",
+                m.shards.len(),
+                m.bytes(),
+                l.describe()
+            );
+            Ok(())
+        }
+        CkptCommand::Rm { run, step, tiers } => {
+            let (l, r) = ckpt_tiers(&tiers)?;
+            strata_ckpt::manifest::validate_run_id(&run)?;
+            for t in l.iter().chain(r.iter()) {
+                t.delete_step(&ctx, &run, step).await?;
+                println!("deleted run {run} step {step} from {}", t.describe());
+            }
+            Ok(())
+        }
+    }
 }
