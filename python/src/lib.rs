@@ -583,13 +583,16 @@ type TensorTuple = (String, String, Vec<u64>, pyo3::buffer::PyBuffer<u8>);
 #[pymethods]
 impl Checkpointer {
     #[new]
-    #[pyo3(signature = (run_id, local_dir, *, remote_url=None, rank=0, world_size=1, local_is_shared=true,
-        upload_every=1, keep_local=2, keep_remote=0, keep_every=None, overlap="wait", commit_timeout=600.0))]
+    #[pyo3(signature = (run_id, local_dir, *, remote_url=None, peers=Vec::new(), self_peer=None, replicas=1,
+        rank=0, world_size=1, local_is_shared=true, upload_every=1, keep_local=2, keep_remote=0, keep_every=None, overlap="wait", commit_timeout=600.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         run_id: &str,
         local_dir: std::path::PathBuf,
         remote_url: Option<&str>,
+        peers: Vec<String>,
+        self_peer: Option<usize>,
+        replicas: usize,
         rank: u32,
         world_size: u32,
         local_is_shared: bool,
@@ -639,6 +642,13 @@ impl Checkpointer {
             local_is_shared,
             local: strata_ckpt::Tier::Local(local_dir),
             remote,
+            peers: peers
+                .iter()
+                .map(|p| strata_ckpt::tier::Peer::new(p).map(strata_ckpt::Tier::Peer))
+                .collect::<Result<_, Error>>()
+                .map_err(to_py)?,
+            self_peer: self_peer.filter(|&i| i < peers.len()),
+            replicas: if peers.is_empty() { 0 } else { replicas },
             upload_every,
             keep_local: strata_ckpt::Retention {
                 keep_last: keep_local,

@@ -241,6 +241,81 @@ def test_cli_ls_show_verify_restore_rm(tmp_path, s3):
     open(shard, "wb").write(b"junk")
     r = cli("verify", "run-cli", "1", "--local", str(tmp_path / "a"), ok=False)
     assert r.returncode == 1 and "NOT restorable" in r.stdout and "mismatch" in r.stdout
+    # A step committed locally only (upload_every skipped it, or the trainer was killed) is pushed later.
+    local_only_save = strata.Checkpointer("run-cli", str(tmp_path / "a"), rank=0, world_size=1, keep_local=0)
+    assert local_only_save.save(3, model_state(3)).wait() == "done"
+    assert "step 3" in cli("push", "run-cli", *tiers).stdout
+    remote_only = strata.Checkpointer("run-cli", str(tmp_path / "c"), s3, rank=0, world_size=1)
+    assert remote_only.steps()[0] == 3 and same(remote_only.load(3), model_state(3))
     cli("rm", "run-cli", "1", *tiers)
-    assert [x["step"] for x in json.loads(cli("ls", "run-cli", *tiers, "--json").stdout)] == [2]
+    assert [x["step"] for x in json.loads(cli("ls", "run-cli", *tiers, "--json").stdout)] == [3, 2]
     assert cli("ls", "run-cli", ok=False).returncode != 0
+
+
+class Agent:
+    """A bare `strata serve` on embedded defaults: one node's agent for the peer tier."""
+
+    def __init__(self, root):
+        from conftest import STRATA
+
+        self.data = os.path.join(root, "data")
+        self.proc = subprocess.Popen([STRATA, "serve", "--data-dir", self.data, "--api-listen", "127.0.0.1:0",
+                                      "--s3-listen", "127.0.0.1:0"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env=dict(os.environ, STRATA_LOG="warn"))
+        addr = os.path.join(self.data, "api.addr")
+        deadline = time.time() + 30
+        while not (os.path.exists(addr) and open(addr).read().strip()):
+            assert self.proc.poll() is None and time.time() < deadline, "agent did not start"
+            time.sleep(0.05)
+        self.api = open(addr).read().strip()
+
+    def replica(self, run, step, rank):
+        return glob.glob(os.path.join(self.data, "peer-checkpoints", run, f"step-*{step}",
+                                      f"rank-{rank:05}.safetensors"))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def three_nodes(tmp_path):
+    agents = [Agent(str(tmp_path / f"node{i}")) for i in range(3)]
+    yield agents
+    for a in agents:
+        a.stop()
+
+
+def test_peer_tier_with_three_agents(tmp_path, three_nodes):
+    """Three agents on loopback play three nodes; one rank per node, each shard replicated to the two others."""
+    peers = [a.api for a in three_nodes]
+    local = [str(tmp_path / f"node{i}" / "nvme") for i in range(3)]
+    cks = [strata.Checkpointer("run-p", local[r], peers=peers, self_peer=r, replicas=2, rank=r, world_size=3,
+                               local_world_size=1, keep_local=0, commit_timeout=60)
+           for r in range(3)]
+    for step in (1, 2):
+        hs = [c.save(step, model_state(step * 10 + r)) for r, c in enumerate(cks)]
+        assert [h.wait() for h in hs] == ["done"] * 3, [h.error for h in hs]
+    # Each shard sits on the two other nodes' agents, never on its own node's.
+    for r in range(3):
+        holders = [i for i, a in enumerate(three_nodes) if a.replica("run-p", 2, r)]
+        assert holders == [i for i in range(3) if i != r]
+    # Node 1 loses its disk: its shard comes from a peer, verified.
+    shutil.rmtree(local[1])
+    fresh = strata.Checkpointer("run-p", local[1], peers=peers, self_peer=1, rank=1, world_size=3,
+                                local_world_size=1)
+    step, got = fresh.load_latest()
+    assert step == 2 and same(got, model_state(21))
+    # The first peer's replica is corrupt: never loaded; the other peer's is.
+    (p,) = three_nodes[2].replica("run-p", 2, 1)
+    data = bytearray(open(p, "rb").read())
+    data[len(data) // 2] ^= 0x40
+    open(p, "wb").write(bytes(data))
+    assert same(fresh.load(2), model_state(21))
+    # A peer goes down as well: the remaining replica still serves... and when none verifies, the newest
+    # checkpoint that does is loaded instead.
+    three_nodes[0].stop()
+    step, got = fresh.load_latest()
+    assert step == 1 and same(got, model_state(11))

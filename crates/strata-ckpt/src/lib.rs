@@ -85,6 +85,12 @@ pub struct CheckpointConfig {
     pub local: Tier,
     /// The object store tier.
     pub remote: Option<Tier>,
+    /// Every node's agent (peer tier), in the same order on every rank; may be empty.
+    pub peers: Vec<Tier>,
+    /// This node's agent in `peers`, if it is one of them (never a replica target).
+    pub self_peer: Option<usize>,
+    /// Replicas of each shard on other nodes' agents (0: no peer tier).
+    pub replicas: usize,
     /// Upload every N-th save to the object store (1: every save).
     pub upload_every: u64,
     /// Retention of the local tier.
@@ -278,6 +284,28 @@ impl Checkpointer {
         }
     }
 
+    /// The peers that receive this rank's replicas: the next `replicas` agents after this node's, in ring
+    /// order (from `rank` when this node's agent is not in the list).
+    pub fn replica_targets(&self) -> Vec<&Tier> {
+        let n = self.cfg.peers.len();
+        if n == 0 || self.cfg.replicas == 0 {
+            return Vec::new();
+        }
+        let start = self
+            .cfg
+            .self_peer
+            .map_or(self.cfg.rank as usize % n, |s| s + 1);
+        (0..n)
+            .map(|i| (start + i) % n)
+            .filter(|&i| Some(i) != self.cfg.self_peer)
+            .take(self.cfg.replicas)
+            .map(|i| &self.cfg.peers[i])
+            .collect()
+    }
+
+    /// Write the shard to every tier; a tier that fails does not stop the others. The save is done when
+    /// every tier succeeded; otherwise the error lists the tiers that failed (the checkpoint may then be
+    /// committed, and loadable, in the others).
     async fn run_save(
         &self,
         step: u64,
@@ -287,65 +315,126 @@ impl Checkpointer {
     ) -> Result<()> {
         let cfg = &self.cfg;
         let (header, _) = format::encode_header(&tensors, &metadata)?;
-        let rec = cfg
-            .local
-            .write_shard(&self.ctx, &cfg.run_id, step, cfg.rank, &header, &tensors)
-            .await?;
-        cfg.local
-            .write_record(&self.ctx, &cfg.run_id, step, &rec)
-            .await?;
-        if cfg.rank == 0 && cfg.local_is_shared {
-            self.commit_when_complete(&cfg.local, step, &metadata)
+        let mut failed: Vec<Error> = Vec::new();
+        let ctx = &self.ctx;
+        let run = &cfg.run_id;
+        // 1. The local tier (node-local NVMe).
+        let local = async {
+            let rec = cfg
+                .local
+                .write_shard(ctx, run, step, cfg.rank, &header, &tensors)
                 .await?;
-            self.retain(&cfg.local, cfg.keep_local).await;
+            cfg.local.write_record(ctx, run, step, &rec).await?;
+            if cfg.rank == 0 && cfg.local_is_shared {
+                self.commit_when_complete(&[&cfg.local], step, &metadata, &[&cfg.local])
+                    .await?;
+                self.retain(&[&cfg.local], cfg.keep_local).await;
+            }
+            Ok::<_, Error>(())
         }
+        .await;
+        if let Err(e) = local {
+            failed.push(e.context(cfg.local.describe()));
+        }
+        // 2. Replicas on other nodes' agents.
+        let targets = self.replica_targets();
+        for peer in &targets {
+            let r = async {
+                let rec = peer
+                    .write_shard(ctx, run, step, cfg.rank, &header, &tensors)
+                    .await?;
+                peer.write_record(ctx, run, step, &rec).await
+            }
+            .await;
+            if let Err(e) = r {
+                failed.push(e.context(peer.describe()));
+            }
+        }
+        if cfg.rank == 0 && !targets.is_empty() {
+            // Records are spread over the peers: commit once every rank has one somewhere, on every peer.
+            let all: Vec<&Tier> = cfg.peers.iter().collect();
+            match self.commit_when_complete(&all, step, &metadata, &all).await {
+                Ok(()) => self.retain(&all, cfg.keep_local).await,
+                Err(e) => failed.push(e.context("peer tier")),
+            }
+        }
+        // 3. The object store, on its schedule.
         if let (true, Some(remote)) = (upload, &cfg.remote) {
-            let rrec = remote
-                .write_shard(&self.ctx, &cfg.run_id, step, cfg.rank, &header, &tensors)
-                .await?;
-            if rrec.blake3 != rec.blake3 {
-                return Err(Error::internal("shard checksum differs between tiers"));
+            let r = async {
+                let rec = remote
+                    .write_shard(ctx, run, step, cfg.rank, &header, &tensors)
+                    .await?;
+                remote.write_record(ctx, run, step, &rec).await?;
+                if cfg.rank == 0 {
+                    self.commit_when_complete(&[remote], step, &metadata, &[remote])
+                        .await?;
+                    self.retain(&[remote], cfg.keep_remote).await;
+                }
+                Ok::<_, Error>(())
             }
-            remote
-                .write_record(&self.ctx, &cfg.run_id, step, &rrec)
-                .await?;
-            if cfg.rank == 0 {
-                self.commit_when_complete(remote, step, &metadata).await?;
-                self.retain(remote, cfg.keep_remote).await;
+            .await;
+            if let Err(e) = r {
+                failed.push(e.context(remote.describe()));
             }
         }
-        Ok(())
+        match failed.len() {
+            0 => Ok(()),
+            1 => Err(failed.remove(0)),
+            _ => {
+                let kind = failed[0].kind();
+                let msg: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
+                Err(Error::new(kind, msg.join("; ")))
+            }
+        }
     }
 
-    /// Rank 0: wait for every rank's record in `tier`, then write the manifest.
+    /// Rank 0: wait until every rank's record is in one of `sources`, then write the manifest to `targets`
+    /// (an unreachable target is skipped when another one took the manifest).
     async fn commit_when_complete(
         &self,
-        tier: &Tier,
+        sources: &[&Tier],
         step: u64,
         metadata: &BTreeMap<String, String>,
+        targets: &[&Tier],
     ) -> Result<()> {
         let cfg = &self.cfg;
         let deadline = tokio::time::Instant::now() + cfg.commit_timeout;
         let shards = loop {
-            let recs = tier
-                .records(&self.ctx, &cfg.run_id, step, cfg.world_size)
-                .await?;
-            if recs.iter().all(Option::is_some) {
-                break recs.into_iter().flatten().collect::<Vec<_>>();
+            let mut found: Vec<Option<ShardRecord>> = vec![None; cfg.world_size as usize];
+            let mut last_err = None;
+            for t in sources {
+                match t
+                    .records(&self.ctx, &cfg.run_id, step, cfg.world_size)
+                    .await
+                {
+                    Ok(recs) => {
+                        for (slot, r) in found.iter_mut().zip(recs) {
+                            if slot.is_none() {
+                                *slot = r;
+                            }
+                        }
+                    }
+                    Err(e) => last_err = Some(e),
+                }
+            }
+            if found.iter().all(Option::is_some) {
+                break found.into_iter().flatten().collect::<Vec<_>>();
             }
             if tokio::time::Instant::now() >= deadline {
-                let missing: Vec<usize> = recs
+                let missing: Vec<usize> = found
                     .iter()
                     .enumerate()
                     .filter(|(_, r)| r.is_none())
                     .map(|(i, _)| i)
                     .collect();
+                let extra = last_err
+                    .map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default();
                 return Err(Error::new(
                     ErrorKind::Timeout,
                     format!(
-                        "step {step}: ranks {missing:?} did not save within {:?}; not committed in {}",
-                        cfg.commit_timeout,
-                        tier.describe()
+                        "step {step}: ranks {missing:?} did not save within {:?}; not committed{extra}",
+                        cfg.commit_timeout
                     ),
                 ));
             }
@@ -361,37 +450,61 @@ impl Checkpointer {
             shards,
             metadata: metadata.clone(),
         };
-        tier.commit(&self.ctx, &m).await
+        let mut committed = 0;
+        let mut last_err = None;
+        for t in targets {
+            match t.commit(&self.ctx, &m).await {
+                Ok(()) => committed += 1,
+                Err(e) => {
+                    tracing::warn!(tier = %t.describe(), step, error = %e, "manifest not written");
+                    last_err = Some(e);
+                }
+            }
+        }
+        match (committed, last_err) {
+            (0, Some(e)) => Err(e),
+            _ => Ok(()),
+        }
     }
 
-    /// Apply a retention policy after a commit. Errors are logged: retention never fails a save.
-    async fn retain(&self, tier: &Tier, policy: Retention) {
+    /// Apply a retention policy to a tier (one logical tier may span several stores, as the peer tier does)
+    /// after a commit. Stops at the first error, which is logged: retention never fails a save.
+    async fn retain(&self, stores: &[&Tier], policy: Retention) {
         let run = &self.cfg.run_id;
         let result = async {
-            let committed = tier.committed(&self.ctx, run).await?;
+            let mut committed = Vec::new();
+            for t in stores {
+                committed.extend(t.committed(&self.ctx, run).await?);
+            }
+            committed.sort_unstable();
+            committed.dedup();
             let Some(&newest) = committed.last() else {
                 return Ok::<_, Error>(());
             };
-            for step in policy.victims(&committed) {
-                tier.delete_step(&self.ctx, run, step).await?;
-            }
-            // Debris of saves that never committed, older than the newest commit: never complete, never needed.
-            for step in tier.steps(&self.ctx, run).await? {
-                if step < newest && !committed.contains(&step) {
-                    tier.delete_step(&self.ctx, run, step).await?;
+            for t in stores {
+                for step in policy.victims(&committed) {
+                    t.delete_step(&self.ctx, run, step).await?;
+                }
+                // Debris of saves that never committed, older than the newest commit: never complete, never
+                // needed.
+                for step in t.steps(&self.ctx, run).await? {
+                    if step < newest && !committed.contains(&step) {
+                        t.delete_step(&self.ctx, run, step).await?;
+                    }
                 }
             }
             Ok(())
         }
         .await;
         if let Err(e) = result {
-            tracing::warn!(run = %run, tier = %tier.describe(), error = %e, "checkpoint retention failed; nothing more deleted");
+            tracing::warn!(run = %run, error = %e, "checkpoint retention failed; nothing more deleted");
         }
     }
 
-    /// The tiers, local first.
+    /// The tiers in restore order: local, the peers, the object store.
     fn tiers(&self) -> Vec<&Tier> {
         std::iter::once(&self.cfg.local)
+            .chain(self.cfg.peers.iter())
             .chain(self.cfg.remote.as_ref())
             .collect()
     }

@@ -28,6 +28,140 @@ pub enum Tier {
     Local(PathBuf),
     /// An object store (or any backend) at a URL.
     Remote(Backend),
+    /// Another node's agent (`strata serve`), through its peer API.
+    Peer(Peer),
+}
+
+/// A peer agent's checkpoint replica store (`/v1/peer/ckpt/...` on its control API).
+#[derive(Debug, Clone)]
+pub struct Peer {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Peer {
+    /// The agent whose control API is at `api` (`http://node7:7070` or `node7:7070`).
+    pub fn new(api: &str) -> Result<Self> {
+        let base = if api.contains("://") {
+            api.to_string()
+        } else {
+            format!("http://{api}")
+        };
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .build()
+            .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            base: base.trim_end_matches('/').to_string(),
+            client,
+        })
+    }
+
+    /// The agent's address.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, run: &str, step: Option<u64>, file: Option<&str>) -> String {
+        let mut u = format!("{}/v1/peer/ckpt/{run}", self.base);
+        if let Some(s) = step {
+            u.push_str(&format!("/{s}"));
+        }
+        if let Some(f) = file {
+            u.push('/');
+            u.push_str(f);
+        }
+        u
+    }
+
+    async fn check(
+        &self,
+        r: std::result::Result<reqwest::Response, reqwest::Error>,
+        what: &str,
+    ) -> Result<reqwest::Response> {
+        let resp = r.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("peer {}: {what}: {e}", self.base),
+            )
+        })?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let kind = match status.as_u16() {
+            404 => ErrorKind::NotFound,
+            400 => ErrorKind::InvalidInput,
+            409 => ErrorKind::AlreadyExists,
+            422 => ErrorKind::Corrupt,
+            507 => ErrorKind::NoSpace,
+            _ => ErrorKind::Unavailable,
+        };
+        let body = resp.text().await.unwrap_or_default();
+        Err(Error::new(
+            kind,
+            format!("peer {}: {what}: {status}: {body}", self.base),
+        ))
+    }
+
+    async fn put(
+        &self,
+        run: &str,
+        step: u64,
+        file: &str,
+        body: reqwest::Body,
+        blake3: Option<&str>,
+    ) -> Result<()> {
+        let mut req = self
+            .client
+            .put(self.url(run, Some(step), Some(file)))
+            .body(body);
+        if let Some(h) = blake3 {
+            req = req.header("x-strata-blake3", h);
+        }
+        self.check(req.send().await, &format!("PUT {file}"))
+            .await
+            .map(|_| ())
+    }
+
+    async fn get(&self, run: &str, step: u64, file: &str) -> Result<Bytes> {
+        let resp = self
+            .check(
+                self.client
+                    .get(self.url(run, Some(step), Some(file)))
+                    .send()
+                    .await,
+                &format!("GET {file}"),
+            )
+            .await?;
+        resp.bytes().await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("peer {}: GET {file}: {e}", self.base),
+            )
+        })
+    }
+
+    async fn list(&self, run: &str) -> Result<(Vec<u64>, Vec<u64>)> {
+        let resp = self
+            .check(
+                self.client.get(self.url(run, None, None)).send().await,
+                "list",
+            )
+            .await?;
+        let v: serde_json::Value = resp.json().await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("peer {}: list: {e}", self.base),
+            )
+        })?;
+        let nums = |k: &str| -> Vec<u64> {
+            v[k].as_array()
+                .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+                .unwrap_or_default()
+        };
+        Ok((nums("steps"), nums("committed")))
+    }
 }
 
 fn failpoint(name: &str) -> Result<()> {
@@ -84,6 +218,7 @@ impl Tier {
         match self {
             Tier::Local(p) => format!("local {}", p.display()),
             Tier::Remote(b) => format!("remote {}", b.id()),
+            Tier::Peer(p) => format!("peer {}", p.base),
         }
     }
 
@@ -159,6 +294,30 @@ impl Tier {
                 .await
                 .map_err(|e| Error::internal(format!("shard writer: {e}")))?
             }
+            Tier::Peer(p) => {
+                let mut h = blake3::Hasher::new();
+                let mut size = 0u64;
+                let chunks: Vec<Bytes> = std::iter::once(Bytes::copy_from_slice(header))
+                    .chain(tensors.iter().map(|t| t.data.clone()))
+                    .collect();
+                for c in &chunks {
+                    h.update(c);
+                    size += c.len() as u64;
+                }
+                let sum = h.finalize().to_hex().to_string();
+                failpoint("ckpt-peer-send")?;
+                let body = reqwest::Body::wrap_stream(futures::stream::iter(
+                    chunks.into_iter().map(Ok::<_, std::io::Error>),
+                ));
+                p.put(run, step, &file, body, Some(&sum)).await?;
+                Ok(ShardRecord {
+                    rank,
+                    file,
+                    size,
+                    blake3: sum,
+                    tensors: tensors.len(),
+                })
+            }
             Tier::Remote(b) => {
                 let key = Self::key(run, step, &file);
                 let mut up = b.put_multipart(ctx, &key, PART_SIZE).await?;
@@ -214,6 +373,10 @@ impl Tier {
                 .await
                 .map_err(|e| Error::internal(e.to_string()))?
             }
+            Tier::Peer(p) => {
+                p.put(run, step, &file, reqwest::Body::from(text), None)
+                    .await
+            }
             Tier::Remote(b) => {
                 failpoint("ckpt-record-write")?;
                 b.put(
@@ -264,6 +427,11 @@ impl Tier {
                 .await
                 .map_err(|e| Error::internal(e.to_string()))?
             }
+            Tier::Peer(p) => {
+                failpoint("ckpt-manifest-write")?;
+                p.put(&m.run_id, m.step, MANIFEST, reqwest::Body::from(text), None)
+                    .await
+            }
             Tier::Remote(b) => {
                 failpoint("ckpt-manifest-write")?;
                 let key = Self::key(&m.run_id, m.step, MANIFEST);
@@ -312,6 +480,7 @@ impl Tier {
                 .map_err(|e| Error::internal(e.to_string()))?
             }
             Tier::Remote(b) => Ok(b.get(ctx, &Self::key(run, step, file)).await?.1),
+            Tier::Peer(p) => p.get(run, step, file).await,
         }
     }
 
@@ -358,6 +527,7 @@ impl Tier {
                         .and_then(parse_step_dir)
                 })
                 .collect(),
+            Tier::Peer(p) => p.list(run).await?.0,
         };
         steps.sort_unstable();
         Ok(steps)
@@ -365,6 +535,11 @@ impl Tier {
 
     /// Committed steps of a run, ascending.
     pub async fn committed(&self, ctx: &IoContext, run: &str) -> Result<Vec<u64>> {
+        if let Tier::Peer(p) = self {
+            let mut c = p.list(run).await?.1;
+            c.sort_unstable();
+            return Ok(c);
+        }
         let mut out = Vec::new();
         for s in self.steps(ctx, run).await? {
             match self.read_file(ctx, run, s, MANIFEST).await {
@@ -396,6 +571,10 @@ impl Tier {
                 })
                 .await
                 .map_err(|e| Error::internal(e.to_string()))?
+            }
+            Tier::Peer(p) => {
+                let r = p.client.delete(p.url(run, Some(step), None)).send().await;
+                p.check(r, "DELETE").await.map(|_| ())
             }
             Tier::Remote(b) => {
                 let prefix = format!("{run}/{}/", step_dir(step));

@@ -200,3 +200,35 @@ async fn overlapping_saves_wait_or_skip_and_bad_input_is_refused() {
         .is_err()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_store_503s_are_retried_and_a_dead_store_fails_the_save_not_training() {
+    let server = S3Server::start();
+    server.create_bucket("flaky").await;
+    let proxy = strata_testkit::FaultProxy::start(&server.endpoint()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = ckpt(dir.path(), Some(remote(&proxy.endpoint(), "flaky")), 0, 1);
+    let rt = tokio::runtime::Handle::current();
+    // One 503 per attempt budget: the retry policy absorbs it.
+    proxy.fail_next(1, 503);
+    let h = c.save(&rt, 1, state(0, 1), meta(1)).await.unwrap();
+    assert!(matches!(h.wait().await, SaveState::Done), "{:?}", h.state());
+    // The store keeps failing: the save reports it; the local tier still committed the step.
+    proxy.fail_next(1000, 503);
+    let h = c.save(&rt, 2, state(0, 2), meta(2)).await.unwrap();
+    match h.wait().await {
+        SaveState::Failed(e) => assert!(e.message().contains("remote"), "{e}"),
+        s => panic!("expected a failure, got {s:?}"),
+    }
+    proxy.fail_next(0, 503);
+    let ctx = IoContext::default();
+    assert_eq!(
+        Tier::Local(dir.path().to_path_buf())
+            .committed(&ctx, "run-1")
+            .await
+            .unwrap(),
+        vec![1, 2]
+    );
+    let (step, t, _) = c.load_latest().await.unwrap().unwrap();
+    assert_eq!((step, t), (2, state(0, 2)));
+}

@@ -71,18 +71,23 @@ async fn every_commit_step_failing_leaves_the_last_committed_checkpoint() {
             // The newest loadable checkpoint is committed and verifies.
             let (step, tensors, _) = c.load_latest().await.unwrap().unwrap();
             assert_eq!(tensors, state(0, step), "{point}/{action}");
-            let local = Tier::Local(dir.path().to_path_buf());
-            let committed_local = local.committed(&ctx, "run-1").await.unwrap();
+            // Committed in some tier (a failed local write no longer stops the upload).
+            let committed: Vec<u64> = c
+                .committed()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(s, _)| s)
+                .collect();
             assert!(
-                !committed_local.is_empty(),
+                committed.contains(&step),
+                "{point}/{action}: step {step} loaded but never committed"
+            );
+            let local = Tier::Local(dir.path().to_path_buf());
+            assert!(
+                !local.committed(&ctx, "run-1").await.unwrap().is_empty() || committed.contains(&1),
                 "{point}/{action}: no committed checkpoint left"
             );
-            if step == 2 {
-                assert!(
-                    committed_local.contains(&2),
-                    "{point}/{action}: step 2 loaded but never committed"
-                );
-            }
             // And the checkpointer still works.
             let h = c.save(&rt, 3, state(0, 3), meta(3)).await.unwrap();
             assert!(

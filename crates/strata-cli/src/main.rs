@@ -43,7 +43,8 @@ enum Command {
     /// Datasets for the streaming loader (the `strata` Python package).
     #[command(subcommand)]
     Dataset(DatasetCommand),
-    /// Checkpoints written by `strata.Checkpointer`: list, inspect, verify, restore into the local tier, delete.
+    /// Checkpoints written by `strata.Checkpointer`: list, inspect, verify, restore into the local tier, push
+    /// to the object store, delete.
     #[command(subcommand)]
     Ckpt(CkptCommand),
 }
@@ -94,6 +95,17 @@ enum CkptCommand {
         run: String,
         /// The step.
         step: u64,
+        #[command(flatten)]
+        tiers: TierArgs,
+    },
+    /// Upload checkpoints committed in the local tier that the object store lacks (verified copies, manifest
+    /// last): finishes the durability work of a training process that was killed before its uploads ended,
+    /// e.g. from a Slurm epilog.
+    Push {
+        /// The run id.
+        run: String,
+        /// The step (default: every checkpoint committed locally and missing remotely).
+        step: Option<u64>,
         #[command(flatten)]
         tiers: TierArgs,
     },
@@ -651,6 +663,32 @@ async fn ckpt(c: CkptCommand) -> Result<()> {
                 m.bytes(),
                 l.describe()
             );
+            Ok(())
+        }
+        CkptCommand::Push { run, step, tiers } => {
+            let (l, r) = ckpt_tiers(&tiers)?;
+            let (Some(l), Some(r)) = (l, r) else {
+                anyhow::bail!("push copies from --local to --remote: give both");
+            };
+            strata_ckpt::manifest::validate_run_id(&run)?;
+            let remote_has = r.committed(&ctx, &run).await?;
+            let steps: Vec<u64> = match step {
+                Some(s) => vec![s],
+                None => l
+                    .committed(&ctx, &run)
+                    .await?
+                    .into_iter()
+                    .filter(|s| !remote_has.contains(s))
+                    .collect(),
+            };
+            for s in steps {
+                let m = ops::restore_into(&ctx, &r, std::slice::from_ref(&l), &run, s).await?;
+                println!(
+                    "run {run} step {s}: {} bytes verified in {}",
+                    m.bytes(),
+                    r.describe()
+                );
+            }
             Ok(())
         }
         CkptCommand::Rm { run, step, tiers } => {

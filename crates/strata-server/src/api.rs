@@ -10,6 +10,7 @@
 //! | POST | `/v1/cache/pin` | `{"location": "..."}`: pin a prefix |
 //! | POST | `/v1/cache/unpin` | `{"location": "..."}`: unpin a prefix |
 //! | GET | `/v1/read?location=...` | an object's bytes through the cache; honours `Range: bytes=a-b` |
+//! | * | `/v1/peer/ckpt/...` | checkpoint replicas from other nodes (see [`crate::peer`]) |
 //!
 //! Locations are `NAME/key`, a URL under a configured backend, or an ad-hoc `s3://bucket/key`.
 
@@ -83,7 +84,8 @@ pub fn router(agent: Arc<Agent>) -> Router {
         .route("/v1/cache/pin", post(pin))
         .route("/v1/cache/unpin", post(unpin))
         .route("/v1/read", get(read))
-        .with_state(agent)
+        .with_state(agent.clone())
+        .merge(crate::peer::router(agent))
 }
 
 /// The I/O context of a request: the job from the `x-strata-job` header, the team from `x-strata-team`.

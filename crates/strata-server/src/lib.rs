@@ -12,6 +12,7 @@ pub mod api;
 pub mod config;
 pub mod gateway;
 mod metrics;
+pub mod peer;
 mod sys;
 
 use std::collections::HashMap;

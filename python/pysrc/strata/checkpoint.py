@@ -131,6 +131,65 @@ def _unflatten(skel: Any, arrays: dict) -> Any:
     return arr
 
 
+def expand_hostlist(spec: str) -> list[str]:
+    """Slurm's compressed host list (``gpu[01-03,07],login1``) as host names."""
+    hosts, depth, cur, parts = [], 0, "", []
+    for ch in spec:
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        depth += ch == "["
+        depth -= ch == "]"
+        cur += ch
+    if cur:
+        parts.append(cur)
+    for part in parts:
+        if "[" not in part:
+            hosts.append(part)
+            continue
+        prefix, rest = part.split("[", 1)
+        body, suffix = rest.split("]", 1)
+        for r in body.split(","):
+            if "-" in r:
+                a, b = r.split("-", 1)
+                width = len(a)
+                hosts += [f"{prefix}{i:0{width}d}{suffix}" for i in range(int(a), int(b) + 1)]
+            else:
+                hosts.append(f"{prefix}{r}{suffix}")
+    return hosts
+
+
+def _resolve_peers(peers: Any) -> list[str]:
+    if not peers:
+        return []
+    if peers == "slurm":
+        nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+        if not nodes:
+            raise _native.InvalidInputError("peers='slurm' but SLURM_JOB_NODELIST is not set")
+        port = os.environ.get("STRATA_PEER_PORT", "7070")
+        return [f"{h}:{port}" for h in expand_hostlist(nodes)]
+    if isinstance(peers, str):
+        raise _native.InvalidInputError("peers: a list of agent addresses, or 'slurm'")
+    return [str(p) for p in peers]
+
+
+def _find_self(peers: list[str]) -> Optional[int]:
+    norm = lambda a: a.split("://", 1)[-1].rstrip("/")  # noqa: E731
+    agent = os.environ.get("STRATA_AGENT")
+    if agent:
+        for i, p in enumerate(peers):
+            if norm(p) == norm(agent):
+                return i
+    import socket
+
+    host = socket.gethostname().split(".")[0]
+    for i, p in enumerate(peers):
+        if norm(p).rsplit(":", 1)[0].split(".")[0] == host:
+            return i
+    return None
+
+
 _LIVE: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 
 
@@ -153,9 +212,16 @@ class Checkpointer:
         local_dir: the local tier (node-local NVMe). Shards are fsync'd and renamed into place.
         remote_url: the object store tier (``s3://bucket/prefix``; endpoint and credentials from ``AWS_*``), or
             None.
-        peers: replication to peer agents is not available yet; passing peers raises.
-        rank, world_size: default from ``RANK`` / ``WORLD_SIZE``, else 0 and 1. With ``LOCAL_WORLD_SIZE`` equal
-            to the world size (one node), rank 0 also commits the local tier.
+        peers: the agents (``strata serve`` control API addresses, ``host:port``) of every node of the job, in
+            the same order on every rank, or ``"slurm"`` for the nodes of ``SLURM_JOB_NODELIST`` at port
+            ``STRATA_PEER_PORT`` (7070). Each shard is replicated to ``replicas`` agents of other nodes; restore
+            reads local first, then peers, then the object store.
+        replicas: replicas per shard on other nodes (default 1 when peers are given).
+        self_peer: this node's agent's index in ``peers`` (default: the one equal to ``STRATA_AGENT``, else the
+            one on this host name).
+        rank, world_size, local_world_size: default from ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE``, else 0,
+            1 and the world size. On one node (local world = world) rank 0 also commits the local tier; on
+            several, the manifest lives on the peers and the object store.
         upload_every: upload every N-th save to the object store.
         keep_local, keep_remote: keep the newest N committed checkpoints per tier (0 keeps all);
             keep_every: also keep steps that are multiples of K. The newest committed checkpoint is never
@@ -174,10 +240,13 @@ class Checkpointer:
         run_id: str,
         local_dir: str,
         remote_url: Optional[str] = None,
-        peers: Optional[list] = None,
+        peers: Optional[Any] = None,
         *,
+        replicas: int = 1,
+        self_peer: Optional[int] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        local_world_size: Optional[int] = None,
         upload_every: int = 1,
         keep_local: int = 2,
         keep_remote: int = 0,
@@ -186,15 +255,18 @@ class Checkpointer:
         on_error: Optional[Callable[[SaveHandle], None]] = None,
         commit_timeout: float = 600.0,
     ) -> None:
-        if peers:
-            raise _native.InvalidInputError("replication to peers is not available yet; use remote_url")
         env = os.environ
+        peer_list = _resolve_peers(peers)
+        if self_peer is None and peer_list:
+            self_peer = _find_self(peer_list)
         self.rank = int(env.get("RANK", "0")) if rank is None else rank
         self.world_size = int(env.get("WORLD_SIZE", "1")) if world_size is None else world_size
-        local_world = int(env.get("LOCAL_WORLD_SIZE", str(self.world_size)))
+        local_world = (int(env.get("LOCAL_WORLD_SIZE", str(self.world_size))) if local_world_size is None
+                       else local_world_size)
         os.makedirs(local_dir, exist_ok=True)
         self._native = _native.Checkpointer(
-            run_id, local_dir, remote_url=remote_url, rank=self.rank, world_size=self.world_size,
+            run_id, local_dir, remote_url=remote_url, peers=peer_list, self_peer=self_peer, replicas=replicas,
+            rank=self.rank, world_size=self.world_size,
             local_is_shared=local_world == self.world_size, upload_every=upload_every, keep_local=keep_local,
             keep_remote=keep_remote, keep_every=keep_every, overlap=overlap, commit_timeout=commit_timeout,
         )
