@@ -576,6 +576,28 @@ impl SaveHandle {
 #[pyclass(module = "strata._native", frozen)]
 struct Checkpointer {
     inner: strata_ckpt::Checkpointer,
+    /// Staging buffers of finished saves, reused by the next one: copying into memory that is already
+    /// mapped costs a memcpy, not a page fault per 4 KiB. Holds at most the size of the last save.
+    pool: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+/// A staging buffer of exactly `len` bytes: the smallest pooled one that fits, or a new one.
+fn staging(pool: &Mutex<Vec<Vec<u8>>>, len: usize) -> Vec<u8> {
+    let mut p = pool.lock();
+    let best = p
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.len() >= len)
+        .min_by_key(|(_, v)| v.len())
+        .map(|(i, _)| i);
+    match best {
+        Some(i) => {
+            let mut v = p.swap_remove(i);
+            v.truncate(len);
+            v
+        }
+        None => vec![0u8; len],
+    }
 }
 
 type TensorTuple = (String, String, Vec<u64>, pyo3::buffer::PyBuffer<u8>);
@@ -663,6 +685,7 @@ impl Checkpointer {
         };
         Ok(Self {
             inner: strata_ckpt::Checkpointer::new(cfg, IoContext::default()).map_err(to_py)?,
+            pool: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -676,22 +699,46 @@ impl Checkpointer {
         tensors: Vec<TensorTuple>,
         metadata: std::collections::BTreeMap<String, String>,
     ) -> PyResult<SaveHandle> {
+        let (rt, _) = proc()?;
+        // With overlap="wait", wait first: the previous save's staging memory is then free to reuse.
+        if self.inner.config().overlap == strata_ckpt::Overlap::Wait {
+            let inner = self.inner.clone();
+            py.detach(|| rt.block_on(async move { inner.wait_idle().await }));
+        }
         let mut staged = Vec::with_capacity(tensors.len());
+        let mut total = 0usize;
         for (name, dtype, shape, buf) in tensors {
-            let data = bytes::Bytes::from(buf.to_vec(py)?);
+            let mut v = staging(&self.pool, buf.len_bytes());
+            buf.copy_to_slice(py, &mut v)?;
+            total += v.len();
             staged.push(strata_ckpt::Tensor {
                 name,
                 dtype,
                 shape,
-                data,
+                data: bytes::Bytes::from(v),
             });
         }
-        let (rt, _) = proc()?;
+        let pool = self.pool.clone();
+        let recycle: strata_ckpt::Recycle = Box::new(move |tensors| {
+            let mut p = pool.lock();
+            let mut kept: usize = p.iter().map(Vec::len).sum();
+            for t in tensors {
+                let v = Vec::<u8>::from(t.data);
+                if kept + v.len() <= total {
+                    kept += v.len();
+                    p.push(v);
+                }
+            }
+        });
         let inner = self.inner.clone();
         let handle = rt.handle().clone();
         let h = py
             .detach(|| {
-                rt.block_on(async move { inner.save(&handle, step, staged, metadata).await })
+                rt.block_on(async move {
+                    inner
+                        .save_with(&handle, step, staged, metadata, Some(recycle))
+                        .await
+                })
             })
             .map_err(to_py)?;
         Ok(SaveHandle { inner: h, rt })

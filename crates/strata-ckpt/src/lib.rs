@@ -31,6 +31,9 @@ pub use format::Tensor;
 pub use manifest::{Manifest, ShardRecord};
 pub use tier::Tier;
 
+/// Receives a save's tensors back when it is done with them (see [`Checkpointer::save_with`]).
+pub type Recycle = Box<dyn FnOnce(Vec<Tensor>) + Send>;
+
 /// Which checkpoints a tier keeps. The newest committed checkpoint is always kept, and an older one is only
 /// deleted once a newer one is committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -234,6 +237,24 @@ impl Checkpointer {
         tensors: Vec<Tensor>,
         metadata: BTreeMap<String, String>,
     ) -> Result<SaveHandle> {
+        self.save_with(rt, step, tensors, metadata, None).await
+    }
+
+    /// Wait until no save is running (to reuse staging memory before copying the next state).
+    pub async fn wait_idle(&self) {
+        let _ = self.running.acquire().await;
+    }
+
+    /// Like [`Self::save`]; `recycle` gets the tensors back once every tier is done with them (or the save is
+    /// skipped), so the caller can reuse their memory for the next save instead of faulting in new pages.
+    pub async fn save_with(
+        &self,
+        rt: &tokio::runtime::Handle,
+        step: u64,
+        tensors: Vec<Tensor>,
+        metadata: BTreeMap<String, String>,
+        recycle: Option<Recycle>,
+    ) -> Result<SaveHandle> {
         format::encode_header(&tensors, &metadata)?; // bad input fails here, in the caller
         let permit = match self.cfg.overlap {
             Overlap::Wait => self
@@ -245,6 +266,9 @@ impl Checkpointer {
             Overlap::Skip => match self.running.clone().try_acquire_owned() {
                 Ok(p) => p,
                 Err(_) => {
+                    if let Some(r) = recycle {
+                        r(tensors);
+                    }
                     let (_tx, rx) = watch::channel(SaveState::Skipped);
                     tracing::warn!(
                         step,
@@ -261,7 +285,10 @@ impl Checkpointer {
         let (tx, rx) = watch::channel(SaveState::Pending);
         let me = self.clone();
         let h = rt.spawn(async move {
-            let r = me.run_save(step, tensors, metadata, upload).await;
+            let r = me.run_save(step, &tensors, metadata, upload).await;
+            if let Some(recycle) = recycle {
+                recycle(tensors);
+            }
             match r {
                 Ok(()) => {
                     let _ = tx.send(SaveState::Done);
@@ -309,12 +336,12 @@ impl Checkpointer {
     async fn run_save(
         &self,
         step: u64,
-        tensors: Vec<Tensor>,
+        tensors: &[Tensor],
         metadata: BTreeMap<String, String>,
         upload: bool,
     ) -> Result<()> {
         let cfg = &self.cfg;
-        let (header, _) = format::encode_header(&tensors, &metadata)?;
+        let (header, _) = format::encode_header(tensors, &metadata)?;
         let mut failed: Vec<Error> = Vec::new();
         let ctx = &self.ctx;
         let run = &cfg.run_id;
@@ -322,7 +349,7 @@ impl Checkpointer {
         let local = async {
             let rec = cfg
                 .local
-                .write_shard(ctx, run, step, cfg.rank, &header, &tensors)
+                .write_shard(ctx, run, step, cfg.rank, &header, tensors)
                 .await?;
             cfg.local.write_record(ctx, run, step, &rec).await?;
             if cfg.rank == 0 && cfg.local_is_shared {
@@ -341,7 +368,7 @@ impl Checkpointer {
         for peer in &targets {
             let r = async {
                 let rec = peer
-                    .write_shard(ctx, run, step, cfg.rank, &header, &tensors)
+                    .write_shard(ctx, run, step, cfg.rank, &header, tensors)
                     .await?;
                 peer.write_record(ctx, run, step, &rec).await
             }
@@ -362,7 +389,7 @@ impl Checkpointer {
         if let (true, Some(remote)) = (upload, &cfg.remote) {
             let r = async {
                 let rec = remote
-                    .write_shard(ctx, run, step, cfg.rank, &header, &tensors)
+                    .write_shard(ctx, run, step, cfg.rank, &header, tensors)
                     .await?;
                 remote.write_record(ctx, run, step, &rec).await?;
                 if cfg.rank == 0 {

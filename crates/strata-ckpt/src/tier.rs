@@ -258,16 +258,35 @@ impl Tier {
                             std::fs::File::create(&tmp)
                                 .map_err(|e| io(e, format!("create {}", tmp.display())))?,
                         );
-                        let mut h = blake3::Hasher::new();
-                        let mut size = 0u64;
-                        for chunk in std::iter::once(&header[..]).chain(data.iter().map(|b| &b[..]))
-                        {
-                            failpoint("ckpt-shard-write")?;
-                            f.write_all(chunk)
-                                .map_err(|e| io(e, format!("write {}", tmp.display())))?;
-                            h.update(chunk);
-                            size += chunk.len() as u64;
-                        }
+                        // Hash on a second thread while this one writes: the shard's checksum costs no
+                        // time on the way to durable.
+                        let chunks: Vec<&[u8]> = std::iter::once(&header[..])
+                            .chain(data.iter().map(|b| &b[..]))
+                            .collect();
+                        let size: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+                        let (written, sum) = std::thread::scope(|s| {
+                            let hasher = s.spawn(|| {
+                                let mut h = blake3::Hasher::new();
+                                for c in &chunks {
+                                    h.update(c);
+                                }
+                                h.finalize().to_hex().to_string()
+                            });
+                            let written = (|| {
+                                for chunk in &chunks {
+                                    failpoint("ckpt-shard-write")?;
+                                    f.write_all(chunk)
+                                        .map_err(|e| io(e, format!("write {}", tmp.display())))?;
+                                }
+                                Ok::<_, Error>(())
+                            })();
+                            let sum = hasher
+                                .join()
+                                .map_err(|_| Error::internal("shard hasher panicked"));
+                            (written, sum)
+                        });
+                        written?;
+                        let sum = sum?;
                         let f = f
                             .into_inner()
                             .map_err(|e| io(e.into_error(), format!("write {}", tmp.display())))?;
@@ -282,7 +301,7 @@ impl Tier {
                             rank,
                             file: file.clone(),
                             size,
-                            blake3: h.finalize().to_hex().to_string(),
+                            blake3: sum,
                             tensors: n,
                         })
                     })();
