@@ -515,6 +515,7 @@ struct SaveHandle {
 fn state_name(s: &strata_ckpt::SaveState) -> &'static str {
     match s {
         strata_ckpt::SaveState::Pending => "pending",
+        strata_ckpt::SaveState::HandedOver => "handed_over",
         strata_ckpt::SaveState::Done => "done",
         strata_ckpt::SaveState::Skipped => "skipped",
         strata_ckpt::SaveState::Failed(_) => "failed",
@@ -550,21 +551,28 @@ impl SaveHandle {
     }
 
     /// Wait until the save finishes, at most `timeout` seconds; returns the state. Never raises for a failed
-    /// save: check the state (or `error`).
-    #[pyo3(signature = (timeout=None))]
-    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> &'static str {
+    /// save: check the state (or `error`). With `released`, return once this process's part is over (the
+    /// save finished, or the node agent took it over).
+    #[pyo3(signature = (timeout=None, released=false))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>, released: bool) -> &'static str {
         let h = self.inner.clone();
         let rt = self.rt.clone();
         let s = py.detach(move || {
             rt.block_on(async move {
+                let fut = async {
+                    if released {
+                        h.wait_released().await
+                    } else {
+                        h.wait().await
+                    }
+                };
                 match timeout {
-                    Some(t) => tokio::time::timeout(
-                        std::time::Duration::from_secs_f64(t.max(0.0)),
-                        h.wait(),
-                    )
-                    .await
-                    .unwrap_or(strata_ckpt::SaveState::Pending),
-                    None => h.wait().await,
+                    Some(t) => {
+                        tokio::time::timeout(std::time::Duration::from_secs_f64(t.max(0.0)), fut)
+                            .await
+                            .unwrap_or_else(|_| h.state())
+                    }
+                    None => fut.await,
                 }
             })
         });
@@ -605,7 +613,7 @@ type TensorTuple = (String, String, Vec<u64>, pyo3::buffer::PyBuffer<u8>);
 #[pymethods]
 impl Checkpointer {
     #[new]
-    #[pyo3(signature = (run_id, local_dir, *, remote_url=None, peers=Vec::new(), self_peer=None, replicas=1,
+    #[pyo3(signature = (run_id, local_dir, *, remote_url=None, peers=Vec::new(), self_peer=None, replicas=1, agent=None,
         rank=0, world_size=1, local_is_shared=true, upload_every=1, keep_local=2, keep_remote=0, keep_every=None, overlap="wait", commit_timeout=600.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -615,6 +623,7 @@ impl Checkpointer {
         peers: Vec<String>,
         self_peer: Option<usize>,
         replicas: usize,
+        agent: Option<String>,
         rank: u32,
         world_size: u32,
         local_is_shared: bool,
@@ -662,7 +671,7 @@ impl Checkpointer {
             rank,
             world_size,
             local_is_shared,
-            local: strata_ckpt::Tier::Local(local_dir),
+            local: strata_ckpt::Tier::Local(local_dir.clone()),
             remote,
             peers: peers
                 .iter()
@@ -682,6 +691,18 @@ impl Checkpointer {
             },
             overlap,
             commit_timeout: std::time::Duration::from_secs_f64(commit_timeout),
+            handoff: match agent {
+                Some(a) => Some(
+                    strata_ckpt::handoff::Handoff::new(
+                        &a,
+                        local_dir.clone(),
+                        remote_url.map(str::to_string),
+                        peers.clone(),
+                    )
+                    .map_err(to_py)?,
+                ),
+                None => None,
+            },
         };
         Ok(Self {
             inner: strata_ckpt::Checkpointer::new(cfg, IoContext::default()).map_err(to_py)?,

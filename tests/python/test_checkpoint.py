@@ -319,3 +319,38 @@ def test_peer_tier_with_three_agents(tmp_path, three_nodes):
     three_nodes[0].stop()
     step, got = fresh.load_latest()
     assert step == 1 and same(got, model_state(11))
+
+
+HANDOFF = r"""
+import sys, numpy as np, strata
+local, remote, agent = sys.argv[1], sys.argv[2], sys.argv[3]
+c = strata.Checkpointer("run-h", local, remote, rank=0, world_size=1, agent=agent)
+h = c.save(1, {"w": np.full(8 << 20, 7, dtype=np.float32), "step": 1})   # 32 MiB
+print(h.wait_released(), flush=True)   # what the interpreter does at exit anyway
+"""
+
+
+def test_the_agent_finishes_a_save_after_the_process_exits(tmp_path, s3):
+    agent = Agent(str(tmp_path / "node"))  # inherits the AWS_* environment of the s3 fixture
+    try:
+        local = str(tmp_path / "nvme")
+        out = subprocess.run([sys.executable, "-c", HANDOFF, local, s3, agent.api], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() in ("handed_over", "done")
+        # The process is gone; the object store gets the checkpoint anyway, from the agent.
+        remote_only = strata.Checkpointer("run-h", str(tmp_path / "elsewhere"), s3, rank=0, world_size=1,
+                                          agent="")
+        deadline = time.time() + 60
+        while time.time() < deadline and remote_only.steps() != [1]:
+            time.sleep(0.2)
+        assert remote_only.steps() == [1]
+        step, st = remote_only.load_latest()
+        assert step == 1 and st["step"] == 1 and np.all(st["w"] == 7)
+        base = agent.api if "://" in agent.api else f"http://{agent.api}"
+        import urllib.request
+
+        status = json.load(urllib.request.urlopen(f"{base}/v1/ckpt/handoff?run=run-h&step=1&rank=0"))
+        assert status["state"] == "done", status
+    finally:
+        agent.stop()

@@ -15,6 +15,7 @@
 //! tries the next tier; `load_latest` falls back to older checkpoints when every copy of the newest is bad.
 
 pub mod format;
+pub mod handoff;
 pub mod manifest;
 pub mod ops;
 pub mod tier;
@@ -104,6 +105,9 @@ pub struct CheckpointConfig {
     pub overlap: Overlap,
     /// How long rank 0 waits for the other ranks' records before giving up a commit.
     pub commit_timeout: Duration,
+    /// The node agent that takes over each save once its shard is durable locally (peers and object store),
+    /// so the work survives the training process. `None`: the process does it all.
+    pub handoff: Option<handoff::Handoff>,
 }
 
 /// Where a save stands.
@@ -111,6 +115,8 @@ pub struct CheckpointConfig {
 pub enum SaveState {
     /// Running.
     Pending,
+    /// Durable in the local tier; the node agent finishes the other tiers (the process may exit).
+    HandedOver,
     /// Committed in every tier it was scheduled for.
     Done,
     /// Not taken: the previous save was still running and the policy is [`Overlap::Skip`].
@@ -139,15 +145,29 @@ impl SaveHandle {
 
     /// Whether the save finished (done, skipped or failed).
     pub fn done(&self) -> bool {
-        !matches!(*self.rx.borrow(), SaveState::Pending)
+        !matches!(
+            *self.rx.borrow(),
+            SaveState::Pending | SaveState::HandedOver
+        )
     }
 
     /// Wait until it finishes.
     pub async fn wait(&self) -> SaveState {
+        self.wait_for(|s| !matches!(s, SaveState::Pending | SaveState::HandedOver))
+            .await
+    }
+
+    /// Wait until this process's part is over: finished, or handed over to the node agent. What a process
+    /// about to exit waits for.
+    pub async fn wait_released(&self) -> SaveState {
+        self.wait_for(|s| !matches!(s, SaveState::Pending)).await
+    }
+
+    async fn wait_for(&self, over: impl Fn(&SaveState) -> bool) -> SaveState {
         let mut rx = self.rx.clone();
         loop {
             let s = rx.borrow_and_update().clone();
-            if !matches!(s, SaveState::Pending) {
+            if over(&s) {
                 return s;
             }
             if rx.changed().await.is_err() {
@@ -285,7 +305,7 @@ impl Checkpointer {
         let (tx, rx) = watch::channel(SaveState::Pending);
         let me = self.clone();
         let h = rt.spawn(async move {
-            let r = me.run_save(step, &tensors, metadata, upload).await;
+            let r = me.run_save(step, &tensors, metadata, upload, &tx).await;
             if let Some(recycle) = recycle {
                 recycle(tensors);
             }
@@ -339,6 +359,7 @@ impl Checkpointer {
         tensors: &[Tensor],
         metadata: BTreeMap<String, String>,
         upload: bool,
+        progress: &watch::Sender<SaveState>,
     ) -> Result<()> {
         let cfg = &self.cfg;
         let (header, _) = format::encode_header(tensors, &metadata)?;
@@ -363,12 +384,57 @@ impl Checkpointer {
         if let Err(e) = local {
             failed.push(e.context(cfg.local.describe()));
         }
+        // 2 and 3: peers and the object store, here or (with an agent) by the node agent.
+        if let Some(h) = &cfg.handoff {
+            match h.submit(cfg, step, upload).await {
+                Ok(()) => {
+                    if failed.is_empty() {
+                        let _ = progress.send(SaveState::HandedOver);
+                    }
+                    return h.wait(cfg, step, failed).await;
+                }
+                Err(e) => tracing::warn!(
+                    step,
+                    error = %e,
+                    "agent did not take the save over; finishing it in this process"
+                ),
+            }
+        }
+        failed.extend(
+            self.replicate(step, &header, tensors, &metadata, upload)
+                .await,
+        );
+        match failed.len() {
+            0 => Ok(()),
+            1 => Err(failed.remove(0)),
+            _ => {
+                let kind = failed[0].kind();
+                let msg: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
+                Err(Error::new(kind, msg.join("; ")))
+            }
+        }
+    }
+
+    /// The tiers after the local one: replicas on peers, then the object store (when `upload`). Returns the
+    /// failures. `header` followed by `tensors` is the shard file (a whole file with no tensors works too).
+    async fn replicate(
+        &self,
+        step: u64,
+        header: &[u8],
+        tensors: &[Tensor],
+        metadata: &BTreeMap<String, String>,
+        upload: bool,
+    ) -> Vec<Error> {
+        let cfg = &self.cfg;
+        let ctx = &self.ctx;
+        let run = &cfg.run_id;
+        let mut failed = Vec::new();
         // 2. Replicas on other nodes' agents.
         let targets = self.replica_targets();
         for peer in &targets {
             let r = async {
                 let rec = peer
-                    .write_shard(ctx, run, step, cfg.rank, &header, tensors)
+                    .write_shard(ctx, run, step, cfg.rank, header, tensors)
                     .await?;
                 peer.write_record(ctx, run, step, &rec).await
             }
@@ -380,7 +446,7 @@ impl Checkpointer {
         if cfg.rank == 0 && !targets.is_empty() {
             // Records are spread over the peers: commit once every rank has one somewhere, on every peer.
             let all: Vec<&Tier> = cfg.peers.iter().collect();
-            match self.commit_when_complete(&all, step, &metadata, &all).await {
+            match self.commit_when_complete(&all, step, metadata, &all).await {
                 Ok(()) => self.retain(&all, cfg.keep_local).await,
                 Err(e) => failed.push(e.context("peer tier")),
             }
@@ -389,11 +455,11 @@ impl Checkpointer {
         if let (true, Some(remote)) = (upload, &cfg.remote) {
             let r = async {
                 let rec = remote
-                    .write_shard(ctx, run, step, cfg.rank, &header, tensors)
+                    .write_shard(ctx, run, step, cfg.rank, header, tensors)
                     .await?;
                 remote.write_record(ctx, run, step, &rec).await?;
                 if cfg.rank == 0 {
-                    self.commit_when_complete(&[remote], step, &metadata, &[remote])
+                    self.commit_when_complete(&[remote], step, metadata, &[remote])
                         .await?;
                     self.retain(&[remote], cfg.keep_remote).await;
                 }
@@ -404,6 +470,33 @@ impl Checkpointer {
                 failed.push(e.context(remote.describe()));
             }
         }
+        failed
+    }
+
+    /// Finish a save whose shard is already durable in the local tier: read it back (verified against its
+    /// record), replicate it to the peers and upload it (when `upload`), committing each tier. This is what
+    /// the node agent runs when a training process hands a save over, so the work survives the process.
+    pub async fn finish_from_local(&self, step: u64, upload: bool) -> Result<()> {
+        let cfg = &self.cfg;
+        let run = &cfg.run_id;
+        let rec_text = cfg
+            .local
+            .read_file(&self.ctx, run, step, &manifest::record_file(cfg.rank))
+            .await?;
+        let rec: ShardRecord = serde_json::from_slice(&rec_text)
+            .map_err(|e| Error::new(ErrorKind::Corrupt, format!("record of step {step}: {e}")))?;
+        let file = cfg.local.read_file(&self.ctx, run, step, &rec.file).await?;
+        if file.len() as u64 != rec.size || blake3::hash(&file).to_hex().as_str() != rec.blake3 {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "step {step}: the local shard {} does not match its record",
+                    rec.file
+                ),
+            ));
+        }
+        let (_, metadata) = format::decode(&rec.file, &file)?;
+        let mut failed = self.replicate(step, &file, &[], &metadata, upload).await;
         match failed.len() {
             0 => Ok(()),
             1 => Err(failed.remove(0)),

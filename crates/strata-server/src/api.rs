@@ -11,6 +11,7 @@
 //! | POST | `/v1/cache/unpin` | `{"location": "..."}`: unpin a prefix |
 //! | GET | `/v1/read?location=...` | an object's bytes through the cache; honours `Range: bytes=a-b` |
 //! | * | `/v1/peer/ckpt/...` | checkpoint replicas from other nodes (see [`crate::peer`]) |
+//! | POST, GET | `/v1/ckpt/handoff` | checkpoint saves handed over by training processes on this node |
 //!
 //! Locations are `NAME/key`, a URL under a configured backend, or an ad-hoc `s3://bucket/key`.
 

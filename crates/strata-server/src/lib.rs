@@ -51,6 +51,7 @@ pub struct Agent {
     cache: BlockCache,
     backends: Vec<NamedBackend>,
     adhoc: Mutex<HashMap<String, Backend>>,
+    handoffs: peer::Handoffs,
     _lock: std::fs::File,
 }
 
@@ -98,6 +99,7 @@ impl Agent {
             cache,
             backends,
             adhoc: Mutex::new(HashMap::new()),
+            handoffs: peer::Handoffs::default(),
             _lock: lock,
         }))
     }
@@ -117,6 +119,34 @@ impl Agent {
     /// Configured backends.
     pub fn backends(&self) -> &[NamedBackend] {
         &self.backends
+    }
+
+    /// Checkpoint saves handed over by training processes on this node.
+    pub fn handoffs(&self) -> &peer::Handoffs {
+        &self.handoffs
+    }
+
+    /// Open a backend rooted at `url` with the options of the configured backend it lies under, or, for
+    /// another `s3://` URL, with `[s3_defaults]` and the AWS environment. Other local paths are refused.
+    pub fn open_url(&self, url: &str) -> Result<Backend> {
+        let url = url.trim_end_matches('/');
+        for b in &self.config.backends {
+            let base = b.url.trim_end_matches('/');
+            if url == base || url.strip_prefix(base).is_some_and(|r| r.starts_with('/')) {
+                return Backend::open(url, &b.options, self.config.retry, self.telemetry.clone());
+            }
+        }
+        if url.starts_with("s3://") {
+            return Backend::open(
+                url,
+                &self.config.s3_defaults,
+                self.config.retry,
+                self.telemetry.clone(),
+            );
+        }
+        Err(Error::invalid_input(format!(
+            "{url:?} is not under a configured backend; only s3:// URLs can be used ad hoc"
+        )))
     }
 
     /// Resolve a location to a backend and a key (or prefix). Accepted forms:

@@ -6,8 +6,11 @@
 //! | GET | `/v1/peer/ckpt/{run}/{step}/{file}` | read one back (the reader verifies it against the manifest) |
 //! | GET | `/v1/peer/ckpt/{run}` | `{"steps": [...], "committed": [...]}` |
 //! | DELETE | `/v1/peer/ckpt/{run}/{step}` | delete a step (manifest first) |
+//! | POST | `/v1/ckpt/handoff` | take over a save whose shard is durable in a local tier on this node ([`strata_ckpt::handoff`]) |
+//! | GET | `/v1/ckpt/handoff?run=&step=&rank=` | its state: `pending`, `done` or `failed` |
 //!
 //! Replicas live under `<data-dir>/peer-checkpoints`, in the same layout as a checkpointer's local tier.
+//! Handed-over saves run two at a time; their states are kept for the last 1,024.
 
 use std::sync::Arc;
 
@@ -34,6 +37,10 @@ pub fn router(agent: Arc<Agent>) -> Router {
         .route("/v1/peer/ckpt/{run}", get(list))
         .route("/v1/peer/ckpt/{run}/{step}", axum::routing::delete(delete))
         .route("/v1/peer/ckpt/{run}/{step}/{file}", get(read).put(write))
+        .route(
+            "/v1/ckpt/handoff",
+            axum::routing::post(handoff).get(handoff_status),
+        )
         .layer(DefaultBodyLimit::max(MAX_REPLICA))
         .with_state(agent)
 }
@@ -140,4 +147,119 @@ async fn delete(
         .delete_step(&IoContext::default(), &run, step)
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Saves handed over by training processes: their states, and a limit on how many run at once.
+#[derive(Debug)]
+pub struct Handoffs {
+    states: parking_lot::Mutex<std::collections::VecDeque<HandoffStatus>>,
+    running: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Handoffs {
+    fn default() -> Self {
+        Self {
+            states: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+            running: Arc::new(tokio::sync::Semaphore::new(2)),
+        }
+    }
+}
+
+const KEPT_STATES: usize = 1024;
+
+impl Handoffs {
+    fn set(&self, st: HandoffStatus) {
+        let mut v = self.states.lock();
+        if let Some(old) = v
+            .iter_mut()
+            .find(|s| s.run_id == st.run_id && s.step == st.step && s.rank == st.rank)
+        {
+            *old = st;
+            return;
+        }
+        if v.len() >= KEPT_STATES {
+            v.pop_front();
+        }
+        v.push_back(st);
+    }
+
+    fn get(&self, run: &str, step: u64, rank: u32) -> Option<HandoffStatus> {
+        self.states
+            .lock()
+            .iter()
+            .find(|s| s.run_id == run && s.step == step && s.rank == rank)
+            .cloned()
+    }
+}
+
+use strata_ckpt::handoff::{HandoffRequest, HandoffStatus};
+
+async fn handoff(
+    State(agent): State<Arc<Agent>>,
+    Json(req): Json<HandoffRequest>,
+) -> Result<StatusCode, ApiError> {
+    req.validate()?;
+    let remote = match &req.remote_url {
+        Some(u) => Some(Tier::Remote(agent.open_url(u)?)),
+        None => None,
+    };
+    let cfg = req.config(remote)?;
+    let ck = strata_ckpt::Checkpointer::new(cfg, IoContext::default())?;
+    let status = |state: &str, error: Option<String>| HandoffStatus {
+        run_id: req.run_id.clone(),
+        step: req.step,
+        rank: req.rank,
+        state: state.into(),
+        error,
+    };
+    agent.handoffs().set(status("pending", None));
+    let running = agent.handoffs().running.clone();
+    let (agent2, step, upload) = (agent.clone(), req.step, req.upload);
+    let done = status("done", None);
+    let failed = move |e: String| HandoffStatus {
+        state: "failed".into(),
+        error: Some(e),
+        ..done.clone()
+    };
+    let done = status("done", None);
+    tokio::spawn(async move {
+        let Ok(_permit) = running.acquire_owned().await else {
+            return;
+        };
+        match ck.finish_from_local(step, upload).await {
+            Ok(()) => agent2.handoffs().set(done),
+            Err(e) => {
+                tracing::error!(error = %e, step, "handed-over checkpoint save failed");
+                agent2.handoffs().set(failed(e.to_string()));
+            }
+        }
+    });
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// Query of `GET /v1/ckpt/handoff`.
+#[derive(Debug, serde::Deserialize)]
+struct HandoffQuery {
+    run: String,
+    step: u64,
+    rank: u32,
+}
+
+async fn handoff_status(
+    State(agent): State<Arc<Agent>>,
+    axum::extract::Query(q): axum::extract::Query<HandoffQuery>,
+) -> Result<Json<HandoffStatus>, ApiError> {
+    agent
+        .handoffs()
+        .get(&q.run, q.step, q.rank)
+        .map(Json)
+        .ok_or_else(|| {
+            ApiError(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "no handed-over save of run {} step {} rank {}",
+                    q.run, q.step, q.rank
+                ),
+            ))
+        })
 }

@@ -31,8 +31,9 @@ def _torch():
 
 
 class SaveHandle:
-    """A save in progress. ``wait()`` / ``done()``; ``state`` is ``pending``, ``done``, ``skipped`` or
-    ``failed`` (then ``error`` says why). A failed save never raises into the training loop."""
+    """A save in progress. ``wait()`` / ``done()``; ``state`` is ``pending``, ``handed_over`` (durable locally,
+    the node agent finishes the rest), ``done``, ``skipped`` or ``failed`` (then ``error`` says why). A failed
+    save never raises into the training loop."""
 
     def __init__(self, native: Any) -> None:
         self._h = native
@@ -55,6 +56,10 @@ class SaveHandle:
     def wait(self, timeout: Optional[float] = None) -> str:
         """Wait (GIL released) until the save is durable in every scheduled tier, or failed."""
         return self._h.wait(timeout)
+
+    def wait_released(self, timeout: Optional[float] = None) -> str:
+        """Wait until this process's part is over: the save finished, or the node agent took it over."""
+        return self._h.wait(timeout, released=True)
 
     def __repr__(self) -> str:
         return f"SaveHandle(step={self.step}, state={self.state!r})"
@@ -195,11 +200,12 @@ _LIVE: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
 
 @atexit.register
 def _flush_at_exit() -> None:
-    # save() has returned: finish the durability work before the interpreter goes (not after SIGKILL: an
+    # save() has returned: finish this process's part of the durability work before the interpreter goes: all
+    # of it, or, with a node agent, until the agent has taken the save over (after SIGKILL nothing runs here: an
     # interrupted save is never visible, its checkpoint has no manifest).
     for c in list(_LIVE):
         try:
-            c.flush()
+            c._release_all()
         except Exception:  # pragma: no cover - best effort at exit
             pass
 
@@ -217,6 +223,10 @@ class Checkpointer:
             ``STRATA_PEER_PORT`` (7070). Each shard is replicated to ``replicas`` agents of other nodes; restore
             reads local first, then peers, then the object store.
         replicas: replicas per shard on other nodes (default 1 when peers are given).
+        agent: this node's agent (``strata serve`` control API, ``host:port``); default ``STRATA_AGENT``; ``""``
+            for none. Once a shard is durable locally, the agent replicates and uploads it, so the work goes on
+            when the training process exits (at exit the process waits only until the agent took over). Without
+            an agent, the process does it all and waits for it at exit.
         self_peer: this node's agent's index in ``peers`` (default: the one equal to ``STRATA_AGENT``, else the
             one on this host name).
         rank, world_size, local_world_size: default from ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE``, else 0,
@@ -244,6 +254,7 @@ class Checkpointer:
         *,
         replicas: int = 1,
         self_peer: Optional[int] = None,
+        agent: Optional[str] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         local_world_size: Optional[int] = None,
@@ -266,12 +277,14 @@ class Checkpointer:
         os.makedirs(local_dir, exist_ok=True)
         self._native = _native.Checkpointer(
             run_id, local_dir, remote_url=remote_url, peers=peer_list, self_peer=self_peer, replicas=replicas,
+            agent=(os.environ.get("STRATA_AGENT") if agent is None else agent) or None,
             rank=self.rank, world_size=self.world_size,
             local_is_shared=local_world == self.world_size, upload_every=upload_every, keep_local=keep_local,
             keep_remote=keep_remote, keep_every=keep_every, overlap=overlap, commit_timeout=commit_timeout,
         )
         self.run_id = run_id
         self._on_error = on_error
+        self._handles: list[SaveHandle] = []  # saves whose process part may still be running
         _LIVE.add(self)
 
     def save(self, step: int, state: Any, metadata: Optional[dict] = None) -> SaveHandle:
@@ -280,6 +293,7 @@ class Checkpointer:
         md = {str(k): str(v) for k, v in (metadata or {}).items()}
         md[TREE_KEY] = json.dumps(skel)
         h = SaveHandle(self._native.save(int(step), tensors, md))
+        self._handles = [x for x in self._handles if x.state == "pending"] + [h]
         if self._on_error is not None:
             cb = self._on_error
 
@@ -314,6 +328,10 @@ class Checkpointer:
     def flush(self) -> None:
         """Wait for every save in progress."""
         self._native.flush()
+
+    def _release_all(self) -> None:
+        for h in list(self._handles):
+            h.wait_released()
 
     def delete(self, step: int) -> None:
         """Delete a checkpoint from every tier."""

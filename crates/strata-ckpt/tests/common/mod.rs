@@ -53,6 +53,7 @@ pub fn ckpt(local: &Path, remote: Option<Tier>, rank: u32, world: u32) -> Checkp
             keep_remote: Retention::default(),
             overlap: Overlap::Wait,
             commit_timeout: Duration::from_secs(20),
+            handoff: None,
         },
         IoContext::default(),
     )
