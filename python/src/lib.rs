@@ -580,6 +580,91 @@ impl SaveHandle {
     }
 }
 
+type Loaded<'py> = (
+    u64,
+    Vec<(String, String, Vec<u64>, usize, usize)>,
+    std::collections::BTreeMap<String, String>,
+    Bound<'py, pyo3::types::PyByteArray>,
+);
+
+fn tracing_warn(msg: &str) {
+    eprintln!("strata: {msg}");
+}
+
+/// Read a local shard straight into a new bytearray, hashing it on a second thread as it is read. `Ok(None)`
+/// when the file is missing or does not match its record (the caller tries the other tiers).
+#[allow(clippy::type_complexity)]
+fn read_verified<'py>(
+    py: Python<'py>,
+    path: &std::path::Path,
+    rec: &strata_ckpt::ShardRecord,
+) -> PyResult<
+    Option<(
+        Vec<(String, String, Vec<u64>, usize, usize)>,
+        std::collections::BTreeMap<String, String>,
+        Bound<'py, pyo3::types::PyByteArray>,
+    )>,
+> {
+    use std::io::Read;
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Ok(None);
+    };
+    match f.metadata() {
+        Ok(md) if md.len() == rec.size => {}
+        _ => return Ok(None),
+    }
+    let size = usize::try_from(rec.size).map_err(|_| StrataError::new_err("shard too large"))?;
+    let mut verdict: Option<Result<(Vec<_>, std::collections::BTreeMap<String, String>), String>> =
+        None;
+    let buf = pyo3::types::PyByteArray::new_with(py, size, |b| {
+        let read = std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<&[u8]>(4);
+            let hasher = s.spawn(move || {
+                let mut h = blake3::Hasher::new();
+                for chunk in rx {
+                    h.update(chunk);
+                }
+                h.finalize().to_hex().to_string()
+            });
+            let mut result = Ok(());
+            for chunk in b.chunks_mut(8 << 20) {
+                if let Err(e) = f.read_exact(chunk) {
+                    result = Err(e.to_string());
+                    break;
+                }
+                let chunk: &[u8] = chunk;
+                if tx.send(chunk).is_err() {
+                    break;
+                }
+            }
+            drop(tx);
+            let sum = hasher.join().unwrap_or_default();
+            result.map(|()| sum)
+        });
+        verdict = Some(match read {
+            Err(e) => Err(e),
+            Ok(sum) if sum != rec.blake3 => Err("checksum mismatch".to_string()),
+            Ok(_) => strata_ckpt::format::parse(&rec.file, b)
+                .map(|(entries, md)| {
+                    (
+                        entries
+                            .into_iter()
+                            .map(|e| (e.name, e.dtype, e.shape, e.range.start, e.range.len()))
+                            .collect(),
+                        md,
+                    )
+                })
+                .map_err(|e| e.to_string()),
+        });
+        Ok(())
+    })?;
+    match verdict {
+        Some(Ok((entries, md))) => Ok(Some((entries, md, buf))),
+        Some(Err(e)) => Err(StrataError::new_err(e)),
+        None => Ok(None),
+    }
+}
+
 /// A rank's checkpointer (native). `strata.Checkpointer` wraps it.
 #[pyclass(module = "strata._native", frozen)]
 struct Checkpointer {
@@ -784,26 +869,28 @@ impl Checkpointer {
     }
 
     /// This rank's tensors of `step` (`None`: the newest loadable checkpoint), as
-    /// `(step, [(name, dtype, shape, bytearray)], metadata)`; `None` when there is no checkpoint.
+    /// `(step, [(name, dtype, shape, offset, length)], metadata, buffer)`: every tensor is a slice of one
+    /// bytearray; `None` when there is no checkpoint. A verified local shard is read straight into the
+    /// bytearray (hashed while it is read, no other copy); otherwise the tiers are tried in order.
     #[pyo3(signature = (step=None))]
-    #[allow(clippy::type_complexity)]
-    fn load<'py>(
-        &self,
-        py: Python<'py>,
-        step: Option<u64>,
-    ) -> PyResult<
-        Option<(
-            u64,
-            Vec<(
-                String,
-                String,
-                Vec<u64>,
-                Bound<'py, pyo3::types::PyByteArray>,
-            )>,
-            std::collections::BTreeMap<String, String>,
-        )>,
-    > {
+    fn load<'py>(&self, py: Python<'py>, step: Option<u64>) -> PyResult<Option<Loaded<'py>>> {
         let (rt, _) = proc()?;
+        let inner = self.inner.clone();
+        let m = py
+            .detach(|| rt.block_on(async { inner.manifest(step).await }))
+            .map_err(to_py)?;
+        if let Some(m) = m
+            && let Some((path, rec)) = self.inner.local_shard(&m)
+        {
+            match read_verified(py, &path, &rec) {
+                Ok(Some((entries, md, buf))) => return Ok(Some((m.step, entries, md, buf))),
+                Ok(None) => {}
+                Err(e) => tracing_warn(&format!(
+                    "local shard {}: {e}; trying the other tiers",
+                    path.display()
+                )),
+            }
+        }
         let inner = self.inner.clone();
         let r = py
             .detach(|| {
@@ -818,18 +905,28 @@ impl Checkpointer {
         let Some((s, tensors, md)) = r else {
             return Ok(None);
         };
-        let out = tensors
-            .into_iter()
-            .map(|t| {
-                (
-                    t.name,
-                    t.dtype,
-                    t.shape,
-                    pyo3::types::PyByteArray::new(py, &t.data),
-                )
-            })
-            .collect();
-        Ok(Some((s, out, md)))
+        let total: usize = tensors.iter().map(|t| t.data.len()).sum();
+        let mut entries = Vec::with_capacity(tensors.len());
+        let mut off = 0usize;
+        for t in &tensors {
+            entries.push((
+                t.name.clone(),
+                t.dtype.clone(),
+                t.shape.clone(),
+                off,
+                t.data.len(),
+            ));
+            off += t.data.len();
+        }
+        let buf = pyo3::types::PyByteArray::new_with(py, total, |b| {
+            let mut off = 0usize;
+            for t in &tensors {
+                b[off..off + t.data.len()].copy_from_slice(&t.data);
+                off += t.data.len();
+            }
+            Ok(())
+        })?;
+        Ok(Some((s, entries, md, buf)))
     }
 
     /// Delete a checkpoint from every tier.

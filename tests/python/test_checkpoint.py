@@ -31,6 +31,7 @@ def model_state(step, n=1000):
         "rng": b"\x01\x02" * step,
         "epoch": step // 10,
         "name": "resnet",
+        "empty": torch.zeros(0),
     }
 
 
@@ -71,6 +72,9 @@ def test_round_trip_and_mutation_after_save(tmp_path):
     step, got = c.load_latest()
     assert step == 5 and same(got, want)
     assert c.steps() == [5]
+    # Restored tensors are ordinary, writable memory.
+    got["model"]["w"].add_(1.0)
+    got["optimizer"]["state"][0]["exp_avg"][:] = 3
 
 
 def test_shards_are_safetensors(tmp_path):

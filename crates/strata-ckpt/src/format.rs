@@ -111,8 +111,21 @@ pub fn encode_header(
     Ok((out, total))
 }
 
-/// Parse a whole shard file; tensors share `buf` (no copy).
-pub fn decode(file: &str, buf: &Bytes) -> Result<(Vec<Tensor>, BTreeMap<String, String>)> {
+/// One tensor's place in a shard file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Name.
+    pub name: String,
+    /// safetensors dtype.
+    pub dtype: String,
+    /// Dimensions.
+    pub shape: Vec<u64>,
+    /// Byte range in the file.
+    pub range: std::ops::Range<usize>,
+}
+
+/// Parse a shard file's header: its tensors (in data order, with their byte ranges in `buf`) and metadata.
+pub fn parse(file: &str, buf: &[u8]) -> Result<(Vec<Entry>, BTreeMap<String, String>)> {
     let n = buf
         .get(..8)
         .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
@@ -131,9 +144,9 @@ pub fn decode(file: &str, buf: &Bytes) -> Result<(Vec<Tensor>, BTreeMap<String, 
         })? as usize;
     let header: Map<String, Value> = serde_json::from_slice(&buf[8..hend])
         .map_err(|e| corrupt(file, format!("header is not JSON: {e}")))?;
-    let data = buf.slice(hend..);
+    let data_len = (buf.len() - hend) as u64;
     let mut metadata = BTreeMap::new();
-    let mut tensors = Vec::new();
+    let mut entries = Vec::new();
     for (name, v) in header {
         if name == "__metadata__" {
             if let Value::Object(m) = v {
@@ -162,20 +175,42 @@ pub fn decode(file: &str, buf: &Bytes) -> Result<(Vec<Tensor>, BTreeMap<String, 
             offs.first().and_then(Value::as_u64),
             offs.get(1).and_then(Value::as_u64),
         ) {
-            (Some(b), Some(e)) if b <= e && e <= data.len() as u64 => (b as usize, e as usize),
+            (Some(b), Some(e)) if b <= e && e <= data_len => (b as usize, e as usize),
             _ => return Err(corrupt(file, format!("{name}: offsets outside the data"))),
         };
-        let t = Tensor {
-            name: name.clone(),
+        let size = dtype_size(dtype)
+            .ok_or_else(|| corrupt(file, format!("{name}: unknown dtype {dtype}")))?;
+        let want = shape.iter().try_fold(size, |a, &d| a.checked_mul(d));
+        if want != Some((e - b) as u64) {
+            return Err(corrupt(
+                file,
+                format!("{name}: {dtype} {shape:?} does not fit {} bytes", e - b),
+            ));
+        }
+        entries.push(Entry {
+            name,
             dtype: dtype.to_string(),
             shape,
-            data: data.slice(b..e),
-        };
-        t.validate().map_err(|e| corrupt(file, e.message()))?;
-        tensors.push((b, t));
+            range: hend + b..hend + e,
+        });
     }
-    tensors.sort_by_key(|(b, _)| *b);
-    Ok((tensors.into_iter().map(|(_, t)| t).collect(), metadata))
+    entries.sort_by_key(|e| e.range.start);
+    Ok((entries, metadata))
+}
+
+/// Parse a whole shard file; tensors share `buf` (no copy).
+pub fn decode(file: &str, buf: &Bytes) -> Result<(Vec<Tensor>, BTreeMap<String, String>)> {
+    let (entries, metadata) = parse(file, buf)?;
+    let tensors = entries
+        .into_iter()
+        .map(|e| Tensor {
+            name: e.name,
+            dtype: e.dtype,
+            shape: e.shape,
+            data: buf.slice(e.range),
+        })
+        .collect();
+    Ok((tensors, metadata))
 }
 
 #[cfg(test)]

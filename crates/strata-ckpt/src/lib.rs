@@ -652,6 +652,32 @@ impl Checkpointer {
         Ok(steps.into_iter().rev().collect())
     }
 
+    /// The manifest of `step`, or of the newest committed step (`None` when there is none).
+    pub async fn manifest(&self, step: Option<u64>) -> Result<Option<Manifest>> {
+        let all = self.committed().await?;
+        Ok(match step {
+            Some(s) => all.into_iter().find(|(x, _)| *x == s).map(|(_, m)| m),
+            None => all.into_iter().next().map(|(_, m)| m),
+        })
+    }
+
+    /// Where this rank's shard of `m` would be in the local tier, with its expected record; for callers that
+    /// read it straight into their own memory (and fall back to [`Self::load`] when it does not verify).
+    pub fn local_shard(&self, m: &Manifest) -> Option<(std::path::PathBuf, ShardRecord)> {
+        let Tier::Local(root) = &self.cfg.local else {
+            return None;
+        };
+        if m.world_size != self.cfg.world_size {
+            return None;
+        }
+        let rec = m.shards.get(self.cfg.rank as usize)?.clone();
+        let path = root
+            .join(&m.run_id)
+            .join(manifest::step_dir(m.step))
+            .join(&rec.file);
+        Some((path, rec))
+    }
+
     /// Load this rank's shard of `step`: from the first tier holding a copy whose blake3 matches the manifest.
     pub async fn load(&self, step: u64) -> Result<(Vec<Tensor>, BTreeMap<String, String>)> {
         let m = self

@@ -122,15 +122,23 @@ def _unflatten(skel: Any, arrays: dict) -> Any:
     if "v" in skel:
         return skel["v"]
     name, kind = skel["x"], skel["k"]
-    dtype, shape, buf = arrays[name]
+    dtype, shape, buf, off, length = arrays[name]
     if kind == "bytes":
-        return bytes(buf)
+        return bytes(memoryview(buf)[off:off + length])
     if dtype == "BF16":
         torch = _torch()
         if torch is None:
             raise _native.StrataError(f"{name} is a bfloat16 tensor: loading it needs torch")
-        return torch.frombuffer(buf, dtype=torch.int16).view(torch.bfloat16).reshape(shape)
-    arr = np.frombuffer(buf, dtype=_ST_TO_NP[dtype]).reshape(shape)
+        if length == 0:
+            return torch.empty(shape, dtype=torch.bfloat16)
+        return torch.frombuffer(buf, dtype=torch.int16, count=length // 2, offset=off).view(
+            torch.bfloat16).reshape(shape)
+    np_dtype = np.dtype(_ST_TO_NP[dtype])
+    if length == 0:
+        arr = np.empty(shape, dtype=np_dtype)
+        return _torch().from_numpy(arr) if kind == "torch" and _torch() is not None else arr
+    # A view of the one buffer the shard was read into: no copy.
+    arr = np.frombuffer(buf, dtype=np_dtype, count=length // np_dtype.itemsize, offset=off).reshape(shape)
     if kind == "torch" and _torch() is not None:
         return _torch().from_numpy(arr)
     return arr
@@ -305,8 +313,8 @@ class Checkpointer:
         return h
 
     def _restore(self, got: Any) -> Any:
-        step, tensors, md = got
-        arrays = {name: (dtype, shape, buf) for name, dtype, shape, buf in tensors}
+        step, tensors, md, buf = got
+        arrays = {name: (dtype, shape, buf, off, length) for name, dtype, shape, off, length in tensors}
         skel = md.get(TREE_KEY)
         if skel is None:  # written by another tool: a flat dict of arrays
             return step, {n: _unflatten({"x": n, "k": "numpy"}, arrays) for n in arrays}
