@@ -811,19 +811,15 @@ impl Checkpointer {
             let inner = self.inner.clone();
             py.detach(|| rt.block_on(async move { inner.wait_idle().await }));
         }
-        let mut staged = Vec::with_capacity(tensors.len());
-        let mut total = 0usize;
-        for (name, dtype, shape, buf) in tensors {
-            let mut v = staging(&self.pool, buf.len_bytes());
-            buf.copy_to_slice(py, &mut v)?;
-            total += v.len();
-            staged.push(strata_ckpt::Tensor {
-                name,
-                dtype,
-                shape,
-                data: bytes::Bytes::from(v),
-            });
-        }
+        let specs: Vec<strata_ckpt::format::Spec> = tensors
+            .iter()
+            .map(|(name, dtype, shape, _)| strata_ckpt::format::Spec {
+                name: name.clone(),
+                dtype: dtype.clone(),
+                shape: shape.clone(),
+            })
+            .collect();
+        let total: usize = tensors.iter().map(|t| t.3.len_bytes()).sum();
         let pool = self.pool.clone();
         let recycle: strata_ckpt::Recycle = Box::new(move |tensors| {
             let mut p = pool.lock();
@@ -838,15 +834,24 @@ impl Checkpointer {
         });
         let inner = self.inner.clone();
         let handle = rt.handle().clone();
-        let h = py
+        let (h, mut sink) = py
             .detach(|| {
                 rt.block_on(async move {
                     inner
-                        .save_with(&handle, step, staged, metadata, Some(recycle))
+                        .save_stream(&handle, step, specs, metadata, Some(recycle))
                         .await
                 })
             })
             .map_err(to_py)?;
+        // Copy each tensor into staging memory and hand it to the writer, which is already writing the
+        // previous ones: the copy (the only part the caller waits for) overlaps the write.
+        if sink.wanted() {
+            for (_, _, _, buf) in &tensors {
+                let mut v = staging(&self.pool, buf.len_bytes());
+                buf.copy_to_slice(py, &mut v)?;
+                sink.push(bytes::Bytes::from(v)).map_err(to_py)?;
+            }
+        }
         Ok(SaveHandle { inner: h, rt })
     }
 

@@ -74,9 +74,76 @@ impl Tensor {
     }
 }
 
+/// A tensor's name, dtype and shape, before its bytes exist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// Name.
+    pub name: String,
+    /// safetensors dtype.
+    pub dtype: String,
+    /// Dimensions.
+    pub shape: Vec<u64>,
+}
+
+impl Spec {
+    /// Bytes of the tensor, checked.
+    pub fn byte_len(&self) -> Result<u64> {
+        let size = dtype_size(&self.dtype).ok_or_else(|| {
+            Error::invalid_input(format!(
+                "tensor {:?}: unknown dtype {:?}",
+                self.name, self.dtype
+            ))
+        })?;
+        self.shape
+            .iter()
+            .try_fold(size, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| Error::invalid_input(format!("tensor {:?}: shape overflows", self.name)))
+    }
+}
+
+/// The header for tensors described by `specs`, laid out in order, and the total file size.
+pub fn encode_header_for(
+    specs: &[Spec],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(Vec<u8>, u64)> {
+    let entries = specs
+        .iter()
+        .map(|s| {
+            Ok((
+                s.name.as_str(),
+                s.dtype.as_str(),
+                &s.shape[..],
+                s.byte_len()?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    header_of(&entries, metadata)
+}
+
 /// The header (with its length prefix) for `tensors` laid out in order, and the total file size.
 pub fn encode_header(
     tensors: &[Tensor],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(Vec<u8>, u64)> {
+    for t in tensors {
+        t.validate()?;
+    }
+    let entries: Vec<_> = tensors
+        .iter()
+        .map(|t| {
+            (
+                t.name.as_str(),
+                t.dtype.as_str(),
+                &t.shape[..],
+                t.data.len() as u64,
+            )
+        })
+        .collect();
+    header_of(&entries, metadata)
+}
+
+fn header_of(
+    entries: &[(&str, &str, &[u64], u64)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<(Vec<u8>, u64)> {
     let mut map = Map::new();
@@ -84,18 +151,21 @@ pub fn encode_header(
         map.insert("__metadata__".into(), json!(metadata));
     }
     let mut off = 0u64;
-    for t in tensors {
-        t.validate()?;
-        if map.contains_key(&t.name) {
+    for &(name, dtype, shape, len) in entries {
+        if name.is_empty() || name == "__metadata__" {
             return Err(Error::invalid_input(format!(
-                "tensor name {:?} appears twice",
-                t.name
+                "tensor name {name:?} is reserved"
             )));
         }
-        let end = off + t.data.len() as u64;
+        if map.contains_key(name) {
+            return Err(Error::invalid_input(format!(
+                "tensor name {name:?} appears twice"
+            )));
+        }
+        let end = off + len;
         map.insert(
-            t.name.clone(),
-            json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [off, end]}),
+            name.to_string(),
+            json!({"dtype": dtype, "shape": shape, "data_offsets": [off, end]}),
         );
         off = end;
     }

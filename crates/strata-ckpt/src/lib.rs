@@ -32,6 +32,52 @@ pub use format::Tensor;
 pub use manifest::{Manifest, ShardRecord};
 pub use tier::Tier;
 
+/// Where a streamed save's tensors go, in the order of its specs (see [`Checkpointer::save_stream`]).
+#[derive(Debug)]
+pub struct TensorSink {
+    tx: Option<std::sync::mpsc::Sender<Bytes>>,
+    lens: Vec<u64>,
+    next: usize,
+}
+
+impl TensorSink {
+    fn discard(lens: Vec<u64>) -> Self {
+        Self {
+            tx: None,
+            lens,
+            next: 0,
+        }
+    }
+
+    /// Whether the save takes the tensors (false when it was skipped: pushing is then a no-op).
+    pub fn wanted(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Hand over the next tensor's bytes.
+    pub fn push(&mut self, data: Bytes) -> Result<()> {
+        let want = self
+            .lens
+            .get(self.next)
+            .copied()
+            .ok_or_else(|| Error::invalid_input("more tensors than the save described"))?;
+        if data.len() as u64 != want {
+            self.tx = None; // abandon: a wrong tensor must not be written
+            return Err(Error::invalid_input(format!(
+                "tensor {}: {} bytes, its dtype and shape need {want}",
+                self.next,
+                data.len()
+            )));
+        }
+        self.next += 1;
+        if let Some(tx) = &self.tx {
+            // The writer stops receiving only after failing; the save reports that failure.
+            let _ = tx.send(data);
+        }
+        Ok(())
+    }
+}
+
 /// Receives a save's tensors back when it is done with them (see [`Checkpointer::save_with`]).
 pub type Recycle = Box<dyn FnOnce(Vec<Tensor>) + Send>;
 
@@ -305,7 +351,7 @@ impl Checkpointer {
         let (tx, rx) = watch::channel(SaveState::Pending);
         let me = self.clone();
         let h = rt.spawn(async move {
-            let r = me.run_save(step, &tensors, metadata, upload, &tx).await;
+            let r = me.run_save(step, &tensors, metadata, upload, &tx, None).await;
             if let Some(recycle) = recycle {
                 recycle(tensors);
             }
@@ -322,6 +368,102 @@ impl Checkpointer {
         });
         self.tasks.push(h);
         Ok(SaveHandle { step, rx })
+    }
+
+    /// Start a save whose tensors are described by `specs` and arrive through the returned [`TensorSink`], in
+    /// order, while the local tier is already being written: the write overlaps the caller's copy. Dropping
+    /// the sink before every tensor was pushed abandons the save (reported on the handle, nothing committed).
+    pub async fn save_stream(
+        &self,
+        rt: &tokio::runtime::Handle,
+        step: u64,
+        specs: Vec<format::Spec>,
+        metadata: BTreeMap<String, String>,
+        recycle: Option<Recycle>,
+    ) -> Result<(SaveHandle, TensorSink)> {
+        let (header, _) = format::encode_header_for(&specs, &metadata)?;
+        let lens = specs
+            .iter()
+            .map(format::Spec::byte_len)
+            .collect::<Result<Vec<u64>>>()?;
+        let permit = match self.cfg.overlap {
+            Overlap::Wait => self
+                .running
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| Error::new(ErrorKind::Cancelled, "checkpointer closed"))?,
+            Overlap::Skip => match self.running.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    tracing::warn!(
+                        step,
+                        "checkpoint skipped: the previous save is still running"
+                    );
+                    let (_tx, rx) = watch::channel(SaveState::Skipped);
+                    return Ok((SaveHandle { step, rx }, TensorSink::discard(lens)));
+                }
+            },
+        };
+        let n = self
+            .saves
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let upload = self.cfg.remote.is_some() && n.is_multiple_of(self.cfg.upload_every);
+        let (data_tx, data_rx) = std::sync::mpsc::channel::<Bytes>();
+        let (tx, rx) = watch::channel(SaveState::Pending);
+        let me = self.clone();
+        let count = specs.len();
+        let h = rt.spawn(async move {
+            let cfg = &me.cfg;
+            let (written, datas) = cfg
+                .local
+                .write_shard_stream(&cfg.run_id, step, cfg.rank, header, count, data_rx)
+                .await;
+            let r = if datas.len() != count {
+                Err(written.err().unwrap_or_else(|| {
+                    Error::new(ErrorKind::Cancelled, "the save was abandoned while its state was being copied")
+                }))
+            } else {
+                let tensors: Vec<Tensor> = specs
+                    .into_iter()
+                    .zip(datas)
+                    .map(|(s, data)| Tensor {
+                        name: s.name,
+                        dtype: s.dtype,
+                        shape: s.shape,
+                        data,
+                    })
+                    .collect();
+                let local = match written {
+                    Err(e) if e.kind() == ErrorKind::Unsupported => None,
+                    other => Some(other),
+                };
+                let r = me.run_save(step, &tensors, metadata, upload, &tx, local).await;
+                if let Some(recycle) = recycle {
+                    recycle(tensors);
+                }
+                r
+            };
+            match r {
+                Ok(()) => {
+                    let _ = tx.send(SaveState::Done);
+                }
+                Err(e) => {
+                    tracing::error!(run = %me.cfg.run_id, step, error = %e, "checkpoint save failed");
+                    let _ = tx.send(SaveState::Failed(e));
+                }
+            }
+            drop(permit);
+        });
+        self.tasks.push(h);
+        Ok((
+            SaveHandle { step, rx },
+            TensorSink {
+                tx: Some(data_tx),
+                lens,
+                next: 0,
+            },
+        ))
     }
 
     /// Wait for every background save of this checkpointer.
@@ -360,6 +502,7 @@ impl Checkpointer {
         metadata: BTreeMap<String, String>,
         upload: bool,
         progress: &watch::Sender<SaveState>,
+        local_shard: Option<Result<ShardRecord>>,
     ) -> Result<()> {
         let cfg = &self.cfg;
         let (header, _) = format::encode_header(tensors, &metadata)?;
@@ -368,10 +511,14 @@ impl Checkpointer {
         let run = &cfg.run_id;
         // 1. The local tier (node-local NVMe).
         let local = async {
-            let rec = cfg
-                .local
-                .write_shard(ctx, run, step, cfg.rank, &header, tensors)
-                .await?;
+            let rec = match local_shard {
+                Some(r) => r?,
+                None => {
+                    cfg.local
+                        .write_shard(ctx, run, step, cfg.rank, &header, tensors)
+                        .await?
+                }
+            };
             cfg.local.write_record(ctx, run, step, &rec).await?;
             if cfg.rank == 0 && cfg.local_is_shared {
                 self.commit_when_complete(&[&cfg.local], step, &metadata, &[&cfg.local])

@@ -373,6 +373,111 @@ impl Tier {
         }
     }
 
+    /// Like [`Self::write_shard`] for the local tier, but tensors arrive one by one on `rx` while the caller
+    /// is still copying the next ones: the write overlaps the copy. Returns the record (or the error) and the
+    /// tensors received. Other tiers just collect the tensors and return `Unsupported`.
+    pub async fn write_shard_stream(
+        &self,
+        run: &str,
+        step: u64,
+        rank: u32,
+        header: Vec<u8>,
+        count: usize,
+        rx: std::sync::mpsc::Receiver<Bytes>,
+    ) -> (Result<ShardRecord>, Vec<Bytes>) {
+        let Tier::Local(root) = self else {
+            let got: Vec<Bytes> = rx.iter().take(count).collect();
+            return (
+                Err(Error::new(ErrorKind::Unsupported, "streamed write")),
+                got,
+            );
+        };
+        let dir = Self::local_step(root, run, step);
+        let file = shard_file(rank);
+        let path = dir.join(&file);
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut got = Vec::with_capacity(count);
+            let tmp = dir.join(format!(".{file}.tmp-{}", std::process::id()));
+            let r = (|| -> Result<ShardRecord> {
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| io(e, format!("create {}", dir.display())))?;
+                let mut f = std::fs::File::create(&tmp)
+                    .map_err(|e| io(e, format!("create {}", tmp.display())))?;
+                let (htx, hrx) = std::sync::mpsc::channel::<Bytes>();
+                let hasher = std::thread::spawn(move || {
+                    let mut h = blake3::Hasher::new();
+                    for c in hrx {
+                        h.update(&c);
+                    }
+                    h.finalize().to_hex().to_string()
+                });
+                let mut size = 0u64;
+                let mut write = |chunk: Bytes| -> Result<()> {
+                    failpoint("ckpt-shard-write")?;
+                    f.write_all(&chunk)
+                        .map_err(|e| io(e, format!("write {}", tmp.display())))?;
+                    size += chunk.len() as u64;
+                    let _ = htx.send(chunk);
+                    Ok(())
+                };
+                let mut r = write(Bytes::from(header));
+                while r.is_ok() && got.len() < count {
+                    match rx.recv() {
+                        Ok(b) => {
+                            got.push(b.clone());
+                            r = write(b);
+                        }
+                        Err(_) => {
+                            r = Err(Error::new(
+                                ErrorKind::Cancelled,
+                                "the save was abandoned while its state was being copied",
+                            ))
+                        }
+                    }
+                }
+                drop(write);
+                drop(htx);
+                let sum = hasher
+                    .join()
+                    .map_err(|_| Error::internal("shard hasher panicked"))?;
+                r?;
+                failpoint("ckpt-fsync")?;
+                f.sync_all()
+                    .map_err(|e| io(e, format!("fsync {}", tmp.display())))?;
+                failpoint("ckpt-shard-rename")?;
+                std::fs::rename(&tmp, &path)
+                    .map_err(|e| io(e, format!("rename to {}", path.display())))?;
+                fsync_dir(&dir)?;
+                Ok(ShardRecord {
+                    rank,
+                    file: file.clone(),
+                    size,
+                    blake3: sum,
+                    tensors: count,
+                })
+            })();
+            if r.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+                // Take the rest, so the caller's copies are not stuck and the tensors come back.
+                while got.len() < count {
+                    match rx.recv() {
+                        Ok(b) => got.push(b),
+                        Err(_) => break,
+                    }
+                }
+            }
+            (r, got)
+        })
+        .await;
+        match joined {
+            Ok(v) => v,
+            Err(e) => (
+                Err(Error::internal(format!("shard writer: {e}"))),
+                Vec::new(),
+            ),
+        }
+    }
+
     /// Record that a rank's shard is durable in this tier.
     pub async fn write_record(
         &self,

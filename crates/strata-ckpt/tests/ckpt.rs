@@ -232,3 +232,62 @@ async fn object_store_503s_are_retried_and_a_dead_store_fails_the_save_not_train
     let (step, t, _) = c.load_latest().await.unwrap().unwrap();
     assert_eq!((step, t), (2, state(0, 2)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_saves_write_while_the_caller_copies_and_can_be_abandoned() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = ckpt(dir.path(), None, 0, 1);
+    let rt = tokio::runtime::Handle::current();
+    let want = state(0, 5);
+    let specs: Vec<strata_ckpt::format::Spec> = want
+        .iter()
+        .map(|t| strata_ckpt::format::Spec {
+            name: t.name.clone(),
+            dtype: t.dtype.clone(),
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let (h, mut sink) = c
+        .save_stream(&rt, 5, specs.clone(), meta(5), None)
+        .await
+        .unwrap();
+    for t in &want {
+        sink.push(t.data.clone()).unwrap();
+    }
+    assert!(matches!(h.wait().await, SaveState::Done));
+    assert_eq!(c.load(5).await.unwrap().0, want);
+    // Abandoned after one tensor: reported, nothing committed, no temp file left.
+    let (h, mut sink) = c
+        .save_stream(&rt, 6, specs.clone(), meta(6), None)
+        .await
+        .unwrap();
+    sink.push(want[0].data.clone()).unwrap();
+    drop(sink);
+    assert!(matches!(h.wait().await, SaveState::Failed(_)));
+    // A tensor of the wrong size is refused in the caller and abandons the save.
+    let (h, mut sink) = c.save_stream(&rt, 7, specs, meta(7), None).await.unwrap();
+    assert_eq!(
+        sink.push(bytes::Bytes::from_static(b"x"))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidInput
+    );
+    drop(sink);
+    assert!(matches!(h.wait().await, SaveState::Failed(_)));
+    assert_eq!(c.load_latest().await.unwrap().unwrap().0, 5);
+    let ctx = IoContext::default();
+    assert_eq!(
+        Tier::Local(dir.path().to_path_buf())
+            .committed(&ctx, "run-1")
+            .await
+            .unwrap(),
+        vec![5]
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("run-1"))
+        .unwrap()
+        .flatten()
+        .flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

@@ -30,7 +30,12 @@ async fn every_commit_step_failing_leaves_the_last_committed_checkpoint() {
     let ctx = IoContext::default();
     let mut case = 0;
     for point in POINTS {
-        for action in ["return", "panic"] {
+        for (action, streamed) in [
+            ("return", false),
+            ("panic", false),
+            ("return", true),
+            ("panic", true),
+        ] {
             case += 1;
             let bucket = format!("fp-{case}");
             server.create_bucket(&bucket).await;
@@ -58,7 +63,25 @@ async fn every_commit_step_failing_leaves_the_last_committed_checkpoint() {
             );
 
             fail::cfg(*point, action).unwrap();
-            let h = c.save(&rt, 2, state(0, 2), meta(2)).await.unwrap();
+            let h = if streamed {
+                // The way the Python binding saves: tensors pushed while the shard is written.
+                let tensors = state(0, 2);
+                let specs = tensors
+                    .iter()
+                    .map(|t| strata_ckpt::format::Spec {
+                        name: t.name.clone(),
+                        dtype: t.dtype.clone(),
+                        shape: t.shape.clone(),
+                    })
+                    .collect();
+                let (h, mut sink) = c.save_stream(&rt, 2, specs, meta(2), None).await.unwrap();
+                for t in tensors {
+                    sink.push(t.data).unwrap();
+                }
+                h
+            } else {
+                c.save(&rt, 2, state(0, 2), meta(2)).await.unwrap()
+            };
             let outcome = h.wait().await;
             fail::remove(*point);
             if *point != "ckpt-retention-delete" {
