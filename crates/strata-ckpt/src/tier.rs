@@ -435,7 +435,6 @@ impl Tier {
                         }
                     }
                 }
-                drop(write);
                 drop(htx);
                 let sum = hasher
                     .join()
