@@ -587,8 +587,15 @@ type Loaded<'py> = (
     Bound<'py, pyo3::types::PyByteArray>,
 );
 
-fn tracing_warn(msg: &str) {
-    eprintln!("strata: {msg}");
+/// A Python `RuntimeWarning` (shown once per place by Python's warning filters).
+fn py_warn(py: Python<'_>, msg: &str) {
+    let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+    let _ = PyErr::warn(
+        py,
+        category.as_any(),
+        &std::ffi::CString::new(msg).unwrap_or_default(),
+        1,
+    );
 }
 
 /// Read a local shard straight into a new bytearray, hashing it on a second thread as it is read. `Ok(None)`
@@ -890,10 +897,13 @@ impl Checkpointer {
             match read_verified(py, &path, &rec) {
                 Ok(Some((entries, md, buf))) => return Ok(Some((m.step, entries, md, buf))),
                 Ok(None) => {}
-                Err(e) => tracing_warn(&format!(
-                    "local shard {}: {e}; trying the other tiers",
-                    path.display()
-                )),
+                Err(e) => py_warn(
+                    py,
+                    &format!(
+                        "local shard {}: {e}; trying the other tiers",
+                        path.display()
+                    ),
+                ),
             }
         }
         let inner = self.inner.clone();

@@ -205,34 +205,35 @@ async fn handoff(
     };
     let cfg = req.config(remote)?;
     let ck = strata_ckpt::Checkpointer::new(cfg, IoContext::default())?;
-    let status = |state: &str, error: Option<String>| HandoffStatus {
+    let pending = HandoffStatus {
         run_id: req.run_id.clone(),
         step: req.step,
         rank: req.rank,
-        state: state.into(),
-        error,
+        state: "pending".into(),
+        error: None,
     };
-    agent.handoffs().set(status("pending", None));
+    agent.handoffs().set(pending.clone());
     let running = agent.handoffs().running.clone();
-    let (agent2, step, upload) = (agent.clone(), req.step, req.upload);
-    let done = status("done", None);
-    let failed = move |e: String| HandoffStatus {
-        state: "failed".into(),
-        error: Some(e),
-        ..done.clone()
-    };
-    let done = status("done", None);
+    let (step, upload) = (req.step, req.upload);
     tokio::spawn(async move {
         let Ok(_permit) = running.acquire_owned().await else {
             return;
         };
-        match ck.finish_from_local(step, upload).await {
-            Ok(()) => agent2.handoffs().set(done),
+        let verdict = match ck.finish_from_local(step, upload).await {
+            Ok(()) => HandoffStatus {
+                state: "done".into(),
+                ..pending
+            },
             Err(e) => {
                 tracing::error!(error = %e, step, "handed-over checkpoint save failed");
-                agent2.handoffs().set(failed(e.to_string()));
+                HandoffStatus {
+                    state: "failed".into(),
+                    error: Some(e.to_string()),
+                    ..pending
+                }
             }
-        }
+        };
+        agent.handoffs().set(verdict);
     });
     Ok(StatusCode::ACCEPTED)
 }
