@@ -672,6 +672,111 @@ fn read_verified<'py>(
     }
 }
 
+/// What Python needs to map a verified local shard: tensors (name, dtype, shape, offset, length), metadata,
+/// and the file's identity (device, inode, size, mtime ns) to check that it maps the file that was hashed.
+type LocalPlan = (
+    Vec<(String, String, Vec<u64>, usize, usize)>,
+    std::collections::BTreeMap<String, String>,
+    (u64, u64, u64, i64),
+);
+
+/// Hash a local shard (reading on one thread, hashing on another) and parse its header. `Ok(None)` when it
+/// is missing, of another size or does not match its record.
+fn verify_local(
+    path: &std::path::Path,
+    rec: &strata_ckpt::ShardRecord,
+) -> Result<Option<LocalPlan>, Error> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Ok(None);
+    };
+    let md = f
+        .metadata()
+        .map_err(|e| Error::from_io(e, path.display()))?;
+    if md.len() != rec.size {
+        return Ok(None);
+    }
+    const CHUNK: usize = 8 << 20;
+    let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(2);
+    let (free_tx, free_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    for _ in 0..3 {
+        let _ = free_tx.send(vec![0u8; CHUNK]);
+    }
+    let mut head: Vec<u8> = Vec::new();
+    let sum = std::thread::scope(|s| {
+        let hasher = s.spawn(move || {
+            let mut h = blake3::Hasher::new();
+            for (buf, n) in full_rx {
+                h.update(&buf[..n]);
+                let _ = free_tx.send(buf);
+            }
+            h.finalize().to_hex().to_string()
+        });
+        let mut first = true;
+        let read = (|| -> std::io::Result<()> {
+            loop {
+                let Ok(mut buf) = free_rx.recv() else {
+                    return Ok(());
+                };
+                let mut n = 0;
+                while n < CHUNK {
+                    let k = f.read(&mut buf[n..])?;
+                    if k == 0 {
+                        break;
+                    }
+                    n += k;
+                }
+                if first {
+                    head = buf[..n.min(1 << 20)].to_vec();
+                    first = false;
+                }
+                if n == 0 {
+                    return Ok(());
+                }
+                if full_tx.send((buf, n)).is_err() {
+                    return Ok(());
+                }
+                if n < CHUNK {
+                    return Ok(());
+                }
+            }
+        })();
+        drop(full_tx);
+        let sum = hasher.join().unwrap_or_default();
+        read.map(|()| sum)
+    })
+    .map_err(|e| Error::from_io(e, path.display()))?;
+    if sum != rec.blake3 {
+        return Ok(None);
+    }
+    // The header may be longer than the first MiB kept: read it whole then.
+    let hlen = head
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        .unwrap_or(0);
+    if 8 + hlen > head.len() as u64 && 8 + hlen <= rec.size {
+        use std::os::unix::fs::FileExt;
+        head = vec![0u8; (8 + hlen) as usize];
+        f.read_exact_at(&mut head, 0)
+            .map_err(|e| Error::from_io(e, path.display()))?;
+    }
+    let (entries, meta) = strata_ckpt::format::parse_header(&rec.file, &head, rec.size)?;
+    Ok(Some((
+        entries
+            .into_iter()
+            .map(|e| (e.name, e.dtype, e.shape, e.range.start, e.range.len()))
+            .collect(),
+        meta,
+        (
+            md.dev(),
+            md.ino(),
+            md.len(),
+            md.mtime() * 1_000_000_000 + md.mtime_nsec(),
+        ),
+    )))
+}
+
 /// A rank's checkpointer (native). `strata.Checkpointer` wraps it.
 #[pyclass(module = "strata._native", frozen)]
 struct Checkpointer {
@@ -878,6 +983,50 @@ impl Checkpointer {
             .detach(|| rt.block_on(async move { inner.committed().await }))
             .map_err(to_py)?;
         Ok(c.into_iter().map(|(s, _)| s).collect())
+    }
+
+    /// The local shard of `step` (`None`: the newest committed), verified (blake3) and its header parsed, for
+    /// Python to map: `(step, path, tensors, metadata, identity)`, or `None` when the local tier has no
+    /// verified copy (then use `load`).
+    #[pyo3(signature = (step=None))]
+    #[allow(clippy::type_complexity)]
+    fn local_verified(
+        &self,
+        py: Python<'_>,
+        step: Option<u64>,
+    ) -> PyResult<
+        Option<(
+            u64,
+            std::path::PathBuf,
+            Vec<(String, String, Vec<u64>, usize, usize)>,
+            std::collections::BTreeMap<String, String>,
+            (u64, u64, u64, i64),
+        )>,
+    > {
+        let (rt, _) = proc()?;
+        let inner = self.inner.clone();
+        let m = py
+            .detach(|| rt.block_on(async { inner.manifest(step).await }))
+            .map_err(to_py)?;
+        let Some(m) = m else { return Ok(None) };
+        let Some((path, rec)) = self.inner.local_shard(&m) else {
+            return Ok(None);
+        };
+        match py.detach(|| verify_local(&path, &rec)).map_err(to_py)? {
+            Some((entries, meta, ident)) => Ok(Some((m.step, path, entries, meta, ident))),
+            None => {
+                if path.exists() {
+                    py_warn(
+                        py,
+                        &format!(
+                            "local shard {} does not verify; trying the other tiers",
+                            path.display()
+                        ),
+                    );
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// This rank's tensors of `step` (`None`: the newest loadable checkpoint), as

@@ -72,9 +72,12 @@ def test_round_trip_and_mutation_after_save(tmp_path):
     step, got = c.load_latest()
     assert step == 5 and same(got, want)
     assert c.steps() == [5]
-    # Restored tensors are ordinary, writable memory.
+    # Restored tensors are ordinary, writable memory; writing to them never changes the checkpoint (the local
+    # shard is mapped copy-on-write).
     got["model"]["w"].add_(1.0)
     got["optimizer"]["state"][0]["exp_avg"][:] = 3
+    assert same(c.load(5), want)
+    assert c._native.local_verified(5) is not None
 
 
 def test_shards_are_safetensors(tmp_path):

@@ -196,25 +196,32 @@ pub struct Entry {
 
 /// Parse a shard file's header: its tensors (in data order, with their byte ranges in `buf`) and metadata.
 pub fn parse(file: &str, buf: &[u8]) -> Result<(Vec<Entry>, BTreeMap<String, String>)> {
+    parse_header(file, buf, buf.len() as u64)
+}
+
+/// Like [`parse`], from the start of a file of `total` bytes (`head` must hold at least its header).
+pub fn parse_header(
+    file: &str,
+    head: &[u8],
+    total: u64,
+) -> Result<(Vec<Entry>, BTreeMap<String, String>)> {
+    let buf = head;
     let n = buf
         .get(..8)
         .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
         .ok_or_else(|| corrupt(file, "shorter than its header length"))?;
     let hend = 8u64
         .checked_add(n)
-        .filter(|&e| e <= buf.len() as u64)
+        .filter(|&e| e <= buf.len() as u64 && e <= total)
         .ok_or_else(|| {
             corrupt(
                 file,
-                format!(
-                    "header of {n} bytes runs past the file ({} bytes)",
-                    buf.len()
-                ),
+                format!("header of {n} bytes runs past the file ({total} bytes)"),
             )
         })? as usize;
     let header: Map<String, Value> = serde_json::from_slice(&buf[8..hend])
         .map_err(|e| corrupt(file, format!("header is not JSON: {e}")))?;
-    let data_len = (buf.len() - hend) as u64;
+    let data_len = total - hend as u64;
     let mut metadata = BTreeMap::new();
     let mut entries = Vec::new();
     for (name, v) in header {

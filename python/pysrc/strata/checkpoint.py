@@ -320,14 +320,33 @@ class Checkpointer:
             return step, {n: _unflatten({"x": n, "k": "numpy"}, arrays) for n in arrays}
         return step, _unflatten(json.loads(skel), arrays)
 
+    def _map_local(self, step: Optional[int]) -> Any:
+        """The verified local shard, mapped copy-on-write: tensors are views of the page cache, read lazily, and
+        writable (a write copies only the page it touches). None when the local tier has no verified copy."""
+        plan = self._native.local_verified(step)
+        if plan is None:
+            return None
+        s, path, tensors, md, (dev, ino, size, mtime_ns) = plan
+        import mmap
+
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (dev, ino, size, mtime_ns):
+                return None  # replaced since it was verified
+            if size == 0:
+                return None
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return s, tensors, md, mm
+
     def load_latest(self) -> Optional[tuple[int, Any]]:
         """``(step, state)`` of the newest complete checkpoint this rank can verify, or None."""
-        got = self._native.load(None)
+        got = self._map_local(None) or self._native.load(None)
         return None if got is None else self._restore(got)
 
     def load(self, step: int) -> Any:
         """The state saved at `step` (complete for every rank; this rank's shard verified)."""
-        return self._restore(self._native.load(int(step)))[1]
+        got = self._map_local(int(step)) or self._native.load(int(step))
+        return self._restore(got)[1]
 
     def steps(self) -> list[int]:
         """Committed steps, newest first."""
