@@ -322,52 +322,21 @@ impl Checkpointer {
         recycle: Option<Recycle>,
     ) -> Result<SaveHandle> {
         format::encode_header(&tensors, &metadata)?; // bad input fails here, in the caller
-        let permit = match self.cfg.overlap {
-            Overlap::Wait => self
-                .running
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| Error::new(ErrorKind::Cancelled, "checkpointer closed"))?,
-            Overlap::Skip => match self.running.clone().try_acquire_owned() {
-                Ok(p) => p,
-                Err(_) => {
-                    if let Some(r) = recycle {
-                        r(tensors);
-                    }
-                    let (_tx, rx) = watch::channel(SaveState::Skipped);
-                    tracing::warn!(
-                        step,
-                        "checkpoint skipped: the previous save is still running"
-                    );
-                    return Ok(SaveHandle { step, rx });
-                }
-            },
-        };
-        let n = self
-            .saves
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let upload = self.cfg.remote.is_some() && n.is_multiple_of(self.cfg.upload_every);
-        let (tx, rx) = watch::channel(SaveState::Pending);
-        let me = self.clone();
-        let h = rt.spawn(async move {
-            let r = me.run_save(step, &tensors, metadata, upload, &tx, None).await;
-            if let Some(recycle) = recycle {
-                recycle(tensors);
+        let specs = tensors
+            .iter()
+            .map(|t| format::Spec {
+                name: t.name.clone(),
+                dtype: t.dtype.clone(),
+                shape: t.shape.clone(),
+            })
+            .collect();
+        let (handle, mut sink) = self.save_stream(rt, step, specs, metadata, recycle).await?;
+        if sink.wanted() {
+            for t in tensors {
+                sink.push(t.data)?;
             }
-            match r {
-                Ok(()) => {
-                    let _ = tx.send(SaveState::Done);
-                }
-                Err(e) => {
-                    tracing::error!(run = %me.cfg.run_id, step, error = %e, "checkpoint save failed");
-                    let _ = tx.send(SaveState::Failed(e));
-                }
-            }
-            drop(permit);
-        });
-        self.tasks.push(h);
-        Ok(SaveHandle { step, rx })
+        }
+        Ok(handle)
     }
 
     /// Start a save whose tensors are described by `specs` and arrive through the returned [`TensorSink`], in

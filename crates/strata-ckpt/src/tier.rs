@@ -242,76 +242,17 @@ impl Tier {
     ) -> Result<ShardRecord> {
         let file = shard_file(rank);
         match self {
-            Tier::Local(root) => {
-                let dir = Self::local_step(root, run, step);
-                let path = dir.join(&file);
-                let header = header.to_vec();
-                let data: Vec<Bytes> = tensors.iter().map(|t| t.data.clone()).collect();
-                let n = tensors.len();
-                tokio::task::spawn_blocking(move || -> Result<ShardRecord> {
-                    std::fs::create_dir_all(&dir)
-                        .map_err(|e| io(e, format!("create {}", dir.display())))?;
-                    let tmp = dir.join(format!(".{file}.tmp-{}", std::process::id()));
-                    let r = (|| {
-                        let mut f = std::io::BufWriter::with_capacity(
-                            8 << 20,
-                            std::fs::File::create(&tmp)
-                                .map_err(|e| io(e, format!("create {}", tmp.display())))?,
-                        );
-                        // Hash on a second thread while this one writes: the shard's checksum costs no
-                        // time on the way to durable.
-                        let chunks: Vec<&[u8]> = std::iter::once(&header[..])
-                            .chain(data.iter().map(|b| &b[..]))
-                            .collect();
-                        let size: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-                        let (written, sum) = std::thread::scope(|s| {
-                            let hasher = s.spawn(|| {
-                                let mut h = blake3::Hasher::new();
-                                for c in &chunks {
-                                    h.update(c);
-                                }
-                                h.finalize().to_hex().to_string()
-                            });
-                            let written = (|| {
-                                for chunk in &chunks {
-                                    failpoint("ckpt-shard-write")?;
-                                    f.write_all(chunk)
-                                        .map_err(|e| io(e, format!("write {}", tmp.display())))?;
-                                }
-                                Ok::<_, Error>(())
-                            })();
-                            let sum = hasher
-                                .join()
-                                .map_err(|_| Error::internal("shard hasher panicked"));
-                            (written, sum)
-                        });
-                        written?;
-                        let sum = sum?;
-                        let f = f
-                            .into_inner()
-                            .map_err(|e| io(e.into_error(), format!("write {}", tmp.display())))?;
-                        failpoint("ckpt-fsync")?;
-                        f.sync_all()
-                            .map_err(|e| io(e, format!("fsync {}", tmp.display())))?;
-                        failpoint("ckpt-shard-rename")?;
-                        std::fs::rename(&tmp, &path)
-                            .map_err(|e| io(e, format!("rename to {}", path.display())))?;
-                        fsync_dir(&dir)?;
-                        Ok(ShardRecord {
-                            rank,
-                            file: file.clone(),
-                            size,
-                            blake3: sum,
-                            tensors: n,
-                        })
-                    })();
-                    if r.is_err() {
-                        let _ = std::fs::remove_file(&tmp);
-                    }
-                    r
-                })
-                .await
-                .map_err(|e| Error::internal(format!("shard writer: {e}")))?
+            Tier::Local(_) => {
+                // One writer for both paths: the tensors are all here, so queue them at once.
+                let (tx, rx) = std::sync::mpsc::channel();
+                for t in tensors {
+                    let _ = tx.send(t.data.clone());
+                }
+                drop(tx);
+                let (r, _) = self
+                    .write_shard_stream(run, step, rank, header.to_vec(), tensors.len(), rx)
+                    .await;
+                r
             }
             Tier::Peer(p) => {
                 let mut h = blake3::Hasher::new();
