@@ -78,8 +78,13 @@ async fn thirty_two_readers_cause_one_origin_read_per_block() {
     assert_eq!(s.fills, 6, "each of the 6 blocks filled once");
     assert_eq!(s.fill_requests, gets.len() as u64);
     assert!(s.single_flight_joins > 0);
-    // the cache's own lookups are I/O events carrying the caller's context
-    assert!(t.metrics().cache_hits(Tier::Ram) + t.metrics().cache_misses() >= 32 * 6);
+    // Every lookup the cache counted is an I/O event too (how many lookups there are depends on how the
+    // readers' prefetches interleave: blocks a reader prefetched are handed to it without a lookup).
+    let disk_hits = s.disk.as_ref().map_or(0, |d| d.hits);
+    assert!(s.ram.hits + s.misses > 0);
+    assert_eq!(t.metrics().cache_hits(Tier::Ram), s.ram.hits);
+    assert_eq!(t.metrics().cache_hits(Tier::Disk), disk_hits);
+    assert_eq!(t.metrics().cache_misses(), s.misses);
     cache.shutdown().await;
 }
 
