@@ -242,19 +242,6 @@ impl Handoff {
         if let Err(e) = verdict {
             all.push(e);
         }
-        match all.len() {
-            0 => Ok(()),
-            1 => Err(all.remove(0)),
-            _ => {
-                let kind = all[0].kind();
-                Err(Error::new(
-                    kind,
-                    all.iter()
-                        .map(|e| e.to_string())
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                ))
-            }
-        }
+        crate::all_ok(all)
     }
 }

@@ -261,6 +261,19 @@ mod tokio_tasks {
     }
 }
 
+/// `Ok` when nothing failed; else one error naming every failure (the first one's kind).
+pub(crate) fn all_ok(mut failed: Vec<Error>) -> Result<()> {
+    match failed.len() {
+        0 => Ok(()),
+        1 => Err(failed.remove(0)),
+        _ => {
+            let kind = failed[0].kind();
+            let msg: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
+            Err(Error::new(kind, msg.join("; ")))
+        }
+    }
+}
+
 fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -520,15 +533,7 @@ impl Checkpointer {
             self.replicate(step, &header, tensors, &metadata, upload)
                 .await,
         );
-        match failed.len() {
-            0 => Ok(()),
-            1 => Err(failed.remove(0)),
-            _ => {
-                let kind = failed[0].kind();
-                let msg: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
-                Err(Error::new(kind, msg.join("; ")))
-            }
-        }
+        all_ok(failed)
     }
 
     /// The tiers after the local one: replicas on peers, then the object store (when `upload`). Returns the
@@ -612,16 +617,8 @@ impl Checkpointer {
             ));
         }
         let (_, metadata) = format::decode(&rec.file, &file)?;
-        let mut failed = self.replicate(step, &file, &[], &metadata, upload).await;
-        match failed.len() {
-            0 => Ok(()),
-            1 => Err(failed.remove(0)),
-            _ => {
-                let kind = failed[0].kind();
-                let msg: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
-                Err(Error::new(kind, msg.join("; ")))
-            }
-        }
+        let failed = self.replicate(step, &file, &[], &metadata, upload).await;
+        all_ok(failed)
     }
 
     /// Rank 0: wait until every rank's record is in one of `sources`, then write the manifest to `targets`
