@@ -160,3 +160,15 @@ def gateway(origin):
     yield g
     g.stop()
     shutil.rmtree(g.dir, ignore_errors=True)
+
+
+@pytest.fixture()
+def s3_env(origin, monkeypatch):
+    """The AWS_* environment that points Strata's own S3 client (and `strata serve` started from the test) at
+    the origin; returns a boto3 client of the origin."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", origin)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ORIGIN_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ORIGIN_SECRET)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    return client(origin, ORIGIN_KEY, ORIGIN_SECRET)

@@ -18,7 +18,6 @@ import pytest
 strata = pytest.importorskip("strata")
 torch = pytest.importorskip("torch")
 
-from conftest import ORIGIN_KEY, ORIGIN_SECRET, client  # noqa: E402
 
 
 def model_state(step, n=1000):
@@ -48,13 +47,8 @@ def same(a, b):
 
 
 @pytest.fixture()
-def s3(origin, monkeypatch):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", origin)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ORIGIN_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ORIGIN_SECRET)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
-    c = client(origin, ORIGIN_KEY, ORIGIN_SECRET)
+def s3(s3_env):
+    c = s3_env
     name = f"ckpt-{random.randrange(1 << 30)}"
     c.create_bucket(Bucket=name)
     return f"s3://{name}/runs"
@@ -152,12 +146,7 @@ def test_retention_keeps_the_newest(tmp_path):
     assert c.steps() == [60, 50, 30]
 
 
-def test_a_failing_save_is_reported_not_raised(tmp_path, origin, monkeypatch):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", origin)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ORIGIN_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ORIGIN_SECRET)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+def test_a_failing_save_is_reported_not_raised(tmp_path, s3_env):
     failed = []
     got = threading.Event()
     c = strata.Checkpointer("run-f", str(tmp_path), "s3://no-such-bucket-here/x", rank=0, world_size=1,

@@ -20,7 +20,6 @@ strata = pytest.importorskip("strata")
 wds = pytest.importorskip("webdataset")
 streaming = pytest.importorskip("streaming")
 
-from conftest import ORIGIN_KEY, ORIGIN_SECRET, client  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -283,16 +282,6 @@ def test_resume_state_is_checked(wds_dir):
 def upload_dir(s3, bucket, prefix, d):
     for f in sorted(os.listdir(d)):
         s3.upload_file(os.path.join(d, f), bucket, f"{prefix}/{f}")
-
-
-@pytest.fixture()
-def s3_env(origin, monkeypatch):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", origin)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ORIGIN_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ORIGIN_SECRET)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
-    return client(origin, ORIGIN_KEY, ORIGIN_SECRET)
 
 
 def test_stream_from_s3_same_as_local(s3_env, wds_dir, mds_dir):
