@@ -1,0 +1,573 @@
+//! Quotas: limits and counters per team and scope, and admission by reservation.
+//!
+//! A write is admitted *before* its bytes are accepted: [`Catalog::reserve`] adds the request to the team's
+//! `reserved` counters with one conditional `UPDATE` per row (the scope's and the team's total `*`), inside one
+//! transaction. The condition is the limit itself (`used + reserved + request <= hard`), so concurrent writers
+//! serialize on the row and can never overshoot: the database decides, not a read-then-write in the caller.
+//! [`Catalog::commit_reservation`] moves the reservation into `used` (with the real size, which may differ);
+//! [`Catalog::release_reservation`] gives it back. A reservation whose writer died expires and is reaped.
+//!
+//! Soft limits: once usage goes over the soft limit, `soft_since` is stamped; writes that stay over it are
+//! admitted until `soft_since + grace_secs`, then refused like the hard limit until usage drops under the soft
+//! limit again (which clears the stamp).
+
+use serde::{Deserialize, Serialize};
+use sqlx::{AssertSqlSafe, Row};
+use strata_types::{Error, ErrorKind, Result};
+
+use crate::{Catalog, db_err, new_id};
+
+/// The scope that holds a team's total over all scopes.
+pub const TOTAL: &str = "*";
+
+/// Limits of one team on one scope. `None` = unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QuotaLimits {
+    /// Soft limit on bytes (admitted during the grace period).
+    pub soft_bytes: Option<i64>,
+    /// Hard limit on bytes (never exceeded).
+    pub hard_bytes: Option<i64>,
+    /// Soft limit on objects.
+    pub soft_objects: Option<i64>,
+    /// Hard limit on objects.
+    pub hard_objects: Option<i64>,
+    /// How long usage may stay over a soft limit, in seconds.
+    #[serde(default)]
+    pub grace_secs: i64,
+}
+
+impl QuotaLimits {
+    /// Reject negative limits and soft limits above hard ones.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("soft_bytes", self.soft_bytes),
+            ("hard_bytes", self.hard_bytes),
+            ("soft_objects", self.soft_objects),
+            ("hard_objects", self.hard_objects),
+        ] {
+            if v.is_some_and(|v| v < 0) {
+                return Err(Error::invalid_input(format!("{name} must not be negative")));
+            }
+        }
+        if self.grace_secs < 0 {
+            return Err(Error::invalid_input("grace_secs must not be negative"));
+        }
+        if let (Some(s), Some(h)) = (self.soft_bytes, self.hard_bytes)
+            && s > h
+        {
+            return Err(Error::invalid_input("soft_bytes is above hard_bytes"));
+        }
+        if let (Some(s), Some(h)) = (self.soft_objects, self.hard_objects)
+            && s > h
+        {
+            return Err(Error::invalid_input("soft_objects is above hard_objects"));
+        }
+        Ok(())
+    }
+}
+
+/// Where a team stands against one scope's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaStatus {
+    /// Under every limit.
+    Ok,
+    /// Over a soft limit, within the grace period.
+    SoftGrace,
+    /// Over a soft limit past the grace period: writes refused.
+    GraceExpired,
+    /// At or over a hard limit: writes refused.
+    Hard,
+}
+
+/// Limits, counters and status of one team on one scope.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuotaState {
+    /// Team.
+    pub team: String,
+    /// Scope (`*` = the team's total).
+    pub scope: String,
+    /// Limits.
+    pub limits: QuotaLimits,
+    /// Committed bytes.
+    pub used_bytes: i64,
+    /// Committed objects.
+    pub used_objects: i64,
+    /// Admitted, not yet committed bytes.
+    pub reserved_bytes: i64,
+    /// Admitted, not yet committed objects.
+    pub reserved_objects: i64,
+    /// Since when usage is over the soft limit.
+    pub soft_since: Option<i64>,
+    /// Status now.
+    pub status: QuotaStatus,
+    /// When the grace period ends, if over a soft limit.
+    pub grace_ends_at: Option<i64>,
+}
+
+/// An admitted write. Commit it with the real size, or release it; dropping it leaves it to expire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reservation {
+    /// Id.
+    pub id: String,
+    /// Team charged.
+    pub team: String,
+    /// Scope charged (and the team's total).
+    pub scope: String,
+    /// Bytes reserved.
+    pub bytes: i64,
+    /// Objects reserved.
+    pub objects: i64,
+}
+
+const QUOTA_COLS: &str = "team, scope, soft_bytes, hard_bytes, soft_objects, hard_objects, grace_secs, \
+     used_bytes, used_objects, reserved_bytes, reserved_objects, soft_since";
+
+fn state_of(r: &sqlx::any::AnyRow, now: i64) -> Result<QuotaState> {
+    let limits = QuotaLimits {
+        soft_bytes: r.try_get("soft_bytes").map_err(db_err)?,
+        hard_bytes: r.try_get("hard_bytes").map_err(db_err)?,
+        soft_objects: r.try_get("soft_objects").map_err(db_err)?,
+        hard_objects: r.try_get("hard_objects").map_err(db_err)?,
+        grace_secs: r.try_get("grace_secs").map_err(db_err)?,
+    };
+    let used_bytes: i64 = r.try_get("used_bytes").map_err(db_err)?;
+    let used_objects: i64 = r.try_get("used_objects").map_err(db_err)?;
+    let soft_since: Option<i64> = r.try_get("soft_since").map_err(db_err)?;
+    let over = |v: i64, l: Option<i64>| l.is_some_and(|l| v > l);
+    let at = |v: i64, l: Option<i64>| l.is_some_and(|l| v >= l);
+    let over_soft = over(used_bytes, limits.soft_bytes) || over(used_objects, limits.soft_objects);
+    let grace_ends_at = if over_soft {
+        Some(soft_since.unwrap_or(now) + limits.grace_secs)
+    } else {
+        None
+    };
+    let status = if at(used_bytes, limits.hard_bytes) || at(used_objects, limits.hard_objects) {
+        QuotaStatus::Hard
+    } else if over_soft {
+        if grace_ends_at.is_some_and(|g| now > g) {
+            QuotaStatus::GraceExpired
+        } else {
+            QuotaStatus::SoftGrace
+        }
+    } else {
+        QuotaStatus::Ok
+    };
+    Ok(QuotaState {
+        team: r.try_get("team").map_err(db_err)?,
+        scope: r.try_get("scope").map_err(db_err)?,
+        limits,
+        used_bytes,
+        used_objects,
+        reserved_bytes: r.try_get("reserved_bytes").map_err(db_err)?,
+        reserved_objects: r.try_get("reserved_objects").map_err(db_err)?,
+        soft_since,
+        status,
+        grace_ends_at,
+    })
+}
+
+/// The admission condition, shared by every reserving statement. Parameters: $1 bytes, $2 objects, $3 now.
+const ADMIT: &str = "(hard_bytes IS NULL OR used_bytes + reserved_bytes + $1 <= hard_bytes) \
+     AND (hard_objects IS NULL OR used_objects + reserved_objects + $2 <= hard_objects) \
+     AND (soft_since IS NULL OR $3 <= soft_since + grace_secs \
+          OR ((soft_bytes IS NULL OR used_bytes + reserved_bytes + $1 <= soft_bytes) \
+              AND (soft_objects IS NULL OR used_objects + reserved_objects + $2 <= soft_objects)))";
+
+/// Stamp or clear `soft_since` after counters changed. Parameters: $1 now, $2 team, $3 scope.
+const SOFT_STAMP: &str = "UPDATE quotas SET soft_since = CASE \
+       WHEN (soft_bytes IS NOT NULL AND used_bytes > soft_bytes) \
+         OR (soft_objects IS NOT NULL AND used_objects > soft_objects) \
+       THEN COALESCE(soft_since, $1) ELSE NULL END \
+     WHERE team = $2 AND (scope = $3 OR scope = '*')";
+
+impl Catalog {
+    async fn ensure_quota_rows(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        team: &str,
+        scope: &str,
+    ) -> Result<()> {
+        for s in [TOTAL, scope] {
+            sqlx::query(
+                "INSERT INTO quotas (team, scope) VALUES ($1, $2) ON CONFLICT (team, scope) DO NOTHING",
+            )
+            .bind(team)
+            .bind(s)
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        }
+        // Lock order: every transaction on a team's counters first locks the team's total row (a no-op
+        // update takes the row lock on both databases), so two writers can never wait on each other in a cycle.
+        sqlx::query("UPDATE quotas SET used_bytes = used_bytes WHERE team = $1 AND scope = '*'")
+            .bind(team)
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// Set the limits of `team` on `scope` (`*` = the team's total).
+    pub async fn set_quota(
+        &self,
+        actor: &str,
+        team: &str,
+        scope: &str,
+        limits: &QuotaLimits,
+    ) -> Result<QuotaState> {
+        limits.validate()?;
+        validate_scope(scope)?;
+        self.team(team).await?;
+        let mut tx = self.pool().begin().await.map_err(db_err)?;
+        self.ensure_quota_rows(&mut tx, team, scope).await?;
+        sqlx::query(
+            "INSERT INTO quotas (team, scope, soft_bytes, hard_bytes, soft_objects, hard_objects, grace_secs) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             ON CONFLICT (team, scope) DO UPDATE SET soft_bytes = excluded.soft_bytes, \
+               hard_bytes = excluded.hard_bytes, soft_objects = excluded.soft_objects, \
+               hard_objects = excluded.hard_objects, grace_secs = excluded.grace_secs",
+        )
+        .bind(team)
+        .bind(scope)
+        .bind(limits.soft_bytes)
+        .bind(limits.hard_bytes)
+        .bind(limits.soft_objects)
+        .bind(limits.hard_objects)
+        .bind(limits.grace_secs)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query(SOFT_STAMP)
+            .bind(self.now())
+            .bind(team)
+            .bind(scope)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        self.audit(
+            actor,
+            Some(team),
+            "quota.set",
+            scope,
+            serde_json::to_value(limits).unwrap_or_default(),
+        )
+        .await?;
+        self.quota(team, scope).await
+    }
+
+    /// The state of `team` on `scope` (a row of zeros and no limits if never used).
+    pub async fn quota(&self, team: &str, scope: &str) -> Result<QuotaState> {
+        let now = self.now();
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {QUOTA_COLS} FROM quotas WHERE team = $1 AND scope = $2"
+        )))
+        .bind(team)
+        .bind(scope)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?;
+        match row {
+            Some(r) => state_of(&r, now),
+            None => Ok(QuotaState {
+                team: team.to_string(),
+                scope: scope.to_string(),
+                limits: QuotaLimits::default(),
+                used_bytes: 0,
+                used_objects: 0,
+                reserved_bytes: 0,
+                reserved_objects: 0,
+                soft_since: None,
+                status: QuotaStatus::Ok,
+                grace_ends_at: None,
+            }),
+        }
+    }
+
+    /// Every quota row of the given teams (None = all teams).
+    pub async fn list_quotas(&self, teams: Option<&[String]>) -> Result<Vec<QuotaState>> {
+        let now = self.now();
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {QUOTA_COLS} FROM quotas ORDER BY team, scope"
+        )))
+        .fetch_all(self.pool())
+        .await
+        .map_err(db_err)?;
+        let mut out = Vec::new();
+        for r in rows {
+            let s = state_of(&r, now)?;
+            if teams.is_none_or(|t| t.contains(&s.team)) {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Admit a write of `bytes` and `objects` for `team` on `scope`, or refuse it with
+    /// `ResourceExhausted` (nothing reserved). The reservation expires after `ttl_secs` if never committed.
+    pub async fn reserve(
+        &self,
+        team: &str,
+        scope: &str,
+        bytes: i64,
+        objects: i64,
+        ttl_secs: i64,
+    ) -> Result<Reservation> {
+        if bytes < 0 || objects < 0 {
+            return Err(Error::invalid_input("a reservation cannot be negative"));
+        }
+        validate_scope(scope)?;
+        if scope == TOTAL {
+            return Err(Error::invalid_input("reserve on a concrete scope, not '*'"));
+        }
+        let now = self.now();
+        let mut tx = self.pool().begin().await.map_err(db_err)?;
+        self.ensure_quota_rows(&mut tx, team, scope).await?;
+        for s in [scope, TOTAL] {
+            let n = sqlx::query(AssertSqlSafe(format!(
+                "UPDATE quotas SET reserved_bytes = reserved_bytes + $1, \
+                   reserved_objects = reserved_objects + $2 \
+                 WHERE team = $4 AND scope = $5 AND {ADMIT}"
+            )))
+            .bind(bytes)
+            .bind(objects)
+            .bind(now)
+            .bind(team)
+            .bind(s)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?
+            .rows_affected();
+            if n != 1 {
+                tx.rollback().await.map_err(db_err)?;
+                let st = self.quota(team, s).await?;
+                return Err(quota_error(&st, bytes, objects, now));
+            }
+        }
+        let id = new_id("r_");
+        sqlx::query(
+            "INSERT INTO reservations (id, team, scope, bytes, objects, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&id)
+        .bind(team)
+        .bind(scope)
+        .bind(bytes)
+        .bind(objects)
+        .bind(now + ttl_secs.max(1))
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(Reservation {
+            id,
+            team: team.to_string(),
+            scope: scope.to_string(),
+            bytes,
+            objects,
+        })
+    }
+
+    /// Turn a reservation into usage: `bytes_delta`/`objects_delta` are what the write really changed (an
+    /// overwrite adds `new - old` bytes and no object). A reservation already reaped is charged anyway.
+    pub async fn commit_reservation(
+        &self,
+        res: &Reservation,
+        bytes_delta: i64,
+        objects_delta: i64,
+    ) -> Result<()> {
+        self.settle(res, Some((bytes_delta, objects_delta))).await
+    }
+
+    /// Give a reservation back (the write failed or was abandoned).
+    pub async fn release_reservation(&self, res: &Reservation) -> Result<()> {
+        self.settle(res, None).await
+    }
+
+    async fn settle(&self, res: &Reservation, charge: Option<(i64, i64)>) -> Result<()> {
+        let mut tx = self.pool().begin().await.map_err(db_err)?;
+        let held = sqlx::query("DELETE FROM reservations WHERE id = $1")
+            .bind(&res.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?
+            .rows_affected()
+            == 1;
+        let (rb, ro) = if held {
+            (res.bytes, res.objects)
+        } else {
+            (0, 0)
+        };
+        let (ub, uo) = charge.unwrap_or((0, 0));
+        self.ensure_quota_rows(&mut tx, &res.team, &res.scope)
+            .await?;
+        sqlx::query(
+            "UPDATE quotas SET reserved_bytes = reserved_bytes - $1, reserved_objects = reserved_objects - $2, \
+               used_bytes = used_bytes + $3, used_objects = used_objects + $4 \
+             WHERE team = $5 AND (scope = $6 OR scope = '*')",
+        )
+        .bind(rb)
+        .bind(ro)
+        .bind(ub)
+        .bind(uo)
+        .bind(&res.team)
+        .bind(&res.scope)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query(SOFT_STAMP)
+            .bind(self.now())
+            .bind(&res.team)
+            .bind(&res.scope)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    /// Change usage without a reservation (deletions, clean-up, corrections). Never refused.
+    pub async fn adjust_usage(
+        &self,
+        team: &str,
+        scope: &str,
+        bytes_delta: i64,
+        objects_delta: i64,
+    ) -> Result<()> {
+        let res = Reservation {
+            id: String::new(),
+            team: team.to_string(),
+            scope: scope.to_string(),
+            bytes: 0,
+            objects: 0,
+        };
+        self.settle(&res, Some((bytes_delta, objects_delta))).await
+    }
+
+    /// Set a scope's usage to measured values (reconciliation) and recompute the team's total.
+    pub async fn set_usage(&self, team: &str, scope: &str, bytes: i64, objects: i64) -> Result<()> {
+        let mut tx = self.pool().begin().await.map_err(db_err)?;
+        self.ensure_quota_rows(&mut tx, team, scope).await?;
+        sqlx::query(
+            "UPDATE quotas SET used_bytes = $1, used_objects = $2 WHERE team = $3 AND scope = $4",
+        )
+        .bind(bytes)
+        .bind(objects)
+        .bind(team)
+        .bind(scope)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query(
+            "UPDATE quotas SET \
+               used_bytes = (SELECT COALESCE(CAST(SUM(q.used_bytes) AS BIGINT), 0) FROM quotas q \
+                             WHERE q.team = $1 AND q.scope <> '*'), \
+               used_objects = (SELECT COALESCE(CAST(SUM(q.used_objects) AS BIGINT), 0) FROM quotas q \
+                               WHERE q.team = $1 AND q.scope <> '*') \
+             WHERE team = $1 AND scope = '*'",
+        )
+        .bind(team)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query(SOFT_STAMP)
+            .bind(self.now())
+            .bind(team)
+            .bind(scope)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    /// Release every expired reservation (its writer died or forgot). Returns how many.
+    pub async fn reap_reservations(&self) -> Result<u64> {
+        let now = self.now();
+        let expired: Vec<(String, String, String, i64, i64)> = sqlx::query(
+            "SELECT id, team, scope, bytes, objects FROM reservations WHERE expires_at < $1",
+        )
+        .bind(now)
+        .fetch_all(self.pool())
+        .await
+        .map_err(db_err)?
+        .into_iter()
+        .map(|r| {
+            Ok((
+                r.try_get("id").map_err(db_err)?,
+                r.try_get("team").map_err(db_err)?,
+                r.try_get("scope").map_err(db_err)?,
+                r.try_get("bytes").map_err(db_err)?,
+                r.try_get("objects").map_err(db_err)?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+        let mut n = 0;
+        for (id, team, scope, bytes, objects) in expired {
+            let res = Reservation {
+                id,
+                team,
+                scope,
+                bytes,
+                objects,
+            };
+            self.release_reservation(&res).await?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+fn validate_scope(scope: &str) -> Result<()> {
+    let ok = scope == TOTAL
+        || (!scope.is_empty()
+            && scope.len() <= 128
+            && scope
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b)));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_input(format!(
+            "quota scope {scope:?}: use '*', or a backend/tier name of a-z, 0-9, '.', '_', '-', ':'"
+        )))
+    }
+}
+
+fn quota_error(st: &QuotaState, bytes: i64, objects: i64, now: i64) -> Error {
+    let l = &st.limits;
+    let why = if l
+        .hard_bytes
+        .is_some_and(|h| st.used_bytes + st.reserved_bytes + bytes > h)
+    {
+        format!(
+            "{} bytes used + {} reserved + {bytes} requested > hard limit {}",
+            st.used_bytes,
+            st.reserved_bytes,
+            l.hard_bytes.unwrap_or_default()
+        )
+    } else if l
+        .hard_objects
+        .is_some_and(|h| st.used_objects + st.reserved_objects + objects > h)
+    {
+        format!(
+            "{} objects used + {} reserved + {objects} requested > hard limit {}",
+            st.used_objects,
+            st.reserved_objects,
+            l.hard_objects.unwrap_or_default()
+        )
+    } else {
+        format!(
+            "over the soft limit since {} and the grace period of {} s ended {} s ago",
+            st.soft_since.unwrap_or_default(),
+            l.grace_secs,
+            now - st.soft_since.unwrap_or_default() - l.grace_secs
+        )
+    };
+    Error::new(
+        ErrorKind::ResourceExhausted,
+        format!(
+            "quota exceeded for team {:?} on scope {:?}: {why}",
+            st.team, st.scope
+        ),
+    )
+}
