@@ -20,6 +20,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 STRATA = os.environ.get("STRATA_BIN", os.path.join(ROOT, "target", "debug", "strata"))
 ACCESS_KEY, SECRET_KEY = "gwtest-key", "gwtest-secret-0123456789"
+# Every agent route but /healthz needs a bearer token. Agents started by the tests share this administrator
+# token (STRATA_ADMIN_TOKEN); clients (the strata package, the CLI) present it (STRATA_TOKEN).
+ADMIN_TOKEN = "strata-test-admin-token-0123456789"
+os.environ["STRATA_ADMIN_TOKEN"] = ADMIN_TOKEN
+os.environ["STRATA_TOKEN"] = ADMIN_TOKEN
+
+
+def api_get(url, token=ADMIN_TOKEN):
+    """GET an agent API URL with the bearer token."""
+    import urllib.request
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    return urllib.request.urlopen(req)
 ORIGIN_KEY, ORIGIN_SECRET = "origin", "origin-secret"
 
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+from conftest import api_get  # noqa: E402
 import numpy as np
 import pytest
 
@@ -346,7 +347,7 @@ def test_the_agent_finishes_a_save_after_the_process_exits(tmp_path, s3):
         base = agent.api if "://" in agent.api else f"http://{agent.api}"
         import urllib.request
 
-        status = json.load(urllib.request.urlopen(f"{base}/v1/ckpt/handoff?run=run-h&step=1&rank=0"))
+        status = json.load(api_get(f"{base}/v1/ckpt/handoff?run=run-h&step=1&rank=0"))
         assert status["state"] == "done", status
     finally:
         agent.stop()

@@ -15,7 +15,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
-from conftest import ACCESS_KEY, SECRET_KEY, VENV_BIN, Gateway, client
+from conftest import ACCESS_KEY, SECRET_KEY, VENV_BIN, Gateway, api_get, client
 
 BUCKETS = ["default", "origin"]
 
@@ -29,7 +29,7 @@ def code_of(e):
 
 
 def cache_stats(gw):
-    return json.load(urllib.request.urlopen(gw.api + "/v1/cache"))
+    return json.load(api_get(gw.api + "/v1/cache"))
 
 
 @pytest.mark.parametrize("bucket", BUCKETS)
@@ -404,5 +404,5 @@ def test_gateway_io_shows_in_metrics(gateway):
     s3 = gateway.client()
     s3.put_object(Bucket="default", Key="ev/x", Body=b"x" * 10)
     s3.get_object(Bucket="default", Key="ev/x")["Body"].read()
-    metrics = urllib.request.urlopen(gateway.api + "/metrics").read().decode()
+    metrics = api_get(gateway.api + "/metrics").read().decode()
     assert 'strata_io_requests_total{op="put",outcome="ok",tier="backend"}' in metrics

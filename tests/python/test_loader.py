@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.request
 
+from conftest import api_get  # noqa: E402
 import numpy as np
 import pytest
 
@@ -296,7 +297,7 @@ def test_stream_from_s3_same_as_local(s3_env, wds_dir, mds_dir):
 
 def agent_metric(api, name, labels=""):
     base = api if "://" in api else f"http://{api}"
-    text = urllib.request.urlopen(f"{base}/metrics").read().decode()
+    text = api_get(f"{base}/metrics").read().decode()
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and labels in line:

@@ -95,7 +95,7 @@ impl Policy {
         }
         match self.kind {
             PolicyKind::Ttl | PolicyKind::Stale => {
-                if !self.age_secs.is_some_and(|a| a > 0) {
+                if self.age_secs.is_none_or(|a| a <= 0) {
                     return Err(Error::invalid_input(
                         "ttl and stale policies need a positive age_secs",
                     ));
@@ -107,7 +107,7 @@ impl Policy {
                 }
             }
             PolicyKind::KeepLast => {
-                if !self.keep_last.is_some_and(|k| k > 0) {
+                if self.keep_last.is_none_or(|k| k <= 0) {
                     return Err(Error::invalid_input(
                         "keep_last policies need keep_last >= 1 (the latest checkpoint is always kept)",
                     ));

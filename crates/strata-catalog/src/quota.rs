@@ -480,6 +480,24 @@ impl Catalog {
         tx.commit().await.map_err(db_err)
     }
 
+    /// One outstanding reservation, or NotFound (committed, released or reaped).
+    pub async fn reservation(&self, id: &str) -> Result<Reservation> {
+        let r =
+            sqlx::query("SELECT id, team, scope, bytes, objects FROM reservations WHERE id = $1")
+                .bind(id)
+                .fetch_optional(self.pool())
+                .await
+                .map_err(db_err)?
+                .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no reservation {id:?}")))?;
+        Ok(Reservation {
+            id: r.try_get("id").map_err(db_err)?,
+            team: r.try_get("team").map_err(db_err)?,
+            scope: r.try_get("scope").map_err(db_err)?,
+            bytes: r.try_get("bytes").map_err(db_err)?,
+            objects: r.try_get("objects").map_err(db_err)?,
+        })
+    }
+
     /// Release every expired reservation (its writer died or forgot). Returns how many.
     pub async fn reap_reservations(&self) -> Result<u64> {
         let now = self.now();

@@ -1,6 +1,8 @@
 //! The catalog's behaviour, run on every database the environment offers: SQLite always, PostgreSQL when
 //! `STRATA_TEST_POSTGRES_URL` is set (the test command starts one and requires it).
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 
 use strata_catalog::access::{NewPrincipal, PrincipalKind, SYSTEM};

@@ -140,6 +140,7 @@ impl Handoff {
             remote_url,
             peers,
             client: reqwest::Client::builder()
+                .default_headers(crate::agent_headers())
                 .connect_timeout(Duration::from_secs(3))
                 .build()
                 .map_err(|e| Error::internal(format!("HTTP client: {e}")))?,

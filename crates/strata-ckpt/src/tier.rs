@@ -49,6 +49,7 @@ impl Peer {
         };
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(5))
+            .default_headers(crate::agent_headers())
             .build()
             .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
         Ok(Self {

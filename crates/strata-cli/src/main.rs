@@ -1,5 +1,7 @@
 //! `strata`: run the Strata node agent and operate its cache.
 
+mod admin;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -47,6 +49,89 @@ enum Command {
     /// to the object store, delete.
     #[command(subcommand)]
     Ckpt(CkptCommand),
+    /// Teams and their members.
+    Team {
+        #[command(subcommand)]
+        cmd: admin::TeamCommand,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// API tokens and S3 access keys (principals).
+    Token {
+        #[command(subcommand)]
+        cmd: admin::TokenCommand,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// Quotas per team and scope: soft limit with a grace period, hard limit, on bytes and objects.
+    Quota {
+        #[command(subcommand)]
+        cmd: admin::QuotaCommand,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// Usage by team, owned prefix, job or dataset; reconciliation of a backend; scans of POSIX trees.
+    #[command(args_conflicts_with_subcommands = true)]
+    Usage {
+        /// Group by team, prefix, job or dataset.
+        #[arg(long, default_value = "team")]
+        by: String,
+        #[command(subcommand)]
+        sub: Option<admin::UsageCommand>,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// Prefix ownership: which team a prefix of a backend belongs to.
+    Prefix {
+        #[command(subcommand)]
+        cmd: admin::PrefixCommand,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// Retention policies: ttl, stale (not read for), keep_last checkpoints.
+    Policy {
+        #[command(subcommand)]
+        cmd: admin::PolicyCommand,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// Pins and claims: data the clean-up never touches.
+    Protect {
+        #[command(subcommand)]
+        cmd: admin::ProtectCommand,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// Clean-up: plan (dry run), run (through a trash), restore, purge.
+    Cleanup {
+        #[command(subcommand)]
+        cmd: admin::CleanupCommand,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// Capacity forecasts: days until each volume and team quota fills, with a 95% interval.
+    Forecast {
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// The audit log of every change.
+    Audit {
+        /// Only this team.
+        #[arg(long)]
+        team: Option<String>,
+        /// Most records.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// Scratch space allocations, charged to a team's quota until released or expired.
+    Scratch {
+        #[command(subcommand)]
+        cmd: admin::ScratchCommand,
+        #[command(flatten)]
+        out: admin::Out,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -152,13 +237,26 @@ struct ServeArgs {
     /// S3 gateway listen address (port 0 picks a free port, written to <data-dir>/s3.addr).
     #[arg(long, env = "STRATA_S3_LISTEN", value_name = "ADDR")]
     s3_listen: Option<String>,
+    /// Catalog: `sqlite:///path/catalog.db` (default: <data-dir>/catalog.db) or `postgres://user@host/db`
+    /// (shared by the agents of a cluster).
+    #[arg(long, env = "STRATA_CATALOG", value_name = "URL")]
+    catalog: Option<String>,
     /// Seconds to let in-flight requests finish after SIGTERM before cancelling them.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     shutdown_grace: u64,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Clone)]
 struct ApiArgs {
+    /// API bearer token. Default: <data-dir>/admin-token of the local agent, if readable.
+    #[arg(
+        long,
+        env = "STRATA_TOKEN",
+        value_name = "TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    token: Option<String>,
     /// Control API of the agent. Default: the address in <data-dir>/api.addr, else http://127.0.0.1:7070.
     #[arg(long, env = "STRATA_API", value_name = "URL", global = true)]
     api: Option<String>,
@@ -281,6 +379,20 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Cache(c) => cache(c).await,
+        Command::Team { cmd: c, out } => admin::team(c, out).await,
+        Command::Token { cmd: c, out } => admin::token(c, out).await,
+        Command::Quota { cmd: c, out } => admin::quota(c, out).await,
+        Command::Usage { by, sub, out } => {
+            admin::sanity(&by)?;
+            admin::usage(by, sub, out).await
+        }
+        Command::Prefix { cmd: c, out } => admin::prefix(c, out).await,
+        Command::Policy { cmd: c, out } => admin::policy(c, out).await,
+        Command::Protect { cmd: c, out } => admin::protect(c, out).await,
+        Command::Cleanup { cmd: c, out } => admin::cleanup(c, out).await,
+        Command::Forecast { out } => admin::forecast(out).await,
+        Command::Audit { team, limit, out } => admin::audit(team, limit, out).await,
+        Command::Scratch { cmd: c, out } => admin::scratch(c, out).await,
         Command::Ckpt(c) => ckpt(c).await,
         Command::Dataset(DatasetCommand::Index {
             dataset,
@@ -320,6 +432,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
         data_dir: a.data_dir,
         api_listen: a.api_listen,
         s3_listen: a.s3_listen,
+        catalog: a.catalog,
     })?;
     let shutdown = async {
         let mut term =
@@ -331,6 +444,30 @@ async fn serve(a: ServeArgs) -> Result<()> {
     };
     strata_server::serve(resolved, shutdown, Duration::from_secs(a.shutdown_grace)).await?;
     Ok(())
+}
+
+/// An HTTP client that presents the API token: `--token`/`STRATA_TOKEN`, else the local agent's
+/// `<data-dir>/admin-token`.
+fn api_client(a: &ApiArgs) -> Result<reqwest::Client> {
+    let token = a.token.clone().or_else(|| {
+        let dir = a
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("./.strata"));
+        std::fs::read_to_string(strata_server::control::admin_token_file(&dir))
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+    });
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = token {
+        let v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
+            .context("the token contains characters that cannot be sent in a header")?;
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
+        .build()?)
 }
 
 fn api_base(a: &ApiArgs) -> String {
@@ -361,7 +498,12 @@ async fn check(resp: reqwest::Response) -> Result<reqwest::Response> {
 }
 
 async fn cache(c: CacheCommand) -> Result<()> {
-    let client = reqwest::Client::new();
+    let client = match &c {
+        CacheCommand::Stats { api, .. }
+        | CacheCommand::Warm { api, .. }
+        | CacheCommand::Pin { api, .. }
+        | CacheCommand::Unpin { api, .. } => api_client(api)?,
+    };
     match c {
         CacheCommand::Stats { json, api } => {
             let base = api_base(&api);

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use strata_testkit::{ACCESS_KEY, S3Server, SECRET_KEY};
 
 const BIN: &str = env!("CARGO_BIN_EXE_strata");
+/// The administrator token every agent of these tests is started with (STRATA_ADMIN_TOKEN).
+const TOKEN: &str = "e2e-admin-token-0123456789";
 
 struct Agent {
     child: Child,
@@ -21,6 +23,8 @@ impl Agent {
     fn start(dir: &Path, extra: &[&str]) -> Agent {
         let _ = std::fs::remove_file(dir.join(".strata/api.addr"));
         let child = Command::new(BIN)
+            .env("STRATA_TOKEN", TOKEN)
+            .env("STRATA_ADMIN_TOKEN", TOKEN)
             .current_dir(dir)
             .args([
                 "serve",
@@ -66,6 +70,8 @@ impl Agent {
 
     fn cli(&self, args: &[&str]) -> Output {
         Command::new(BIN)
+            .env("STRATA_TOKEN", TOKEN)
+            .env("STRATA_ADMIN_TOKEN", TOKEN)
             .current_dir(&self.dir)
             .args(args)
             .env("STRATA_API", &self.api)
@@ -133,7 +139,9 @@ mod reqwest {
             headers: &[(&str, &str)],
         ) -> Response {
             rt().block_on(async {
-                let mut r = ::reqwest::Client::new().request(method, url);
+                let mut r = ::reqwest::Client::new()
+                    .request(method, url)
+                    .bearer_auth(super::super::TOKEN);
                 for (k, v) in headers {
                     r = r.header(*k, *v);
                 }
@@ -234,6 +242,8 @@ fn serves_on_embedded_defaults_and_stops_cleanly_on_sigterm() {
 
     // a second agent on the same data dir is refused
     let out = Command::new(BIN)
+        .env("STRATA_TOKEN", TOKEN)
+        .env("STRATA_ADMIN_TOKEN", TOKEN)
         .current_dir(dir.path())
         .args([
             "serve",
@@ -369,6 +379,8 @@ fn sigkill_during_fills_then_restart_serves_correct_bytes() {
 
     // start a warm-up through the CLI and kill the agent while blocks are being filled
     let mut warm = Command::new(BIN)
+        .env("STRATA_TOKEN", TOKEN)
+        .env("STRATA_ADMIN_TOKEN", TOKEN)
         .current_dir(dir.path())
         .args([
             "cache",
@@ -473,6 +485,8 @@ fn bad_configuration_is_refused_with_a_clear_message() {
             ],
         ] {
             let out = Command::new(BIN)
+                .env("STRATA_TOKEN", TOKEN)
+                .env("STRATA_ADMIN_TOKEN", TOKEN)
                 .current_dir(dir.path())
                 .args(&args)
                 .arg(&p)
@@ -484,6 +498,8 @@ fn bad_configuration_is_refused_with_a_clear_message() {
         }
     }
     let out = Command::new(BIN)
+        .env("STRATA_TOKEN", TOKEN)
+        .env("STRATA_ADMIN_TOKEN", TOKEN)
         .args(["config", "check", "/nonexistent.toml"])
         .output()
         .unwrap();
@@ -496,6 +512,8 @@ fn bad_configuration_is_refused_with_a_clear_message() {
     )
     .unwrap();
     let out = Command::new(BIN)
+        .env("STRATA_TOKEN", TOKEN)
+        .env("STRATA_ADMIN_TOKEN", TOKEN)
         .args(["config", "check"])
         .arg(&good)
         .output()
@@ -506,12 +524,19 @@ fn bad_configuration_is_refused_with_a_clear_message() {
 
 #[test]
 fn help_explains_the_commands() {
-    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let out = Command::new(BIN)
+        .env("STRATA_TOKEN", TOKEN)
+        .env("STRATA_ADMIN_TOKEN", TOKEN)
+        .arg("--help")
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     for cmd in ["serve", "cache", "config"] {
         assert!(text.contains(cmd), "{text}");
     }
     let out = Command::new(BIN)
+        .env("STRATA_TOKEN", TOKEN)
+        .env("STRATA_ADMIN_TOKEN", TOKEN)
         .args(["serve", "--help"])
         .output()
         .unwrap();
@@ -522,6 +547,8 @@ fn help_explains_the_commands() {
             && text.contains("--api-listen")
     );
     let out = Command::new(BIN)
+        .env("STRATA_TOKEN", TOKEN)
+        .env("STRATA_ADMIN_TOKEN", TOKEN)
         .args(["cache", "warm", "--help"])
         .output()
         .unwrap();

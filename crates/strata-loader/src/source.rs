@@ -83,6 +83,7 @@ impl AgentSource {
     pub fn new(api: &str, root: &str, lister: Option<Backend>) -> Result<Self> {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(64)
+            .default_headers(crate::agent_headers())
             .build()
             .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
         Ok(Self {

@@ -86,7 +86,12 @@ pub fn router(agent: Arc<Agent>) -> Router {
         .route("/v1/cache/unpin", post(unpin))
         .route("/v1/read", get(read))
         .with_state(agent.clone())
-        .merge(crate::peer::router(agent))
+        .merge(crate::peer::router(agent.clone()))
+        .merge(crate::control::router(agent.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            agent,
+            crate::control::require_token,
+        ))
 }
 
 /// The I/O context of a request: the job from the `x-strata-job` header, the team from `x-strata-team`.
@@ -113,6 +118,7 @@ async fn healthz() -> Json<serde_json::Value> {
 async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
     let mut text = agent.telemetry().metrics().render();
     text.push_str(&crate::metrics::render_cache(&agent.cache().stats()));
+    text.push_str(&crate::control::render_metrics(&agent));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 

@@ -28,6 +28,41 @@ pub struct Config {
     pub backends: Vec<BackendSection>,
     /// The S3-compatible gateway.
     pub gateway: GatewaySection,
+    /// The catalog (teams, quotas, usage, lifecycle) and its background work.
+    pub catalog: CatalogSection,
+}
+
+/// `[catalog]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CatalogSection {
+    /// `sqlite:///path/catalog.db` or `postgres://user@host:port/db`. Default: SQLite at
+    /// `<data_dir>/catalog.db`. Agents of one cluster share a PostgreSQL catalog.
+    pub url: Option<String>,
+    /// Seconds between usage samples (the history forecasts are made from). Default 3600.
+    pub sample_interval_secs: u64,
+    /// Alert (metric, log line, API field) when a forecast says a volume or quota fills within this many days.
+    /// Default 14.
+    pub forecast_alert_days: f64,
+    /// Days of history a forecast uses. Default 30.
+    pub forecast_window_days: u64,
+    /// Seconds an admitted write may stay uncommitted before its reservation is released. Default 86400.
+    pub reservation_ttl_secs: i64,
+    /// Seconds trashed data is kept before `strata cleanup purge` deletes it. Default 7 days.
+    pub trash_grace_secs: i64,
+}
+
+impl Default for CatalogSection {
+    fn default() -> Self {
+        Self {
+            url: None,
+            sample_interval_secs: 3600,
+            forecast_alert_days: 14.0,
+            forecast_window_days: 30,
+            reservation_ttl_secs: 86_400,
+            trash_grace_secs: 7 * 86_400,
+        }
+    }
 }
 
 /// `[gateway]`
@@ -178,6 +213,8 @@ pub struct Overrides {
     pub api_listen: Option<String>,
     /// `--s3-listen` / `STRATA_S3_LISTEN`.
     pub s3_listen: Option<String>,
+    /// `--catalog` / `STRATA_CATALOG`.
+    pub catalog: Option<String>,
 }
 
 /// A validated configuration with every default resolved.
@@ -201,6 +238,10 @@ pub struct Resolved {
     pub s3_region: String,
     /// Configured gateway keys.
     pub s3_keys: Vec<crate::gateway::auth::AccessKey>,
+    /// Catalog URL (resolved: SQLite in the data dir by default).
+    pub catalog_url: String,
+    /// Catalog background work and lifecycle settings.
+    pub catalog: CatalogSection,
 }
 
 impl Config {
@@ -227,6 +268,9 @@ impl Config {
         }
         if let Some(l) = &o.s3_listen {
             self.gateway.listen = Some(l.clone());
+        }
+        if let Some(c) = &o.catalog {
+            self.catalog.url = Some(c.clone());
         }
         let data_dir = absolute(
             self.data_dir
@@ -368,7 +412,25 @@ impl Config {
                 self.gateway.region
             )));
         }
+        let c = &self.catalog;
+        if c.sample_interval_secs == 0
+            || !(c.forecast_alert_days.is_finite() && c.forecast_alert_days >= 0.0)
+            || c.forecast_window_days == 0
+            || c.reservation_ttl_secs <= 0
+            || c.trash_grace_secs < 0
+        {
+            return Err(Error::config(
+                "[catalog]: sample_interval_secs, forecast_window_days and reservation_ttl_secs must be positive, \
+                 forecast_alert_days and trash_grace_secs not negative",
+            ));
+        }
+        let catalog_url = match &c.url {
+            Some(u) if !u.trim().is_empty() => u.trim().to_string(),
+            _ => format!("sqlite://{}", data_dir.join("catalog.db").display()),
+        };
         Ok(Resolved {
+            catalog_url,
+            catalog: self.catalog.clone(),
             s3_listen,
             s3_region: self.gateway.region.clone(),
             s3_keys: self.gateway.keys.clone(),

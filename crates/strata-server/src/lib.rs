@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod config;
+pub mod control;
 pub mod gateway;
 mod metrics;
 pub mod peer;
@@ -52,12 +53,15 @@ pub struct Agent {
     backends: Vec<NamedBackend>,
     adhoc: Mutex<HashMap<String, Backend>>,
     handoffs: peer::Handoffs,
+    catalog: strata_catalog::Catalog,
+    access: control::AccessLog,
     _lock: std::fs::File,
 }
 
 impl Agent {
-    /// Create the data directory, take its lock, open backends and the cache. Must run inside Tokio.
-    pub fn start(config: Resolved) -> Result<Arc<Self>> {
+    /// Create the data directory, take its lock, open backends, the cache and the catalog (running its
+    /// migrations), and make sure an administrator exists. Must run inside Tokio.
+    pub async fn start(config: Resolved) -> Result<Arc<Self>> {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             Error::from_io(
                 e,
@@ -93,6 +97,10 @@ impl Agent {
             });
         }
         let cache = BlockCache::open(config.cache.clone(), telemetry.clone())?;
+        let catalog = strata_catalog::Catalog::open(&config.catalog_url)
+            .await
+            .map_err(|e| e.context("opening the catalog"))?;
+        control::bootstrap_admin(&catalog, &config.data_dir).await?;
         Ok(Arc::new(Self {
             config,
             telemetry,
@@ -100,8 +108,28 @@ impl Agent {
             backends,
             adhoc: Mutex::new(HashMap::new()),
             handoffs: peer::Handoffs::default(),
+            catalog,
+            access: control::AccessLog::default(),
             _lock: lock,
         }))
+    }
+
+    /// The catalog: teams, principals, quotas, inventory, lifecycle.
+    pub fn catalog(&self) -> &strata_catalog::Catalog {
+        &self.catalog
+    }
+
+    /// Reads seen by the gateway, waiting to be written to the catalog as access times.
+    pub fn access_log(&self) -> &control::AccessLog {
+        &self.access
+    }
+
+    /// Configured backends by name (what the catalog, quotas and clean-up call a backend).
+    pub fn backend_map(&self) -> std::collections::BTreeMap<String, Backend> {
+        self.backends
+            .iter()
+            .map(|b| (b.name.clone(), b.backend.clone()))
+            .collect()
     }
 
     /// The resolved configuration.
@@ -230,7 +258,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<()> {
-    let agent = Agent::start(config)?;
+    let agent = Agent::start(config).await?;
     let listener = tokio::net::TcpListener::bind(agent.config.api_listen)
         .await
         .map_err(|e| {
@@ -287,6 +315,7 @@ pub async fn serve(
             grace,
         )));
     }
+    let background = control::spawn_background(agent.clone(), stop.clone());
     let app = api::router(agent.clone());
     let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
     let mut handle = tokio::spawn(async move { server.await });
@@ -311,6 +340,8 @@ pub async fn serve(
     if let Some(t) = gateway_task {
         let _ = t.await;
     }
+    let _ = background.await;
+    agent.catalog().close().await;
     agent.cache.shutdown().await;
     let _ = std::fs::remove_file(&addr_file);
     let _ = std::fs::remove_file(&s3_addr_file);

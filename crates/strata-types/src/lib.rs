@@ -17,3 +17,19 @@ pub use error::{Error, ErrorKind, Result};
 pub use event::{IoContext, IoEvent, Op, Outcome, Tier};
 pub use ids::{BlockKey, ObjectId, ObjectMeta, validate_key};
 pub use size::ByteSize;
+
+/// The bearer token clients present to a Strata agent's API: `STRATA_TOKEN` from the environment, if set.
+/// (Every agent route but `/healthz` needs one; see `strata token create`.)
+pub fn agent_token() -> Option<String> {
+    std::env::var("STRATA_TOKEN")
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+}
+
+/// `Authorization: Bearer <token>` for [`agent_token`], as a header value (None if unset or not ASCII).
+pub fn agent_authorization() -> Option<String> {
+    agent_token()
+        .filter(|t| t.is_ascii() && !t.contains(['\r', '\n']))
+        .map(|t| format!("Bearer {t}"))
+}

@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod multipart;
+pub mod tenancy;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -31,6 +32,8 @@ use tokio::io::AsyncWriteExt;
 use crate::Agent;
 use auth::AccessKey;
 use multipart::{Staging, UploadInfo};
+use strata_catalog::Role;
+use tenancy::{Caller, Tenancy};
 
 /// Single PUTs up to this size are buffered and sent in one request; larger bodies stream as a backend
 /// multipart upload.
@@ -47,6 +50,15 @@ pub struct Gateway {
     staging: Staging,
     keys: HashMap<String, AccessKey>,
     region: String,
+    tenancy: Tenancy,
+}
+
+/// An authenticated request's caller.
+struct Who {
+    ctx: IoContext,
+    caller: Caller,
+    access_key: String,
+    dataset: Option<String>,
 }
 
 /// Map a Strata error to the S3 error a client expects.
@@ -336,7 +348,12 @@ impl Gateway {
         region: String,
     ) -> strata_types::Result<Self> {
         let staging = Staging::open(&agent.config().data_dir.join("uploads"))?;
+        let tenancy = Tenancy::new(
+            agent.catalog().clone(),
+            agent.config().catalog.reservation_ttl_secs,
+        );
         Ok(Self {
+            tenancy,
             agent,
             staging,
             keys: keys
@@ -347,13 +364,49 @@ impl Gateway {
         })
     }
 
-    /// The `s3s` authenticator for the keys.
-    pub fn auth(&self) -> s3s::auth::SimpleAuth {
-        let mut a = s3s::auth::SimpleAuth::new();
-        for k in self.keys.values() {
-            a.register(k.access_key.clone(), k.secret_key.clone().into());
-        }
-        a
+    /// The `s3s` authenticator: the configured keys, then the catalog's S3 keys.
+    pub fn auth(&self) -> tenancy::CatalogAuth {
+        self.tenancy.auth(
+            self.keys
+                .values()
+                .map(|k| (k.access_key.clone(), k.secret_key.clone()))
+                .collect(),
+        )
+    }
+
+    /// The caller of an authenticated request: its I/O context (principal, team, job) and who it is.
+    async fn who<T>(&self, req: &S3Request<T>) -> S3Result<Who> {
+        let mut ctx = self.ctx(req)?;
+        let access_key = req
+            .credentials
+            .as_ref()
+            .map(|c| c.access_key.clone())
+            .unwrap_or_default();
+        let caller = match self.keys.get(&access_key) {
+            Some(k) => Caller::Root {
+                team: k.team.clone(),
+            },
+            None => match self.tenancy.principal(&access_key).await? {
+                Some(p) => {
+                    ctx.principal = Some(Arc::from(p.id.as_str()));
+                    ctx.team = p.team.as_deref().map(Arc::from);
+                    Caller::Principal(p)
+                }
+                None => return Err(s3_error!(InvalidAccessKeyId)),
+            },
+        };
+        let dataset = req
+            .headers
+            .get("x-strata-dataset")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.len() <= 256)
+            .map(str::to_string);
+        Ok(Who {
+            ctx,
+            caller,
+            access_key,
+            dataset,
+        })
     }
 
     /// Authenticated caller → I/O context. Refuses anonymous requests and a signing scope (region, service)
@@ -701,10 +754,14 @@ impl S3 for Gateway {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let ctx = self.ctx(&req)?;
+        let who = self.who(&req).await?;
+        let ctx = who.ctx;
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         check_key(&input.key)?;
+        self.tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Reader)
+            .await?;
         // A cold GET learns the object's version from the GET of the start of its range (one request for a
         // small object or the first part of a large one); a range that starts later asks with a HEAD, then
         // fetches exactly its range as one run.
@@ -738,6 +795,9 @@ impl S3 for Gateway {
         // One backend request for the client's whole range when it is cold, not one per block.
         obj.prefetch(range.clone(), true).await;
         let body = self.body_of(obj, range).await?;
+        self.agent
+            .access_log()
+            .record(&input.bucket, &input.key, self.agent.catalog().now());
         Ok(S3Response::new(GetObjectOutput {
             body: Some(body),
             content_length: Some(len as i64),
@@ -753,10 +813,14 @@ impl S3 for Gateway {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        let ctx = self.ctx(&req)?;
+        let who = self.who(&req).await?;
+        let ctx = who.ctx;
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         check_key(&input.key)?;
+        self.tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Reader)
+            .await?;
         let meta = self
             .agent
             .cache()
@@ -868,11 +932,31 @@ impl S3 for Gateway {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        let ctx = self.ctx(&req)?;
+        let who = self.who(&req).await?;
+        let ctx = who.ctx.clone();
         let trailers = req.trailing_headers;
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         check_key(&input.key)?;
+        let team = self
+            .tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+            .await?;
+        let size = match input.content_length {
+            Some(n) => n,
+            None if team.is_some() => {
+                return Err(s3_error!(
+                    MissingContentLength,
+                    "a write charged to a quota needs its Content-Length"
+                ));
+            }
+            None => 0,
+        };
+        // Quota before bytes: admitted (reserved) before the body is read.
+        let res = self
+            .tenancy
+            .admit(team.as_deref(), &input.bucket, size, 1)
+            .await?;
         let mode = match (&input.if_none_match, &input.if_match) {
             (Some(c), _) if c.is_any() => PutMode::Create,
             (_, Some(ETagCondition::ETag(e))) => PutMode::IfMatch(format!("\"{}\"", e.value())),
@@ -897,7 +981,26 @@ impl S3 for Gateway {
             .await;
         // Whatever happened at the backend, the next read asks it again.
         self.agent.cache().invalidate(&backend, &input.key);
-        let etag = etag?;
+        let etag = match etag {
+            Ok(e) => e,
+            Err(e) => {
+                self.tenancy.release(res).await;
+                return Err(e);
+            }
+        };
+        self.tenancy
+            .written(
+                res.into_iter().collect(),
+                &input.bucket,
+                &input.key,
+                size,
+                etag.clone(),
+                team,
+                &who.caller,
+                ctx.job.as_deref().map(str::to_string),
+                who.dataset.clone(),
+            )
+            .await;
         Ok(S3Response::new(PutObjectOutput {
             e_tag: etag.as_deref().map(plain_etag),
             ..Default::default()
@@ -908,12 +1011,19 @@ impl S3 for Gateway {
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        let ctx = self.ctx(&req)?;
+        let who = self.who(&req).await?;
+        let ctx = who.ctx;
         let backend = self.backend(&req.input.bucket)?;
         check_key(&req.input.key)?;
+        self.tenancy
+            .attribute(&req.input.bucket, &req.input.key, &who.caller, Role::Member)
+            .await?;
         let r = backend.delete(&ctx, &req.input.key).await;
         self.agent.cache().invalidate(&backend, &req.input.key);
         r.map_err(s3err)?;
+        self.tenancy
+            .deleted(&req.input.bucket, &req.input.key)
+            .await;
         Ok(S3Response::new(DeleteObjectOutput::default()))
     }
 
@@ -921,7 +1031,8 @@ impl S3 for Gateway {
         &self,
         req: S3Request<DeleteObjectsInput>,
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
-        let ctx = self.ctx(&req)?;
+        let who = self.who(&req).await?;
+        let ctx = who.ctx;
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         if input.delete.objects.len() > 1000 {
@@ -935,9 +1046,24 @@ impl S3 for Gateway {
         for o in input.delete.objects {
             let r = match validate_key(&o.key) {
                 Ok(_) => {
-                    let r = backend.delete(&ctx, &o.key).await;
-                    self.agent.cache().invalidate(&backend, &o.key);
-                    r
+                    match self
+                        .tenancy
+                        .attribute(&input.bucket, &o.key, &who.caller, Role::Member)
+                        .await
+                    {
+                        Ok(_) => {
+                            let r = backend.delete(&ctx, &o.key).await;
+                            self.agent.cache().invalidate(&backend, &o.key);
+                            if r.is_ok() {
+                                self.tenancy.deleted(&input.bucket, &o.key).await;
+                            }
+                            r
+                        }
+                        Err(e) => Err(Error::new(
+                            ErrorKind::PermissionDenied,
+                            e.message().unwrap_or("access denied").to_string(),
+                        )),
+                    }
                 }
                 Err(e) => Err(e),
             };
@@ -969,7 +1095,8 @@ impl S3 for Gateway {
         &self,
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
-        let ctx = self.ctx(&req)?;
+        let who = self.who(&req).await?;
+        let ctx = who.ctx.clone();
         let input = req.input;
         let (src_bucket, src_key) = match &input.copy_source {
             CopySource::Bucket { bucket, key, .. } => (bucket.to_string(), key.to_string()),
@@ -979,6 +1106,13 @@ impl S3 for Gateway {
         check_key(&input.key)?;
         let src = self.backend(&src_bucket)?;
         let dst = self.backend(&input.bucket)?;
+        self.tenancy
+            .attribute(&src_bucket, &src_key, &who.caller, Role::Reader)
+            .await?;
+        let team = self
+            .tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+            .await?;
         let meta = src.head(&ctx, &src_key).await.map_err(s3err)?;
         if src_bucket == input.bucket && src_key == input.key {
             return Err(s3_error!(
@@ -1002,34 +1136,41 @@ impl S3 for Gateway {
         {
             return Err(s3_error!(PreconditionFailed));
         }
-        if src_bucket == input.bucket {
-            src.copy(&ctx, &src_key, &input.key).await.map_err(s3err)?;
-        } else {
-            let obj = self
-                .agent
-                .cache()
-                .object_from_meta(&ctx, &src, meta.clone());
-            let mut up = dst
-                .put_multipart(&ctx, &input.key, BACKEND_PART)
-                .await
-                .map_err(s3err)?;
-            let bs = self.agent.cache().config().block_size.bytes();
-            let mut off = 0;
-            while off < meta.size {
-                let next = (off + bs).min(meta.size);
-                match obj.read(off..next).await {
-                    Ok(b) => up.write(b).await.map_err(s3err)?,
-                    Err(e) => {
-                        let _ = up.abort().await;
-                        return Err(s3err(e));
-                    }
-                }
-                off = next;
-            }
-            up.complete().await.map_err(s3err)?;
+        let res = self
+            .tenancy
+            .admit(team.as_deref(), &input.bucket, meta.size as i64, 1)
+            .await?;
+        let copied = self
+            .copy_bytes(
+                &ctx,
+                &src,
+                &dst,
+                &src_bucket,
+                &src_key,
+                &input.bucket,
+                &input.key,
+                &meta,
+            )
+            .await;
+        if let Err(e) = copied {
+            self.tenancy.release(res).await;
+            return Err(e);
         }
         self.agent.cache().invalidate(&dst, &input.key);
         let new = dst.head(&ctx, &input.key).await.map_err(s3err)?;
+        self.tenancy
+            .written(
+                res.into_iter().collect(),
+                &input.bucket,
+                &input.key,
+                new.size as i64,
+                new.etag.clone(),
+                team,
+                &who.caller,
+                ctx.job.as_deref().map(str::to_string),
+                who.dataset.clone(),
+            )
+            .await;
         Ok(S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
                 e_tag: etag_of(&new),
@@ -1044,10 +1185,14 @@ impl S3 for Gateway {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        let (_, owner) = self.caller(&req)?;
+        let who = self.who(&req).await?;
+        let owner = who.access_key.clone();
         let input = req.input;
         self.backend(&input.bucket)?;
         check_key(&input.key)?;
+        self.tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+            .await?;
         let id = self
             .staging
             .create(&UploadInfo {
@@ -1069,13 +1214,36 @@ impl S3 for Gateway {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        let (_, owner) = self.caller(&req)?;
+        let who = self.who(&req).await?;
+        let owner = who.access_key.clone();
         let trailers = req.trailing_headers;
         let input = req.input;
         if !(1..=10_000).contains(&input.part_number) {
             return Err(s3_error!(InvalidArgument, "part numbers are 1..=10000"));
         }
         self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
+        let team = self
+            .tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+            .await?;
+        if team.is_some() {
+            let Some(len) = input.content_length else {
+                return Err(s3_error!(
+                    MissingContentLength,
+                    "a part charged to a quota needs its Content-Length"
+                ));
+            };
+            // Quota before bytes: each part is admitted before it is read.
+            self.tenancy
+                .admit_part(
+                    team.as_deref(),
+                    &input.bucket,
+                    &input.upload_id,
+                    input.part_number,
+                    len,
+                )
+                .await?;
+        }
         let mut check = BodyCheck::new(
             input.content_md5,
             input.checksum_algorithm.as_ref(),
@@ -1176,10 +1344,15 @@ impl S3 for Gateway {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        let (ctx, owner) = self.caller(&req)?;
+        let who = self.who(&req).await?;
+        let (ctx, owner) = (who.ctx.clone(), who.access_key.clone());
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
+        let team = self
+            .tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+            .await?;
         let requested = input
             .multipart_upload
             .and_then(|m| m.parts)
@@ -1244,54 +1417,55 @@ impl S3 for Gateway {
         }
         let s3_etag = format!("{}-{}", hex(&md5.finalize()), chosen.len());
         let total: u64 = chosen.iter().map(|p| p.size).sum();
-        let etag = if total as usize <= SINGLE_PUT_MAX {
-            let mut all = Vec::with_capacity(total as usize);
-            for p in &chosen {
-                all.extend_from_slice(
-                    &tokio::fs::read(&p.path)
-                        .await
-                        .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?,
-                );
-            }
-            backend
-                .put(&ctx, &input.key, Bytes::from(all), PutMode::Overwrite)
-                .await
-                .map_err(s3err)?
-                .etag
-        } else {
-            let mut up = backend
-                .put_multipart(&ctx, &input.key, BACKEND_PART)
-                .await
-                .map_err(s3err)?;
-            for p in &chosen {
-                let mut f = tokio::fs::File::open(&p.path)
-                    .await
-                    .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?;
-                loop {
-                    use tokio::io::AsyncReadExt;
-                    let mut buf = vec![0u8; BACKEND_PART];
-                    let mut filled = 0;
-                    while filled < buf.len() {
-                        let n = f
-                            .read(&mut buf[filled..])
-                            .await
-                            .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?;
-                        if n == 0 {
-                            break;
-                        }
-                        filled += n;
-                    }
-                    if filled == 0 {
-                        break;
-                    }
-                    buf.truncate(filled);
-                    up.write(Bytes::from(buf)).await.map_err(s3err)?;
+        // The parts' bytes were admitted as they arrived; the object itself (and any bytes not admitted, after
+        // a restart) is admitted now, before anything is written to the backend.
+        let mut reservations = self.tenancy.take_parts(&input.upload_id);
+        let admitted: i64 = reservations.iter().map(|r| r.bytes).sum();
+        match self
+            .tenancy
+            .admit(
+                team.as_deref(),
+                &input.bucket,
+                (total as i64 - admitted).max(0),
+                1,
+            )
+            .await
+        {
+            Ok(r) => reservations.extend(r),
+            Err(e) => {
+                for r in reservations {
+                    self.tenancy.release(Some(r)).await;
                 }
+                return Err(e);
             }
-            up.complete().await.map_err(s3err)?.etag
+        }
+        let written = self
+            .assemble(&ctx, &backend, &input.key, &chosen, total)
+            .await;
+        let etag = match written {
+            Ok(e) => e,
+            Err(e) => {
+                for r in reservations {
+                    self.tenancy.release(Some(r)).await;
+                }
+                return Err(e);
+            }
         };
         self.agent.cache().invalidate(&backend, &input.key);
         let _ = self.staging.remove(&input.upload_id);
+        self.tenancy
+            .written(
+                reservations,
+                &input.bucket,
+                &input.key,
+                total as i64,
+                etag.clone(),
+                team,
+                &who.caller,
+                ctx.job.as_deref().map(str::to_string),
+                who.dataset.clone(),
+            )
+            .await;
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
@@ -1308,12 +1482,14 @@ impl S3 for Gateway {
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        let (_, owner) = self.caller(&req)?;
+        let who = self.who(&req).await?;
+        let owner = who.access_key;
         let input = req.input;
         self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
         self.staging
             .remove(&input.upload_id)
             .map_err(|_| s3_error!(NoSuchUpload))?;
+        self.tenancy.release_parts(&input.upload_id).await;
         Ok(S3Response::new(AbortMultipartUploadOutput::default()))
     }
 }
@@ -1423,5 +1599,110 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
             return Box::pin(futures::future::ready(Ok(resp)));
         }
         hyper::service::Service::call(&self.inner, req)
+    }
+}
+
+impl Gateway {
+    /// The byte-moving half of CopyObject.
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_bytes(
+        &self,
+        ctx: &IoContext,
+        src: &Backend,
+        dst: &Backend,
+        src_bucket: &str,
+        src_key: &str,
+        dst_bucket: &str,
+        dst_key: &str,
+        meta: &ObjectMeta,
+    ) -> S3Result<()> {
+        let (input_bucket, input_key) = (dst_bucket, dst_key);
+        let ctx = ctx.clone();
+        if src_bucket == input_bucket {
+            src.copy(&ctx, src_key, input_key).await.map_err(s3err)?;
+        } else {
+            let obj = self.agent.cache().object_from_meta(&ctx, src, meta.clone());
+            let mut up = dst
+                .put_multipart(&ctx, input_key, BACKEND_PART)
+                .await
+                .map_err(s3err)?;
+            let bs = self.agent.cache().config().block_size.bytes();
+            let mut off = 0;
+            while off < meta.size {
+                let next = (off + bs).min(meta.size);
+                match obj.read(off..next).await {
+                    Ok(b) => up.write(b).await.map_err(s3err)?,
+                    Err(e) => {
+                        let _ = up.abort().await;
+                        return Err(s3err(e));
+                    }
+                }
+                off = next;
+            }
+            up.complete().await.map_err(s3err)?;
+        }
+        Ok(())
+    }
+}
+
+impl Gateway {
+    /// Write an upload's chosen parts to the backend as one object.
+    async fn assemble(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+        chosen: &[multipart::StagedPart],
+        total: u64,
+    ) -> S3Result<Option<String>> {
+        let input_key = key;
+        let ctx = ctx.clone();
+        let etag = if total as usize <= SINGLE_PUT_MAX {
+            let mut all = Vec::with_capacity(total as usize);
+            for p in chosen {
+                all.extend_from_slice(
+                    &tokio::fs::read(&p.path)
+                        .await
+                        .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?,
+                );
+            }
+            backend
+                .put(&ctx, input_key, Bytes::from(all), PutMode::Overwrite)
+                .await
+                .map_err(s3err)?
+                .etag
+        } else {
+            let mut up = backend
+                .put_multipart(&ctx, input_key, BACKEND_PART)
+                .await
+                .map_err(s3err)?;
+            for p in chosen {
+                let mut f = tokio::fs::File::open(&p.path)
+                    .await
+                    .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?;
+                loop {
+                    use tokio::io::AsyncReadExt;
+                    let mut buf = vec![0u8; BACKEND_PART];
+                    let mut filled = 0;
+                    while filled < buf.len() {
+                        let n = f
+                            .read(&mut buf[filled..])
+                            .await
+                            .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?;
+                        if n == 0 {
+                            break;
+                        }
+                        filled += n;
+                    }
+                    if filled == 0 {
+                        break;
+                    }
+                    buf.truncate(filled);
+                    up.write(Bytes::from(buf)).await.map_err(s3err)?;
+                }
+            }
+            up.complete().await.map_err(s3err)?.etag
+        };
+        Ok(etag)
     }
 }

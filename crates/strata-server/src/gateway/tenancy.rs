@@ -1,0 +1,344 @@
+//! The gateway's link to the catalog: S3 keys issued by `strata token create --s3`, prefix ownership (who may
+//! read and write where), attribution of every write to a team, quota admission before a body is accepted,
+//! the inventory, and access times.
+//!
+//! Over a hard limit (or a soft limit past its grace period) a write is refused with `403 QuotaExceeded`
+//! before its body is read; nothing is stored. Multipart uploads are admitted part by part (each part's
+//! bytes are reserved before the part is accepted), so concurrent writers can never overshoot a limit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use s3s::auth::{S3Auth, SecretKey};
+use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
+use strata_catalog::inventory::{ObjectRecord, OwnedPrefix, owner_in};
+use strata_catalog::quota::Reservation;
+use strata_catalog::{Catalog, Principal, Role};
+use strata_types::{Error, ErrorKind};
+
+/// How long a catalog lookup (S3 key, prefix ownership) is reused.
+const TTL: Duration = Duration::from_secs(5);
+/// Most S3 keys remembered.
+const MAX_KEYS: usize = 10_000;
+
+type KeyCache = Mutex<HashMap<String, (Instant, Option<(String, Principal)>)>>;
+
+/// SigV4 secrets: the configured/generated root keys, then the catalog's S3 keys.
+pub struct CatalogAuth {
+    statics: HashMap<String, String>,
+    catalog: Catalog,
+    keys: Arc<KeyCache>,
+}
+
+impl std::fmt::Debug for CatalogAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogAuth")
+            .field("static_keys", &self.statics.len())
+            .finish()
+    }
+}
+
+#[async_trait::async_trait]
+impl S3Auth for CatalogAuth {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
+        if let Some(s) = self.statics.get(access_key) {
+            return Ok(SecretKey::from(s.clone()));
+        }
+        match lookup(&self.catalog, &self.keys, access_key).await? {
+            Some((secret, _)) => Ok(SecretKey::from(secret)),
+            None => Err(s3_error!(InvalidAccessKeyId)),
+        }
+    }
+}
+
+async fn lookup(
+    catalog: &Catalog,
+    keys: &KeyCache,
+    access_key: &str,
+) -> S3Result<Option<(String, Principal)>> {
+    if let Some((at, v)) = keys.lock().get(access_key)
+        && at.elapsed() < TTL
+    {
+        return Ok(v.clone());
+    }
+    let v = catalog
+        .s3_key(access_key)
+        .await
+        .map_err(|e| S3Error::with_message(S3ErrorCode::ServiceUnavailable, e.to_string()))?;
+    let mut k = keys.lock();
+    if k.len() >= MAX_KEYS {
+        k.clear();
+    }
+    k.insert(access_key.to_string(), (Instant::now(), v.clone()));
+    Ok(v)
+}
+
+/// Who is calling: a root key (configuration, environment, generated) or a catalog principal.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// A key from the configuration or environment: not subject to ownership or quotas unless it names a team.
+    Root {
+        /// The team the configured key acts for, if any.
+        team: Option<String>,
+    },
+    /// A principal from the catalog.
+    Principal(Principal),
+}
+
+impl Caller {
+    fn is_root(&self) -> bool {
+        match self {
+            Caller::Root { .. } => true,
+            Caller::Principal(p) => p.is_admin,
+        }
+    }
+    fn home_team(&self) -> Option<String> {
+        match self {
+            Caller::Root { team } => team.clone(),
+            Caller::Principal(p) => p.team.clone(),
+        }
+    }
+    /// The principal id recorded in the inventory.
+    pub fn id(&self) -> Option<String> {
+        match self {
+            Caller::Root { .. } => None,
+            Caller::Principal(p) => Some(p.id.clone()),
+        }
+    }
+}
+
+/// The gateway's tenancy state.
+#[derive(Debug)]
+pub struct Tenancy {
+    catalog: Catalog,
+    keys: Arc<KeyCache>,
+    prefixes: Mutex<Option<(Instant, Arc<Vec<OwnedPrefix>>)>>,
+    parts: Mutex<HashMap<(String, i32), Reservation>>,
+    ttl_secs: i64,
+}
+
+/// The S3 error for a refused quota admission.
+pub fn quota_exceeded(e: &Error) -> S3Error {
+    let mut err = S3Error::with_message(
+        S3ErrorCode::Custom("QuotaExceeded".into()),
+        e.message().to_string(),
+    );
+    err.set_status_code(http::StatusCode::FORBIDDEN);
+    err
+}
+
+fn unavailable(e: Error) -> S3Error {
+    S3Error::with_message(S3ErrorCode::ServiceUnavailable, e.to_string())
+}
+
+impl Tenancy {
+    /// Tenancy over `catalog`; reservations expire after `ttl_secs` if never settled.
+    pub fn new(catalog: Catalog, ttl_secs: i64) -> Self {
+        Self {
+            catalog,
+            keys: Arc::new(Mutex::new(HashMap::new())),
+            prefixes: Mutex::new(None),
+            parts: Mutex::new(HashMap::new()),
+            ttl_secs,
+        }
+    }
+
+    /// The authenticator for s3s, sharing this tenancy's key cache.
+    pub fn auth(&self, statics: HashMap<String, String>) -> CatalogAuth {
+        CatalogAuth {
+            statics,
+            catalog: self.catalog.clone(),
+            keys: self.keys.clone(),
+        }
+    }
+
+    /// The catalog principal behind an access key (after authentication filled the cache).
+    pub async fn principal(&self, access_key: &str) -> S3Result<Option<Principal>> {
+        Ok(lookup(&self.catalog, &self.keys, access_key)
+            .await?
+            .map(|(_, p)| p))
+    }
+
+    async fn prefixes(&self) -> S3Result<Arc<Vec<OwnedPrefix>>> {
+        if let Some((at, p)) = self.prefixes.lock().as_ref()
+            && at.elapsed() < TTL
+        {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(self.catalog.list_prefixes().await.map_err(unavailable)?);
+        *self.prefixes.lock() = Some((Instant::now(), p.clone()));
+        Ok(p)
+    }
+
+    /// The team a key of `bucket` belongs to, checking that `caller` holds `need` there. Keys under a prefix
+    /// owned by a team belong to it (only its members may read or write them); other keys belong to the
+    /// writer's home team.
+    pub async fn attribute(
+        &self,
+        bucket: &str,
+        key: &str,
+        caller: &Caller,
+        need: Role,
+    ) -> S3Result<Option<String>> {
+        let owner = owner_in(&self.prefixes().await?, bucket, key);
+        match owner {
+            Some(team) => {
+                let allowed = caller.is_root()
+                    || matches!(caller, Caller::Principal(p) if p.can(&team, need));
+                if !allowed {
+                    return Err(s3_error!(
+                        AccessDenied,
+                        "{bucket}/{key} belongs to team {team:?}; the caller is not a {} of it",
+                        need.as_str()
+                    ));
+                }
+                Ok(Some(team))
+            }
+            None => Ok(caller.home_team()),
+        }
+    }
+
+    /// Admit a write of `bytes` (and `objects`) for `team` on `bucket`, before its body is accepted.
+    pub async fn admit(
+        &self,
+        team: Option<&str>,
+        bucket: &str,
+        bytes: i64,
+        objects: i64,
+    ) -> S3Result<Option<Reservation>> {
+        let Some(team) = team else { return Ok(None) };
+        match self
+            .catalog
+            .reserve(team, bucket, bytes.max(0), objects, self.ttl_secs)
+            .await
+        {
+            Ok(r) => Ok(Some(r)),
+            Err(e) if e.kind() == ErrorKind::ResourceExhausted => Err(quota_exceeded(&e)),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// Give a reservation back (the write failed).
+    pub async fn release(&self, res: Option<Reservation>) {
+        if let Some(r) = res
+            && let Err(e) = self.catalog.release_reservation(&r).await
+        {
+            tracing::warn!(error = %e, "releasing a quota reservation (it expires on its own)");
+        }
+    }
+
+    /// Record a completed write: inventory row, usage charged to `team` (an overwrite charges the difference,
+    /// and the previous owner gets its bytes back).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn written(
+        &self,
+        res: Vec<Reservation>,
+        bucket: &str,
+        key: &str,
+        size: i64,
+        etag: Option<String>,
+        team: Option<String>,
+        caller: &Caller,
+        job: Option<String>,
+        dataset: Option<String>,
+    ) {
+        let r = async {
+            let prev = self
+                .catalog
+                .record_write(&ObjectRecord {
+                    backend: bucket.to_string(),
+                    key: key.to_string(),
+                    size,
+                    etag: etag.unwrap_or_default(),
+                    modified_at: self.catalog.now(),
+                    team: team.clone(),
+                    principal: caller.id(),
+                    job,
+                    dataset,
+                    accessed_at: None,
+                })
+                .await?;
+            let (mut bytes, mut objects) = (size, 1);
+            if let Some(p) = &prev {
+                if p.team == team {
+                    bytes -= p.size;
+                    objects = 0;
+                } else if let Some(old) = &p.team {
+                    self.catalog.adjust_usage(old, bucket, -p.size, -1).await?;
+                }
+            }
+            let mut res = res.into_iter();
+            match (res.next(), &team) {
+                (Some(first), _) => {
+                    self.catalog
+                        .commit_reservation(&first, bytes, objects)
+                        .await?
+                }
+                (None, Some(t)) => self.catalog.adjust_usage(t, bucket, bytes, objects).await?,
+                (None, None) => {}
+            }
+            for r in res {
+                self.catalog.commit_reservation(&r, 0, 0).await?;
+            }
+            Ok::<_, Error>(())
+        }
+        .await;
+        if let Err(e) = r {
+            tracing::warn!(error = %e, bucket, key, "recording a write in the catalog (reconciliation will correct usage)");
+        }
+    }
+
+    /// Record a deletion: the owner gets its bytes back.
+    pub async fn deleted(&self, bucket: &str, key: &str) {
+        let r = async {
+            if let Some(prev) = self.catalog.record_delete(bucket, key).await?
+                && let Some(t) = &prev.team
+            {
+                self.catalog.adjust_usage(t, bucket, -prev.size, -1).await?;
+            }
+            Ok::<_, Error>(())
+        }
+        .await;
+        if let Err(e) = r {
+            tracing::warn!(error = %e, bucket, key, "recording a deletion in the catalog");
+        }
+    }
+
+    /// Admit one part of a multipart upload (a part uploaded again replaces its reservation).
+    pub async fn admit_part(
+        &self,
+        team: Option<&str>,
+        bucket: &str,
+        upload_id: &str,
+        part: i32,
+        bytes: i64,
+    ) -> S3Result<()> {
+        let res = self.admit(team, bucket, bytes, 0).await?;
+        let old = match res {
+            Some(r) => self.parts.lock().insert((upload_id.to_string(), part), r),
+            None => None,
+        };
+        self.release(old).await;
+        Ok(())
+    }
+
+    /// Take the reservations of an upload's parts (on complete or abort).
+    pub fn take_parts(&self, upload_id: &str) -> Vec<Reservation> {
+        let mut parts = self.parts.lock();
+        let keys: Vec<(String, i32)> = parts
+            .keys()
+            .filter(|(u, _)| u == upload_id)
+            .cloned()
+            .collect();
+        keys.into_iter().filter_map(|k| parts.remove(&k)).collect()
+    }
+
+    /// Release every reservation of an aborted or failed upload.
+    pub async fn release_parts(&self, upload_id: &str) {
+        for r in self.take_parts(upload_id) {
+            self.release(Some(r)).await;
+        }
+    }
+}
