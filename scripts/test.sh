@@ -6,6 +6,9 @@
 # - Python tools into .venv (moto's S3 server, boto3, the aws cli, s5cmd, pytest, hypothesis, maturin, torch,
 #   webdataset, mosaicml-streaming). Tests start their own S3 servers on loopback from there, on free ports;
 #   nothing is left running afterwards.
+# - A PostgreSQL server (installed with apt if missing) started on a free loopback port in a temporary
+#   directory, stopped and removed on exit: the catalog tests run on it as well as on SQLite
+#   (STRATA_TEST_POSTGRES_URL; STRATA_REQUIRE_POSTGRES=1 makes its absence a failure, not a skip).
 # - cargo fmt --check, cargo clippy -D warnings, a check of the feature-gated backends, and the whole
 #   workspace's tests; then the `strata` Python package is built from python/ (maturin, same target dir) and
 #   installed into .venv, and the Python tests (gateway and loader) run against it and the binary built above.
@@ -26,6 +29,27 @@ if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis,
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 export STRATA_MOTO_SERVER="$PWD/.venv/bin/moto_server"
+
+say "PostgreSQL for the catalog tests"
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+if [ -z "$(pg_bin)" ]; then
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+PG_BIN="$(pg_bin)"
+PG_DIR="$(mktemp -d /tmp/strata-pg.XXXXXX)"
+PG_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+chown postgres:postgres "$PG_DIR"
+runuser -u postgres -- "$PG_BIN/initdb" -D "$PG_DIR/data" -A trust -U postgres --no-sync >/dev/null
+runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w \
+  -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300" start >/dev/null
+stop_pg() {
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast stop >/dev/null 2>&1 || true
+  rm -rf "$PG_DIR"
+}
+trap stop_pg EXIT
+export STRATA_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+export STRATA_REQUIRE_POSTGRES=1
+echo "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT"
 
 say "cargo fmt --check"
 cargo fmt --all -- --check

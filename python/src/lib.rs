@@ -811,7 +811,7 @@ type TensorTuple = (String, String, Vec<u64>, pyo3::buffer::PyBuffer<u8>);
 impl Checkpointer {
     #[new]
     #[pyo3(signature = (run_id, local_dir, *, remote_url=None, peers=Vec::new(), self_peer=None, replicas=1, agent=None,
-        rank=0, world_size=1, local_is_shared=true, upload_every=1, keep_local=2, keep_remote=0, keep_every=None, overlap="wait", commit_timeout=600.0))]
+        rank=0, world_size=1, local_is_shared=true, upload_every=1, keep_local=2, keep_remote=0, keep_every=None, overlap="wait", commit_timeout=600.0, team=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         run_id: &str,
@@ -830,6 +830,7 @@ impl Checkpointer {
         keep_every: Option<u64>,
         overlap: &str,
         commit_timeout: f64,
+        team: Option<String>,
     ) -> PyResult<Self> {
         let (rt, telemetry) = proc()?;
         let remote = match remote_url {
@@ -863,7 +864,17 @@ impl Checkpointer {
                 "commit_timeout must be a positive number of seconds",
             ));
         }
+        let quota = match (&team, &agent) {
+            (Some(t), Some(a)) => Some(strata_ckpt::quota::QuotaGate::new(a, t).map_err(to_py)?),
+            (Some(_), None) => {
+                return Err(InvalidInputError::new_err(
+                    "team= charges saves to a quota through the node agent: give agent= (or STRATA_AGENT) too",
+                ));
+            }
+            (None, _) => None,
+        };
         let cfg = strata_ckpt::CheckpointConfig {
+            quota,
             run_id: run_id.to_string(),
             rank,
             world_size,

@@ -223,6 +223,48 @@ impl Catalog {
         Ok(prev)
     }
 
+    /// Record a completed write and charge it: `reservations` (admitted before the bytes were accepted) are
+    /// committed with what the write really changed (an overwrite by the same team charges the difference; a
+    /// write over another team's object gives that team its bytes back). Without reservations the change is
+    /// charged directly (nothing to admit: the writer had no team limits to check).
+    pub async fn commit_write(
+        &self,
+        reservations: Vec<crate::quota::Reservation>,
+        rec: &ObjectRecord,
+    ) -> Result<()> {
+        let prev = self.record_write(rec).await?;
+        let (mut bytes, mut objects) = (rec.size, 1);
+        if let Some(p) = &prev {
+            if p.team == rec.team {
+                bytes -= p.size;
+                objects = 0;
+            } else if let Some(old) = &p.team {
+                self.adjust_usage(old, &rec.backend, -p.size, -1).await?;
+            }
+        }
+        let mut res = reservations.into_iter();
+        match (res.next(), &rec.team) {
+            (Some(first), _) => self.commit_reservation(&first, bytes, objects).await?,
+            (None, Some(t)) => self.adjust_usage(t, &rec.backend, bytes, objects).await?,
+            (None, None) => {}
+        }
+        for r in res {
+            self.commit_reservation(&r, 0, 0).await?;
+        }
+        Ok(())
+    }
+
+    /// Record a deletion and give the owner its bytes back. Returns what was known of the object.
+    pub async fn commit_delete(&self, backend: &str, key: &str) -> Result<Option<ObjectRecord>> {
+        let prev = self.record_delete(backend, key).await?;
+        if let Some(p) = &prev
+            && let Some(t) = &p.team
+        {
+            self.adjust_usage(t, backend, -p.size, -1).await?;
+        }
+        Ok(prev)
+    }
+
     /// Forget an object (deleted). Returns what was known of it.
     pub async fn record_delete(&self, backend: &str, key: &str) -> Result<Option<ObjectRecord>> {
         let prev = self.object(backend, key).await?;

@@ -20,6 +20,9 @@ use crate::{Catalog, db_err, new_id};
 /// The scope that holds a team's total over all scopes.
 pub const TOTAL: &str = "*";
 
+/// Largest byte or object count accepted anywhere (1 EiB): sums of a few of them never overflow an `i64`.
+pub const MAX_AMOUNT: i64 = 1 << 60;
+
 /// Limits of one team on one scope. `None` = unlimited.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct QuotaLimits {
@@ -45,12 +48,16 @@ impl QuotaLimits {
             ("soft_objects", self.soft_objects),
             ("hard_objects", self.hard_objects),
         ] {
-            if v.is_some_and(|v| v < 0) {
-                return Err(Error::invalid_input(format!("{name} must not be negative")));
+            if v.is_some_and(|v| !(0..=MAX_AMOUNT).contains(&v)) {
+                return Err(Error::invalid_input(format!(
+                    "{name} must be between 0 and {MAX_AMOUNT}"
+                )));
             }
         }
-        if self.grace_secs < 0 {
-            return Err(Error::invalid_input("grace_secs must not be negative"));
+        if !(0..=100 * 365 * 86_400).contains(&self.grace_secs) {
+            return Err(Error::invalid_input(
+                "grace_secs must be between 0 and 100 years",
+            ));
         }
         if let (Some(s), Some(h)) = (self.soft_bytes, self.hard_bytes)
             && s > h
@@ -314,8 +321,10 @@ impl Catalog {
         objects: i64,
         ttl_secs: i64,
     ) -> Result<Reservation> {
-        if bytes < 0 || objects < 0 {
-            return Err(Error::invalid_input("a reservation cannot be negative"));
+        if !(0..=MAX_AMOUNT).contains(&bytes) || !(0..=MAX_AMOUNT).contains(&objects) {
+            return Err(Error::invalid_input(format!(
+                "a reservation must be between 0 and {MAX_AMOUNT} bytes and objects"
+            )));
         }
         validate_scope(scope)?;
         if scope == TOTAL {
@@ -355,7 +364,7 @@ impl Catalog {
         .bind(scope)
         .bind(bytes)
         .bind(objects)
-        .bind(now + ttl_secs.max(1))
+        .bind(now.saturating_add(ttl_secs.clamp(1, 365 * 86_400)))
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
@@ -442,6 +451,63 @@ impl Catalog {
             objects: 0,
         };
         self.settle(&res, Some((bytes_delta, objects_delta))).await
+    }
+
+    /// Give usage back (data deleted by its writer), never below zero.
+    pub async fn free_usage(
+        &self,
+        team: &str,
+        scope: &str,
+        bytes: i64,
+        objects: i64,
+    ) -> Result<()> {
+        if !(0..=MAX_AMOUNT).contains(&bytes) || !(0..=MAX_AMOUNT).contains(&objects) {
+            return Err(Error::invalid_input(format!(
+                "bytes and objects to free must be between 0 and {MAX_AMOUNT}"
+            )));
+        }
+        validate_scope(scope)?;
+        if scope == TOTAL {
+            return Err(Error::invalid_input(
+                "free usage on a concrete scope, not '*'",
+            ));
+        }
+        let mut tx = self.pool().begin().await.map_err(db_err)?;
+        self.ensure_quota_rows(&mut tx, team, scope).await?;
+        let cur: (i64, i64) = {
+            let r = sqlx::query(
+                "SELECT used_bytes, used_objects FROM quotas WHERE team = $1 AND scope = $2",
+            )
+            .bind(team)
+            .bind(scope)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            (
+                r.try_get("used_bytes").map_err(db_err)?,
+                r.try_get("used_objects").map_err(db_err)?,
+            )
+        };
+        let (b, o) = (bytes.min(cur.0.max(0)), objects.min(cur.1.max(0)));
+        sqlx::query(
+            "UPDATE quotas SET used_bytes = used_bytes - $1, used_objects = used_objects - $2 \
+             WHERE team = $3 AND (scope = $4 OR scope = '*')",
+        )
+        .bind(b)
+        .bind(o)
+        .bind(team)
+        .bind(scope)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query(SOFT_STAMP)
+            .bind(self.now())
+            .bind(team)
+            .bind(scope)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)
     }
 
     /// Set a scope's usage to measured values (reconciliation) and recompute the team's total.

@@ -90,6 +90,7 @@ impl HandoffRequest {
             overlap: Overlap::Wait,
             commit_timeout: Duration::from_millis(self.commit_timeout_ms),
             handoff: None,
+            quota: None,
         })
     }
 }

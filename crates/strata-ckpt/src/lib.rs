@@ -18,6 +18,7 @@ pub mod format;
 pub mod handoff;
 pub mod manifest;
 pub mod ops;
+pub mod quota;
 pub mod tier;
 
 use std::collections::BTreeMap;
@@ -154,6 +155,8 @@ pub struct CheckpointConfig {
     /// The node agent that takes over each save once its shard is durable locally (peers and object store),
     /// so the work survives the training process. `None`: the process does it all.
     pub handoff: Option<handoff::Handoff>,
+    /// Admit each save against a team's `ckpt` quota before writing it (through the node agent).
+    pub quota: Option<quota::QuotaGate>,
 }
 
 /// Where a save stands.
@@ -387,6 +390,19 @@ impl Checkpointer {
                 }
             },
         };
+        // Quota before bytes: admitted before any byte is written; refused = failed at once, nothing written.
+        let shard_bytes = header.len() as u64 + lens.iter().sum::<u64>();
+        let reservation = match &self.cfg.quota {
+            Some(q) => match q.reserve(shard_bytes).await {
+                Ok(id) => Some(id),
+                Err(e) => {
+                    tracing::error!(run = %self.cfg.run_id, step, error = %e, "checkpoint save refused");
+                    let (_tx, rx) = watch::channel(SaveState::Failed(e));
+                    return Ok((SaveHandle { step, rx }, TensorSink::discard(lens)));
+                }
+            },
+            None => None,
+        };
         let n = self
             .saves
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -401,6 +417,17 @@ impl Checkpointer {
                 .local
                 .write_shard_stream(&cfg.run_id, step, cfg.rank, header, count, data_rx)
                 .await;
+            if let (Some(q), Some(id)) = (&cfg.quota, &reservation) {
+                // Charged once the shard is in the local tier; released if it never got there.
+                let r = if written.is_ok() {
+                    q.commit(id, shard_bytes).await
+                } else {
+                    q.release(id).await
+                };
+                if let Err(e) = r {
+                    tracing::warn!(step, error = %e, "settling the checkpoint's quota reservation (it expires)");
+                }
+            }
             let r = if datas.len() != count {
                 Err(written.err().unwrap_or_else(|| {
                     Error::new(ErrorKind::Cancelled, "the save was abandoned while its state was being copied")
@@ -714,9 +741,31 @@ impl Checkpointer {
             let Some(&newest) = committed.last() else {
                 return Ok::<_, Error>(());
             };
+            let charged = self.cfg.quota.as_ref().filter(|_| {
+                stores.len() == 1 && std::ptr::eq(stores[0], &self.cfg.local)
+            });
             for t in stores {
                 for step in policy.victims(&committed) {
+                    let freed = match charged {
+                        Some(_) => t
+                            .manifest(&self.ctx, run, step)
+                            .await
+                            .ok()
+                            .flatten()
+                            .map(|m| {
+                                (
+                                    m.shards.iter().map(|s| s.size).sum::<u64>(),
+                                    m.shards.len() as u64,
+                                )
+                            }),
+                        None => None,
+                    };
                     t.delete_step(&self.ctx, run, step).await?;
+                    if let (Some(q), Some((bytes, n))) = (charged, freed)
+                        && let Err(e) = q.free(bytes, n).await
+                    {
+                        tracing::warn!(step, error = %e, "giving deleted checkpoint bytes back to the quota");
+                    }
                 }
                 // Debris of saves that never committed, older than the newest commit: never complete, never
                 // needed.

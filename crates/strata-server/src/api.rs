@@ -20,7 +20,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -232,12 +232,55 @@ pub struct PinRequest {
     pub location: String,
 }
 
+/// The catalog's name for the cache (inventory backend and quota scope of pinned bytes).
+pub const CACHE_SCOPE: &str = "cache";
+
 async fn pin(
     State(agent): State<Arc<Agent>>,
+    Extension(principal): Extension<strata_catalog::Principal>,
     Json(req): Json<PinRequest>,
 ) -> ApiResult<Json<strata_cache::PinReport>> {
     let (backend, prefix) = agent.resolve(&req.location)?;
-    Ok(Json(agent.cache().pin(backend.id(), &prefix)?))
+    // Quota before bytes: the prefix's size is admitted on the team's `cache` scope before it is pinned.
+    let charged = match &principal.team {
+        Some(team) => {
+            let page = backend
+                .list_page(&IoContext::default(), &prefix, None, usize::MAX)
+                .await?;
+            let bytes: i64 = page.objects.iter().map(|o| o.size as i64).sum();
+            let res = agent
+                .catalog()
+                .reserve(team, CACHE_SCOPE, bytes, 1, 600)
+                .await?;
+            Some((team.clone(), bytes, res))
+        }
+        None => None,
+    };
+    let report = match agent.cache().pin(backend.id(), &prefix) {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some((_, _, res)) = charged {
+                let _ = agent.catalog().release_reservation(&res).await;
+            }
+            return Err(e.into());
+        }
+    };
+    if let Some((team, bytes, res)) = charged {
+        let rec = strata_catalog::inventory::ObjectRecord {
+            backend: CACHE_SCOPE.into(),
+            key: format!("{}/{prefix}", backend.id()),
+            size: bytes,
+            etag: String::new(),
+            modified_at: agent.catalog().now(),
+            team: Some(team),
+            principal: Some(principal.id.clone()),
+            job: None,
+            dataset: None,
+            accessed_at: None,
+        };
+        agent.catalog().commit_write(vec![res], &rec).await?;
+    }
+    Ok(Json(report))
 }
 
 async fn unpin(
@@ -246,6 +289,10 @@ async fn unpin(
 ) -> ApiResult<Json<serde_json::Value>> {
     let (backend, prefix) = agent.resolve(&req.location)?;
     let removed = agent.cache().unpin(backend.id(), &prefix)?;
+    agent
+        .catalog()
+        .commit_delete(CACHE_SCOPE, &format!("{}/{prefix}", backend.id()))
+        .await?;
     Ok(Json(serde_json::json!({ "removed": removed })))
 }
 

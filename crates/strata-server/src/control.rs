@@ -361,6 +361,13 @@ pub fn routes() -> Vec<(RouteDoc, MethodRouter<Arc<Agent>>)> {
         ),
         r!(
             "POST",
+            "/v1/quotas/{team}/{scope}/free",
+            "Give usage back after deleting data: {\"bytes\",\"objects\"} (never below zero)",
+            "member of the team",
+            post(free_usage)
+        ),
+        r!(
+            "POST",
             "/v1/reservations/{id}/commit",
             "Charge an admitted write: {\"bytes\",\"objects\"} actually written",
             "member of its team",
@@ -787,9 +794,16 @@ async fn list_tokens(
             p.require(&t, Role::TeamAdmin)?;
             ok(a.catalog().list_principals(Some(&t)).await?)
         }
+        None if p.is_admin => ok(a.catalog().list_principals(None).await?),
         None => {
-            p.require_admin()?;
-            ok(a.catalog().list_principals(None).await?)
+            // The principals of every team the caller administers.
+            let mut seen = std::collections::BTreeMap::new();
+            for m in p.memberships.iter().filter(|m| m.role == Role::TeamAdmin) {
+                for x in a.catalog().list_principals(Some(&m.team)).await? {
+                    seen.insert(x.id.clone(), x);
+                }
+            }
+            ok(seen.into_values().collect::<Vec<_>>())
         }
     }
 }
@@ -892,6 +906,21 @@ async fn reserve(
         .await?)
 }
 
+async fn free_usage(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    UrlPath((team, scope)): UrlPath<(String, String)>,
+    b: Bytes,
+) -> ApiResult<Json> {
+    p.require(&team, Role::Member)?;
+    let req: ChargeBody = body(&b)?;
+    a.catalog().team(&team).await?;
+    a.catalog()
+        .free_usage(&team, &scope, req.bytes, req.objects)
+        .await?;
+    ok(a.catalog().quota(&team, &scope).await?)
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ChargeBody {
@@ -924,9 +953,9 @@ async fn commit_reservation(
 ) -> ApiResult<Json> {
     let r = visible_reservation(&a, &p, &id).await?;
     let req: ChargeBody = body(&b)?;
-    if req.bytes > r.bytes || req.objects > r.objects {
+    if req.bytes > r.bytes || req.objects > r.objects || req.bytes < 0 || req.objects < 0 {
         return Err(ApiError(Error::invalid_input(format!(
-            "cannot charge more than was reserved ({} bytes, {} objects)",
+            "charge between 0 and what was reserved ({} bytes, {} objects)",
             r.bytes, r.objects
         ))));
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -27,6 +27,7 @@ use strata_types::{Error, ErrorKind, IoContext};
 
 use crate::Agent;
 use crate::api::ApiError;
+use strata_catalog::Principal;
 
 /// Largest replica accepted in one request.
 const MAX_REPLICA: usize = 64 << 30;
@@ -70,14 +71,92 @@ fn parse_file(file: &str) -> Result<(Option<u32>, bool), Error> {
     Ok((Some(digits.parse().map_err(|_| bad())?), shard))
 }
 
+/// The catalog's name for this agent's replica store (inventory backend and quota scope).
+pub const PEER_SCOPE: &str = "peer";
+
 async fn write(
     State(agent): State<Arc<Agent>>,
+    Extension(principal): Extension<Principal>,
     Path((run, step, file)): Path<(String, u64, String)>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<StatusCode, ApiError> {
     validate_run_id(&run)?;
-    let (rank, is_shard) = parse_file(&file)?;
+    parse_file(&file)?;
+    // Quota before bytes: a replica is charged to the writer's team on scope `peer`, admitted before its body
+    // is read.
+    let team = principal.team.clone();
+    let len = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i64>().ok());
+    let res = match (&team, len) {
+        (Some(t), Some(n)) => Some(
+            agent
+                .catalog()
+                .reserve(
+                    t,
+                    PEER_SCOPE,
+                    n,
+                    1,
+                    agent.config().catalog.reservation_ttl_secs,
+                )
+                .await?,
+        ),
+        (Some(_), None) => {
+            return Err(Error::invalid_input(
+                "a replica charged to a quota needs its Content-Length",
+            )
+            .into());
+        }
+        (None, _) => None,
+    };
+    let stored = async {
+        let body = axum::body::to_bytes(body, MAX_REPLICA)
+            .await
+            .map_err(|e| Error::invalid_input(format!("reading the replica: {e}")))?;
+        store(&agent, &run, step, &file, &headers, &body).await?;
+        Ok::<_, ApiError>(body.len() as i64)
+    }
+    .await;
+    let cat = agent.catalog();
+    match stored {
+        Ok(size) => {
+            let rec = strata_catalog::inventory::ObjectRecord {
+                backend: PEER_SCOPE.into(),
+                key: format!("{run}/{step}/{file}"),
+                size,
+                etag: String::new(),
+                modified_at: cat.now(),
+                team,
+                principal: Some(principal.id.clone()),
+                job: None,
+                dataset: None,
+                accessed_at: None,
+            };
+            if let Err(e) = cat.commit_write(res.into_iter().collect(), &rec).await {
+                tracing::warn!(error = %e, "recording a replica in the catalog");
+            }
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Err(e) => {
+            if let Some(r) = res {
+                let _ = cat.release_reservation(&r).await;
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn store(
+    agent: &Agent,
+    run: &str,
+    step: u64,
+    file: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(), ApiError> {
+    let (rank, is_shard) = parse_file(file)?;
     let t = tier(&agent);
     let ctx = IoContext::default();
     match (rank, is_shard) {
@@ -92,25 +171,25 @@ async fn write(
                     .into());
                 }
             }
-            t.write_shard(&ctx, &run, step, rank, &body, &[]).await?;
+            t.write_shard(&ctx, run, step, rank, body, &[]).await?;
         }
         (Some(rank), false) => {
-            let rec: ShardRecord = serde_json::from_slice(&body)
+            let rec: ShardRecord = serde_json::from_slice(body)
                 .map_err(|e| Error::invalid_input(format!("{file}: not a shard record: {e}")))?;
             if rec.rank != rank {
                 return Err(Error::invalid_input(format!("{file} holds rank {}", rec.rank)).into());
             }
-            t.write_record(&ctx, &run, step, &rec).await?;
+            t.write_record(&ctx, run, step, &rec).await?;
         }
         (None, _) => {
-            let m = Manifest::parse(&body, &file)?;
+            let m = Manifest::parse(body, file)?;
             if m.run_id != run || m.step != step {
                 return Err(Error::invalid_input("manifest of another run or step").into());
             }
             t.commit(&ctx, &m).await?;
         }
     }
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }
 
 async fn read(
@@ -146,6 +225,14 @@ async fn delete(
     tier(&agent)
         .delete_step(&IoContext::default(), &run, step)
         .await?;
+    // Give the writers' teams their bytes back.
+    let cat = agent.catalog();
+    for o in cat
+        .objects_under(PEER_SCOPE, &format!("{run}/{step}/"))
+        .await?
+    {
+        cat.commit_delete(PEER_SCOPE, &o.key).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -79,6 +79,7 @@ class Checkpointer:
         peers: list[str] = ...,
         self_peer: Optional[int] = None,
         replicas: int = 1,
+        agent: Optional[str] = None,
         rank: int = 0,
         world_size: int = 1,
         local_is_shared: bool = True,
@@ -88,6 +89,7 @@ class Checkpointer:
         keep_every: Optional[int] = None,
         overlap: str = "wait",
         commit_timeout: float = 600.0,
+        team: Optional[str] = None,
     ) -> None: ...
     def save(self, step: int, tensors: list, metadata: dict) -> SaveHandle: ...
     def flush(self) -> None: ...

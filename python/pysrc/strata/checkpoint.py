@@ -246,6 +246,10 @@ class Checkpointer:
             deleted, and an older one only once a newer one is committed.
         overlap: ``"wait"`` (block save() until the previous save finished) or ``"skip"``.
         on_error: called with the handle of a failed save (from a helper thread).
+        team: charge saves to this team's ``ckpt`` quota (default ``STRATA_TEAM``), through the agent: each save
+            is admitted before any byte is written (refused: the handle fails with a quota error and nothing is
+            written), charged once its shard is on the local tier, and given back when retention deletes it.
+            Needs an agent and a token (``STRATA_TOKEN``) of a member of the team.
 
     ``save(step, state)`` copies the state (dicts/lists of torch tensors, numpy arrays, bytes, numbers,
     strings) and returns a :class:`SaveHandle`; the caller may change its tensors at once. ``load_latest()``
@@ -273,6 +277,7 @@ class Checkpointer:
         overlap: str = "wait",
         on_error: Optional[Callable[[SaveHandle], None]] = None,
         commit_timeout: float = 600.0,
+        team: Optional[str] = None,
     ) -> None:
         env = os.environ
         peer_list = _resolve_peers(peers)
@@ -289,6 +294,7 @@ class Checkpointer:
             rank=self.rank, world_size=self.world_size,
             local_is_shared=local_world == self.world_size, upload_every=upload_every, keep_local=keep_local,
             keep_remote=keep_remote, keep_every=keep_every, overlap=overlap, commit_timeout=commit_timeout,
+            team=(env.get("STRATA_TEAM") if team is None else team) or None,
         )
         self.run_id = run_id
         self._on_error = on_error

@@ -54,6 +54,7 @@ pub fn ckpt(local: &Path, remote: Option<Tier>, rank: u32, world: u32) -> Checkp
             overlap: Overlap::Wait,
             commit_timeout: Duration::from_secs(20),
             handoff: None,
+            quota: None,
         },
         IoContext::default(),
     )

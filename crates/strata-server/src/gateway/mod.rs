@@ -513,15 +513,17 @@ impl Gateway {
         body: StreamingBlob,
         mut check: BodyCheck,
         mode: PutMode,
-    ) -> S3Result<Option<String>> {
+    ) -> S3Result<(Option<String>, u64)> {
         let mut body = body;
         let mut buf: Vec<Bytes> = Vec::new();
         let mut buffered = 0usize;
+        let mut received = 0u64;
         let mut upload = None;
         while let Some(chunk) = body.next().await {
             let chunk =
                 chunk.map_err(|e| s3_error!(IncompleteBody, "reading the request body: {e}"))?;
             check.update(&chunk);
+            received += chunk.len() as u64;
             match upload.as_mut() {
                 None if buffered + chunk.len() <= SINGLE_PUT_MAX => {
                     buffered += chunk.len();
@@ -554,7 +556,7 @@ impl Gateway {
                     let _ = up.abort().await;
                     return Err(e);
                 }
-                Ok(up.complete().await.map_err(s3err)?.etag)
+                Ok((up.complete().await.map_err(s3err)?.etag, received))
             }
             None => {
                 verified?;
@@ -562,11 +564,14 @@ impl Gateway {
                 for b in &buf {
                     all.extend_from_slice(b);
                 }
-                Ok(backend
-                    .put(ctx, key, Bytes::from(all), mode)
-                    .await
-                    .map_err(s3err)?
-                    .etag)
+                Ok((
+                    backend
+                        .put(ctx, key, Bytes::from(all), mode)
+                        .await
+                        .map_err(s3err)?
+                        .etag,
+                    received,
+                ))
             }
         }
     }
@@ -934,6 +939,11 @@ impl S3 for Gateway {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let who = self.who(&req).await?;
         let ctx = who.ctx.clone();
+        let decoded_len = req
+            .headers
+            .get("x-amz-decoded-content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i64>().ok());
         let trailers = req.trailing_headers;
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
@@ -942,7 +952,7 @@ impl S3 for Gateway {
             .tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
             .await?;
-        let size = match input.content_length {
+        let size = match decoded_len.or(input.content_length) {
             Some(n) => n,
             None if team.is_some() => {
                 return Err(s3_error!(
@@ -981,19 +991,21 @@ impl S3 for Gateway {
             .await;
         // Whatever happened at the backend, the next read asks it again.
         self.agent.cache().invalidate(&backend, &input.key);
-        let etag = match etag {
+        let (etag, received) = match etag {
             Ok(e) => e,
             Err(e) => {
                 self.tenancy.release(res).await;
                 return Err(e);
             }
         };
+        // Charged what was stored (a streaming upload's Content-Length counts its chunk framing too).
+        let _ = size;
         self.tenancy
             .written(
                 res.into_iter().collect(),
                 &input.bucket,
                 &input.key,
-                size,
+                received as i64,
                 etag.clone(),
                 team,
                 &who.caller,

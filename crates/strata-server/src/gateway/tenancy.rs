@@ -244,47 +244,24 @@ impl Tenancy {
         job: Option<String>,
         dataset: Option<String>,
     ) {
-        let r = async {
-            let prev = self
-                .catalog
-                .record_write(&ObjectRecord {
+        let r = self
+            .catalog
+            .commit_write(
+                res,
+                &ObjectRecord {
                     backend: bucket.to_string(),
                     key: key.to_string(),
                     size,
                     etag: etag.unwrap_or_default(),
                     modified_at: self.catalog.now(),
-                    team: team.clone(),
+                    team,
                     principal: caller.id(),
                     job,
                     dataset,
                     accessed_at: None,
-                })
-                .await?;
-            let (mut bytes, mut objects) = (size, 1);
-            if let Some(p) = &prev {
-                if p.team == team {
-                    bytes -= p.size;
-                    objects = 0;
-                } else if let Some(old) = &p.team {
-                    self.catalog.adjust_usage(old, bucket, -p.size, -1).await?;
-                }
-            }
-            let mut res = res.into_iter();
-            match (res.next(), &team) {
-                (Some(first), _) => {
-                    self.catalog
-                        .commit_reservation(&first, bytes, objects)
-                        .await?
-                }
-                (None, Some(t)) => self.catalog.adjust_usage(t, bucket, bytes, objects).await?,
-                (None, None) => {}
-            }
-            for r in res {
-                self.catalog.commit_reservation(&r, 0, 0).await?;
-            }
-            Ok::<_, Error>(())
-        }
-        .await;
+                },
+            )
+            .await;
         if let Err(e) = r {
             tracing::warn!(error = %e, bucket, key, "recording a write in the catalog (reconciliation will correct usage)");
         }
@@ -292,15 +269,7 @@ impl Tenancy {
 
     /// Record a deletion: the owner gets its bytes back.
     pub async fn deleted(&self, bucket: &str, key: &str) {
-        let r = async {
-            if let Some(prev) = self.catalog.record_delete(bucket, key).await?
-                && let Some(t) = &prev.team
-            {
-                self.catalog.adjust_usage(t, bucket, -prev.size, -1).await?;
-            }
-            Ok::<_, Error>(())
-        }
-        .await;
+        let r = self.catalog.commit_delete(bucket, key).await;
         if let Err(e) = r {
             tracing::warn!(error = %e, bucket, key, "recording a deletion in the catalog");
         }

@@ -1,0 +1,629 @@
+//! The control API, in process, on both catalogs (SQLite, and PostgreSQL when the test command provides one):
+//! tokens on every route, tenant isolation over every route of the OpenAPI document (which is generated from
+//! the router's own table), property tests on request bodies, quota reservations, scratch, forecasts.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use http::{Method, Request};
+use serde_json::{Value, json};
+use strata_server::config::{Config, Overrides};
+use strata_server::{Agent, api, control};
+use tower::ServiceExt;
+
+struct Env {
+    app: Router,
+    agent: Arc<Agent>,
+    admin: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn envs() -> Vec<Env> {
+    let mut urls = vec![None];
+    if let Some(admin) = strata_catalog::testing::postgres_url() {
+        urls.push(Some(
+            strata_catalog::testing::fresh_postgres(&admin)
+                .await
+                .unwrap(),
+        ));
+    }
+    let mut out = Vec::new();
+    for url in urls {
+        let dir = tempfile::tempdir().unwrap();
+        let resolved = Config::default()
+            .resolve(&Overrides {
+                data_dir: Some(dir.path().join("d")),
+                api_listen: Some("127.0.0.1:0".into()),
+                catalog: url,
+                ..Default::default()
+            })
+            .unwrap();
+        let agent = Agent::start(resolved).await.unwrap();
+        let admin =
+            std::fs::read_to_string(control::admin_token_file(&dir.path().join("d"))).unwrap();
+        out.push(Env {
+            app: api::router(agent.clone()),
+            agent,
+            admin: admin.trim().to_string(),
+            _dir: dir,
+        });
+    }
+    out
+}
+
+async fn call(
+    app: &Router,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = match body {
+        Some(b) => req
+            .header("content-type", "application/json")
+            .body(Body::from(b.to_string()))
+            .unwrap(),
+        None => req.body(Body::empty()).unwrap(),
+    };
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20)
+        .await
+        .unwrap();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, v)
+}
+
+async fn ok(app: &Router, method: Method, path: &str, token: &str, body: Option<Value>) -> Value {
+    let (s, v) = call(app, method.clone(), path, Some(token), body).await;
+    assert_eq!(s, 200, "{method} {path}: {v}");
+    v
+}
+
+/// Team B's state, as its administrator sees it (audit excluded: it is append-only by design).
+async fn snapshot(e: &Env) -> Value {
+    let mut out = serde_json::Map::new();
+    for path in [
+        "/v1/teams/team-b",
+        "/v1/teams/team-b/members",
+        "/v1/quotas/team-b",
+        "/v1/policies",
+        "/v1/protections",
+        "/v1/cleanup/plans",
+        "/v1/scratch",
+        "/v1/prefixes",
+        "/v1/tokens?team=team-b",
+        "/v1/usage?by=team",
+    ] {
+        let v = ok(&e.app, Method::GET, path, &e.admin, None).await;
+        out.insert(path.into(), v);
+    }
+    Value::Object(out)
+}
+
+struct TeamB {
+    principal: String,
+    policy: String,
+    protection: String,
+    plan: String,
+    scratch: String,
+    reservation: String,
+}
+
+async fn setup(e: &Env) -> (String, TeamB) {
+    let app = &e.app;
+    for t in ["team-a", "team-b"] {
+        ok(
+            app,
+            Method::POST,
+            "/v1/teams",
+            &e.admin,
+            Some(json!({"name": t})),
+        )
+        .await;
+    }
+    let a = ok(
+        app,
+        Method::POST,
+        "/v1/tokens",
+        &e.admin,
+        Some(json!({"name": "a-admin", "kind": "token", "team": "team-a", "role": "team_admin"})),
+    )
+    .await;
+    let b = ok(
+        app,
+        Method::POST,
+        "/v1/tokens",
+        &e.admin,
+        Some(json!({"name": "b-admin", "kind": "token", "team": "team-b", "role": "team_admin"})),
+    )
+    .await;
+    let bt = b["token"].as_str().unwrap().to_string();
+    ok(
+        app,
+        Method::PUT,
+        "/v1/quotas/team-b/default",
+        &e.admin,
+        Some(json!({"hard_bytes": 1000, "soft_bytes": 500, "grace_secs": 60})),
+    )
+    .await;
+    ok(
+        app,
+        Method::PUT,
+        "/v1/prefixes",
+        &e.admin,
+        Some(json!({"backend": "default", "prefix": "team-b", "team": "team-b"})),
+    )
+    .await;
+    let policy = ok(
+        app,
+        Method::POST,
+        "/v1/policies",
+        &bt,
+        Some(
+            json!({"team": "team-b", "backend": "default", "kind": "ttl", "prefix": "team-b/tmp",
+                    "label": null, "age_secs": 86400, "keep_last": null}),
+        ),
+    )
+    .await;
+    let protection = ok(
+        app,
+        Method::POST,
+        "/v1/protections",
+        &bt,
+        Some(
+            json!({"kind": "pin", "team": "team-b", "backend": "default", "prefix": "team-b/keep/",
+                    "job": null, "expires_at": null}),
+        ),
+    )
+    .await;
+    let plan = ok(
+        app,
+        Method::POST,
+        "/v1/cleanup/plans",
+        &bt,
+        Some(json!({"team": "team-b"})),
+    )
+    .await;
+    let scratch = ok(
+        app,
+        Method::POST,
+        "/v1/scratch",
+        &bt,
+        Some(json!({"team": "team-b", "bytes": 10, "ttl_secs": 3600})),
+    )
+    .await;
+    let reservation = ok(
+        app,
+        Method::POST,
+        "/v1/quotas/team-b/default/reserve",
+        &bt,
+        Some(json!({"bytes": 5, "objects": 1})),
+    )
+    .await;
+    (
+        a["token"].as_str().unwrap().to_string(),
+        TeamB {
+            principal: b["principal"]["id"].as_str().unwrap().to_string(),
+            policy: policy["id"].as_str().unwrap().to_string(),
+            protection: protection["id"].as_str().unwrap().to_string(),
+            plan: plan["plan"]["id"].as_str().unwrap().to_string(),
+            scratch: scratch["id"].as_str().unwrap().to_string(),
+            reservation: reservation["id"].as_str().unwrap().to_string(),
+        },
+    )
+}
+
+/// A body aimed at team B for each route that takes one.
+fn body_for(method: &str, path: &str) -> Option<Value> {
+    let b = match (method, path) {
+        ("POST", "/v1/teams") => json!({"name": "team-c"}),
+        ("PUT", "/v1/teams/{team}/members/{principal}") => json!({"role": "team_admin"}),
+        ("POST", "/v1/tokens") => {
+            json!({"name": "x", "kind": "token", "team": "team-b", "role": "team_admin"})
+        }
+        ("PUT", "/v1/quotas/{team}/{scope}") => json!({"hard_bytes": 1}),
+        ("POST", "/v1/quotas/{team}/{scope}/reserve") => json!({"bytes": 1, "objects": 1}),
+        ("POST", "/v1/reservations/{id}/commit") => json!({"bytes": 5, "objects": 1}),
+        ("POST", "/v1/usage/reconcile") => json!({"backend": "default"}),
+        ("PUT", "/v1/prefixes") => {
+            json!({"backend": "default", "prefix": "team-b", "team": "team-a"})
+        }
+        ("POST", "/v1/policies") => json!({"team": "team-b", "backend": "default", "kind": "ttl",
+                                           "prefix": "team-b/x", "age_secs": 1}),
+        ("POST", "/v1/protections") => {
+            json!({"kind": "pin", "team": "team-b", "backend": "default",
+                                              "prefix": "team-b/", "job": null, "expires_at": null})
+        }
+        ("POST", "/v1/cleanup/plans") => json!({"team": "team-b"}),
+        ("POST", "/v1/cleanup/plans/{id}/run") => json!({}),
+        ("POST", "/v1/cleanup/plans/{id}/restore") => json!({}),
+        ("POST", "/v1/cleanup/purge") => json!({"grace_secs": 0}),
+        ("POST", "/v1/scratch") => json!({"team": "team-b", "bytes": 1, "ttl_secs": 60}),
+        _ => return None,
+    };
+    Some(b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_isolation_over_every_route() {
+    for e in envs().await {
+        let (a_token, b) = setup(&e).await;
+        let before = snapshot(&e).await;
+        let doc = call(&e.app, Method::GET, "/openapi.json", None, None)
+            .await
+            .1;
+        let paths = doc["paths"].as_object().unwrap();
+        let data_plane: Vec<(&str, &str)> = control::DATA_PLANE
+            .iter()
+            .map(|d| (d.method, d.path))
+            .collect();
+        let mut checked = 0;
+        for (path, ops) in paths {
+            for method in ops.as_object().unwrap().keys() {
+                let m = method.to_uppercase();
+                if path == "/healthz" || path == "/openapi.json" {
+                    let (s, _) = call(
+                        &e.app,
+                        Method::from_bytes(m.as_bytes()).unwrap(),
+                        path,
+                        None,
+                        None,
+                    )
+                    .await;
+                    assert_eq!(s, 200, "{m} {path} without a token");
+                    continue;
+                }
+                let concrete = path
+                    .replace("{team}", "team-b")
+                    .replace("{scope}", "default")
+                    .replace("{principal}", &b.principal)
+                    .replace("{run}", "run")
+                    .replace("{step}", "1")
+                    .replace("{file}", "manifest.json");
+                let concrete = if path.contains("{id}") {
+                    let id = if path.starts_with("/v1/policies") {
+                        &b.policy
+                    } else if path.starts_with("/v1/protections") {
+                        &b.protection
+                    } else if path.starts_with("/v1/cleanup/plans") {
+                        &b.plan
+                    } else if path.starts_with("/v1/scratch") {
+                        &b.scratch
+                    } else if path.starts_with("/v1/tokens") {
+                        &b.principal
+                    } else if path.starts_with("/v1/reservations") {
+                        &b.reservation
+                    } else {
+                        panic!("route {path} has an {{id}} this test does not know: add it here")
+                    };
+                    concrete.replace("{id}", id)
+                } else {
+                    concrete
+                };
+                let method = Method::from_bytes(m.as_bytes()).unwrap();
+                // Without a token: 401, everywhere.
+                let (s, _) = call(&e.app, method.clone(), &concrete, None, None).await;
+                assert_eq!(s, 401, "{m} {concrete} without a token");
+                let (s, _) =
+                    call(&e.app, method.clone(), &concrete, Some("stk_forged"), None).await;
+                assert_eq!(s, 401, "{m} {concrete} with a forged token");
+                if data_plane.contains(&(m.as_str(), path.as_str())) {
+                    continue; // not team data
+                }
+                // As team A's administrator, aimed at team B: refused, or (lists) nothing of team B shown.
+                let (s, v) = call(
+                    &e.app,
+                    method.clone(),
+                    &concrete,
+                    Some(&a_token),
+                    body_for(&m, path),
+                )
+                .await;
+                if m == "GET" && !path.contains('{') {
+                    assert_eq!(s, 200, "{m} {concrete}: {v}");
+                    let text = v.to_string();
+                    for needle in [
+                        "team-b",
+                        &b.policy,
+                        &b.protection,
+                        &b.plan,
+                        &b.scratch,
+                        &b.principal,
+                    ] {
+                        assert!(
+                            !text.contains(needle),
+                            "{m} {concrete} shows {needle}: {text}"
+                        );
+                    }
+                } else if path == "/v1/whoami" {
+                    assert_eq!(s, 200);
+                } else {
+                    assert!(s == 403 || s == 404, "{m} {concrete} answered {s}: {v}");
+                }
+                // Guessed ids are not found either.
+                if path.contains("{id}") {
+                    let guessed = path.replace("{id}", "p_aaaaaaaaaaaaaaaa");
+                    let (s, _) = call(
+                        &e.app,
+                        method.clone(),
+                        &guessed,
+                        Some(&a_token),
+                        body_for(&m, path),
+                    )
+                    .await;
+                    assert!(s == 403 || s == 404, "{m} {guessed} answered {s}");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked >= 35, "only {checked} routes checked");
+        assert_eq!(snapshot(&e).await, before, "team B's state changed");
+        // Team B's own administrator still can do its things, and its data is audited.
+        let audit = ok(&e.app, Method::GET, "/v1/audit?team=team-b", &e.admin, None).await;
+        let actions: Vec<&str> = audit
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["action"].as_str().unwrap())
+            .collect();
+        for want in [
+            "team.create",
+            "principal.create",
+            "quota.set",
+            "prefix.own",
+            "policy.add",
+            "pin.add",
+            "cleanup.plan",
+            "scratch.alloc",
+        ] {
+            assert!(actions.contains(&want), "{want} not audited: {actions:?}");
+        }
+        e.agent.catalog().close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_scratch_and_forecasts_through_the_api() {
+    for e in envs().await {
+        let app = &e.app;
+        ok(
+            app,
+            Method::POST,
+            "/v1/teams",
+            &e.admin,
+            Some(json!({"name": "t"})),
+        )
+        .await;
+        ok(
+            app,
+            Method::PUT,
+            "/v1/quotas/t/scratch",
+            &e.admin,
+            Some(json!({"hard_bytes": 100})),
+        )
+        .await;
+        let m = ok(
+            app,
+            Method::POST,
+            "/v1/tokens",
+            &e.admin,
+            Some(json!({"name": "m", "kind": "token", "team": "t", "role": "member"})),
+        )
+        .await;
+        let mt = m["token"].as_str().unwrap();
+        // A member cannot raise its own quota.
+        let (s, _) = call(
+            app,
+            Method::PUT,
+            "/v1/quotas/t/scratch",
+            Some(mt),
+            Some(json!({"hard_bytes": 1000000})),
+        )
+        .await;
+        assert_eq!(s, 403);
+        // Scratch is charged before it exists, refused over the hard limit, refunded when freed.
+        let s1 = ok(
+            app,
+            Method::POST,
+            "/v1/scratch",
+            mt,
+            Some(json!({"team": "t", "bytes": 80, "ttl_secs": 1})),
+        )
+        .await;
+        assert!(std::path::Path::new(s1["path"].as_str().unwrap()).is_dir());
+        let (s, v) = call(
+            app,
+            Method::POST,
+            "/v1/scratch",
+            Some(mt),
+            Some(json!({"team": "t", "bytes": 30, "ttl_secs": 60})),
+        )
+        .await;
+        assert_eq!(s, 429, "{v}");
+        assert_eq!(v["error"], "resource_exhausted");
+        // Expiry moves it to the trash and gives the bytes back.
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        assert_eq!(control::expire_scratch(&e.agent).await.unwrap(), 1);
+        assert!(!std::path::Path::new(s1["path"].as_str().unwrap()).exists());
+        let q = ok(app, Method::GET, "/v1/quotas/t", mt, None).await;
+        let scratch = q
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["scope"] == "scratch")
+            .unwrap();
+        assert_eq!(scratch["used_bytes"], 0);
+        // Reserve, commit (not more than reserved), release.
+        let r = ok(
+            app,
+            Method::POST,
+            "/v1/quotas/t/scratch/reserve",
+            mt,
+            Some(json!({"bytes": 60, "objects": 1})),
+        )
+        .await;
+        let id = r["id"].as_str().unwrap();
+        let (s, _) = call(
+            app,
+            Method::POST,
+            &format!("/v1/reservations/{id}/commit"),
+            Some(mt),
+            Some(json!({"bytes": 61, "objects": 1})),
+        )
+        .await;
+        assert_eq!(s, 400);
+        ok(
+            app,
+            Method::POST,
+            &format!("/v1/reservations/{id}/commit"),
+            mt,
+            Some(json!({"bytes": 50, "objects": 1})),
+        )
+        .await;
+        let (s, _) = call(
+            app,
+            Method::POST,
+            &format!("/v1/reservations/{id}/release"),
+            Some(mt),
+            None,
+        )
+        .await;
+        assert_eq!(s, 404, "settled once");
+
+        // Forecast: a team growing 10 bytes a day towards a 1000-byte hard limit, 500 used now.
+        ok(
+            app,
+            Method::PUT,
+            "/v1/quotas/t/*",
+            &e.admin,
+            Some(json!({"hard_bytes": 600})),
+        )
+        .await;
+        let now = e.agent.catalog().now();
+        for d in 0..20i64 {
+            let noise = [3, -2, 1, 0, -3, 2, -1, 2, 0, -2][(d % 10) as usize];
+            e.agent
+                .catalog()
+                .add_sample(
+                    "team",
+                    "t",
+                    strata_catalog::lifecycle::UsageSample {
+                        at: now - (19 - d) * 86_400,
+                        used: 400 + d * 10 + noise,
+                        capacity: Some(600),
+                    },
+                )
+                .await
+                .unwrap();
+        }
+        let f = ok(app, Method::GET, "/v1/forecast", mt, None).await;
+        let line = f
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["kind"] == "team" && l["scope"] == "t")
+            .unwrap()
+            .clone();
+        let days = line["forecast"]["days_until_full"].as_f64().unwrap();
+        assert!((days - 1.0).abs() < 3.0, "{line}");
+        assert_eq!(line["alert"], true, "fills within 14 days: {line}");
+        let metrics = call(app, Method::GET, "/metrics", Some(mt), None).await.1;
+        assert!(
+            metrics
+                .as_str()
+                .unwrap()
+                .contains("strata_forecast_alert{kind=\"team\",scope=\"t\"} 1"),
+            "{metrics}"
+        );
+        e.agent.catalog().close().await;
+    }
+}
+
+mod bodies {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_map(|f| json!(f)),
+            "[a-z_*./ -]{0,12}".prop_map(Value::String),
+            Just(json!("team-a")),
+            Just(json!("default")),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(
+                    prop_oneof![
+                        Just("name".to_string()),
+                        Just("team".to_string()),
+                        Just("kind".to_string()),
+                        Just("prefix".to_string()),
+                        Just("bytes".to_string()),
+                        Just("age_secs".to_string()),
+                        Just("hard_bytes".to_string()),
+                        Just("role".to_string()),
+                        "[a-z_]{1,8}",
+                    ],
+                    inner,
+                    0..5
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    #[test]
+    fn arbitrary_bodies_never_cause_a_server_error() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let env = rt.block_on(async {
+            let mut v = envs().await;
+            let e = v.remove(0);
+            ok(
+                &e.app,
+                Method::POST,
+                "/v1/teams",
+                &e.admin,
+                Some(json!({"name": "team-a"})),
+            )
+            .await;
+            e
+        });
+        let routes: Vec<(Method, String)> = control::routes()
+            .into_iter()
+            .filter(|(d, _)| d.method != "GET")
+            .map(|(d, _)| {
+                (
+                    control::method_of(&d),
+                    d.path
+                        .replace("{team}", "team-a")
+                        .replace("{scope}", "default")
+                        .replace("{principal}", "p_x")
+                        .replace("{id}", "x"),
+                )
+            })
+            .collect();
+        let config = ProptestConfig {
+            cases: 96,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        };
+        proptest!(config, |(body in json_value(), which in 0usize..1000)| {
+            let (m, path) = &routes[which % routes.len()];
+            let (s, v) = rt.block_on(call(&env.app, m.clone(), path, Some(&env.admin), Some(body.clone())));
+            prop_assert!(s < 500, "{} {} with {}: {} {}", m, path, body, s, v);
+        });
+    }
+}

@@ -1,0 +1,281 @@
+"""Teams, tokens, quotas, attribution and clean-up end to end: `strata serve`, the operator CLI, and real S3
+clients (boto3, the aws cli, s5cmd) against the gateway with keys issued by `strata token create --s3`."""
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import boto3
+import pytest
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from conftest import ADMIN_TOKEN, STRATA, VENV_BIN, Gateway, api_get
+
+MIB = 1024 * 1024
+
+
+def cli(gw, *args, token=ADMIN_TOKEN, check=True):
+    r = subprocess.run([STRATA, *args], capture_output=True, text=True,
+                       env=dict(os.environ, STRATA_API=gw.api, STRATA_TOKEN=token))
+    if check and r.returncode != 0:
+        raise AssertionError(f"strata {' '.join(args)}: {r.stdout}{r.stderr}")
+    return r
+
+
+def cli_json(gw, *args, token=ADMIN_TOKEN):
+    return json.loads(cli(gw, *args, "--json", token=token).stdout)
+
+
+def s3_for(gw, key):
+    return boto3.client("s3", endpoint_url=gw.endpoint, aws_access_key_id=key["access_key"],
+                        aws_secret_access_key=key["secret_key"], region_name="us-east-1",
+                        config=Config(retries={"max_attempts": 3, "mode": "standard"}, s3={"addressing_style": "path"},
+                                      max_pool_connections=32))
+
+
+def code_of(e):
+    return e.response["Error"]["Code"], e.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+@pytest.fixture(scope="module")
+def tenancy(origin):
+    gw = Gateway(origin)
+    for t in ("vision", "nlp"):
+        cli(gw, "team", "create", t)
+    keys = {t: cli_json(gw, "token", "create", "--name", f"{t}-loader", "--team", t, "--s3") for t in ("vision", "nlp")}
+    admin_v = cli_json(gw, "token", "create", "--name", "vision-admin", "--team", "vision", "--role", "team_admin")
+    cli(gw, "prefix", "own", "default", "vision", "vision")
+    cli(gw, "prefix", "own", "default", "nlp", "nlp")
+    yield gw, keys, admin_v["token"]
+    gw.stop()
+    shutil.rmtree(gw.dir, ignore_errors=True)
+
+
+def used(gw, team, scope="default"):
+    for q in cli_json(gw, "quota", "show", team):
+        if q["scope"] == scope:
+            return q
+    return {"used_bytes": 0, "used_objects": 0, "reserved_bytes": 0}
+
+
+def test_sixteen_concurrent_writers_stop_at_the_hard_limit(tenancy):
+    gw, keys, _ = tenancy
+    hard = 40 * MIB
+    cli(gw, "quota", "set", "nlp", "--scope", "default", "--hard-bytes", "40MiB")
+    s3 = s3_for(gw, keys["nlp"])
+    stored, refused, errors = [], [], []
+    lock = threading.Lock()
+    big = TransferConfig(multipart_threshold=5 * MIB, multipart_chunksize=5 * MIB, max_concurrency=2)
+
+    def writer(w):
+        for i in range(12):
+            key = f"nlp/race/w{w:02d}-{i:02d}"
+            body = os.urandom(MIB if i % 3 else 6 * MIB)
+            try:
+                if len(body) > 5 * MIB:
+                    import io
+                    s3.upload_fileobj(io.BytesIO(body), "default", key, Config=big)
+                else:
+                    s3.put_object(Bucket="default", Key=key, Body=body)
+                with lock:
+                    stored.append((key, len(body)))
+            except ClientError as e:
+                with lock:
+                    refused.append((key, code_of(e)))
+            except Exception as e:  # boto3's transfer manager wraps errors
+                with lock:
+                    (refused if "QuotaExceeded" in str(e) else errors).append((key, str(e)))
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert refused, "the hard limit was never reached"
+    for key, c in refused:
+        if isinstance(c, tuple):
+            assert c == ("QuotaExceeded", 403), (key, c)
+    q = used(gw, "nlp")
+    total = sum(n for _, n in stored)
+    assert q["used_bytes"] == total, (q, total)
+    assert q["used_bytes"] <= hard
+    assert q["reserved_bytes"] == 0
+    assert q["used_objects"] == len(stored)
+    # Nothing half-written: a refused key does not exist, a stored one reads back whole.
+    for key, _ in refused[:10]:
+        with pytest.raises(ClientError):
+            s3.head_object(Bucket="default", Key=key)
+    key, n = stored[0]
+    assert len(s3.get_object(Bucket="default", Key=key)["Body"].read()) == n
+    # The aws cli and s5cmd get the same S3 error.
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=keys["nlp"]["access_key"],
+               AWS_SECRET_ACCESS_KEY=keys["nlp"]["secret_key"], AWS_DEFAULT_REGION="us-east-1",
+               AWS_REGION="us-east-1")
+    src = os.path.join(gw.dir, "big.bin")
+    with open(src, "wb") as f:
+        f.write(os.urandom(hard))
+    r = subprocess.run([os.path.join(VENV_BIN, "aws"), "--endpoint-url", gw.endpoint, "s3", "cp", src,
+                        "s3://default/nlp/cli/big.bin"], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "QuotaExceeded" in r.stderr, r.stderr
+    r = subprocess.run([os.path.join(VENV_BIN, "s5cmd"), "--endpoint-url", gw.endpoint, "--retry-count", "0",
+                        "cp", src, "s3://default/nlp/cli/big5.bin"], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "QuotaExceeded" in (r.stdout + r.stderr), r.stdout + r.stderr
+    assert used(gw, "nlp")["used_bytes"] == total
+    # Deleting gives the bytes back.
+    s3.delete_object(Bucket="default", Key=key)
+    assert used(gw, "nlp")["used_bytes"] == total - n
+
+
+def test_owned_prefixes_keep_teams_apart_and_usage_is_attributed(tenancy):
+    gw, keys, _ = tenancy
+    v, n = s3_for(gw, keys["vision"]), s3_for(gw, keys["nlp"])
+
+    def tag_job(job):
+        def add(request, **_):
+            request.headers["x-strata-job"] = job
+            request.headers["x-strata-dataset"] = "imagenet"
+        return add
+
+    v.meta.events.register("before-sign.s3.PutObject", tag_job("job-42"))
+    v.put_object(Bucket="default", Key="vision/ds/a", Body=b"a" * 1000)
+    v.put_object(Bucket="default", Key="vision/ds/b", Body=b"b" * 500)
+    with pytest.raises(ClientError) as e:
+        n.put_object(Bucket="default", Key="vision/ds/evil", Body=b"x")
+    assert code_of(e.value) == ("AccessDenied", 403)
+    with pytest.raises(ClientError) as e:
+        n.get_object(Bucket="default", Key="vision/ds/a")
+    assert code_of(e.value) == ("AccessDenied", 403)
+    with pytest.raises(ClientError) as e:
+        n.delete_object(Bucket="default", Key="vision/ds/a")
+    assert code_of(e.value) == ("AccessDenied", 403)
+    # Look-alike prefix: vision-x/ is not vision/.
+    n.put_object(Bucket="default", Key="vision-x/ok", Body=b"n")
+    by_job = {l["group"]: l for l in cli_json(gw, "usage", "--by", "job")}
+    assert by_job["job-42"]["bytes"] == 1500 and by_job["job-42"]["team"] == "vision"
+    by_ds = {l["group"]: l for l in cli_json(gw, "usage", "--by", "dataset")}
+    assert by_ds["imagenet"]["objects"] == 2
+    by_prefix = {l["group"]: l for l in cli_json(gw, "usage", "--by", "prefix")}
+    assert by_prefix["default:vision/"]["bytes"] == 1500
+    # A team member sees its own team only.
+    _, _, vision_admin = tenancy
+    teams = [t["name"] for t in cli_json(gw, "team", "ls", token=vision_admin)]
+    assert teams == ["vision"]
+    r = cli(gw, "quota", "show", "nlp", token=vision_admin, check=False)
+    assert r.returncode != 0 and "403" in r.stderr
+    # Reconciliation finds what was written behind the gateway's back, and attributes it by prefix.
+    os.makedirs(os.path.join(gw.mount, "vision", "behind"), exist_ok=True)
+    with open(os.path.join(gw.mount, "vision", "behind", "x"), "wb") as f:
+        f.write(b"z" * 300)
+    rec = cli_json(gw, "usage", "reconcile", "default")
+    assert rec["added"] >= 1
+    assert used(gw, "vision")["used_bytes"] == 1800
+    assert gw.canary_intact()
+
+
+def test_cleanup_plan_run_restore_with_protections(tenancy):
+    gw, keys, vision_admin = tenancy
+    v = s3_for(gw, keys["vision"])
+    for k in ("old1", "old2", "keep/pinned"):
+        v.put_object(Bucket="default", Key=f"vision/tmp/{k}", Body=b"t" * 100)
+    cli(gw, "protect", "pin", "--team", "vision", "--backend", "default", "vision/tmp/keep/", token=vision_admin)
+    # Bad policies are refused with a clear error.
+    for bad in (["--prefix", "*", "--age", "1"], ["--prefix", "", "--age", "1"], ["--prefix", "vision/tmp", "--age", "0"]):
+        r = cli(gw, "policy", "add", "--team", "vision", "--backend", "default", "--kind", "ttl", *bad,
+                token=vision_admin, check=False)
+        assert r.returncode != 0 and "400" in r.stderr, r.stderr
+    cli(gw, "policy", "add", "--team", "vision", "--backend", "default", "--kind", "ttl", "--prefix", "vision/tmp",
+        "--age", "1", token=vision_admin)
+    time.sleep(2.1)
+    plan = cli_json(gw, "cleanup", "plan", "--team", "vision", token=vision_admin)
+    keys_planned = sorted(i["key"] for i in plan["items"])
+    assert keys_planned == ["vision/tmp/old1", "vision/tmp/old2"], keys_planned
+    assert plan["protected"] == 1
+    assert os.path.exists(os.path.join(gw.mount, "vision/tmp/old1")), "a plan deletes nothing"
+    run = cli_json(gw, "cleanup", "run", plan["plan"]["id"], token=vision_admin)
+    assert run["trashed"] == 2 and run["status"] == "done", run
+    with pytest.raises(ClientError):
+        v.head_object(Bucket="default", Key="vision/tmp/old1")
+    assert v.get_object(Bucket="default", Key="vision/tmp/keep/pinned")["Body"].read() == b"t" * 100
+    # The human table names the plan's items.
+    show = cli(gw, "cleanup", "show", plan["plan"]["id"], token=vision_admin).stdout
+    assert "vision/tmp/old1" in show and "trashed" in show
+    restored = cli_json(gw, "cleanup", "restore", plan["plan"]["id"], token=vision_admin)
+    assert restored["restored"] == 2
+    assert v.get_object(Bucket="default", Key="vision/tmp/old2")["Body"].read() == b"t" * 100
+    audit = cli_json(gw, "audit", "--team", "vision", "--limit", "200")
+    actions = {a["action"] for a in audit}
+    assert {"cleanup.plan", "cleanup.trash", "cleanup.run", "cleanup.restore", "pin.add", "policy.add"} <= actions
+    # The API refuses requests without a token; health and the OpenAPI document are open.
+    import urllib.error
+    import urllib.request
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(gw.api + "/v1/teams")
+    assert e.value.code == 401
+    doc = json.load(urllib.request.urlopen(gw.api + "/openapi.json"))
+    assert "/v1/cleanup/plans/{id}/run" in doc["paths"]
+    assert json.load(api_get(gw.api + "/v1/whoami"))["is_admin"] is True
+    # Forecast and scratch from the CLI.
+    out = cli(gw, "forecast").stdout
+    assert "KIND" in out
+    s = cli_json(gw, "scratch", "alloc", "--team", "vision", "--bytes", "1MiB", "--ttl", "1h", token=vision_admin)
+    assert os.path.isdir(s["path"])
+    cli(gw, "scratch", "free", s["id"], token=vision_admin)
+    assert not os.path.exists(s["path"])
+
+
+def test_checkpoint_saves_replicas_and_cache_pins_are_admitted_first(tenancy, tmp_path, monkeypatch):
+    import numpy as np
+    import strata
+
+    gw, keys, _ = tenancy
+    member = cli_json(gw, "token", "create", "--name", "trainer", "--team", "nlp")["token"]
+    cli(gw, "quota", "set", "nlp", "--scope", "ckpt", "--hard-bytes", "3MiB")
+    monkeypatch.setenv("STRATA_TOKEN", member)
+    agent = gw.api.split("://", 1)[1]
+    ck = strata.Checkpointer("run-q", str(tmp_path / "ck"), agent=agent, team="nlp", keep_local=1,
+                             rank=0, world_size=1)
+    small = {"w": np.ones(MIB // 4, dtype=np.float32)}          # 1 MiB
+    big = {"w": np.ones(3 * MIB // 4, dtype=np.float32)}        # 3 MiB: over the limit with the first
+    assert ck.save(1, small).wait() == "done"
+    q = used(gw, "nlp", "ckpt")
+    assert MIB <= q["used_bytes"] < MIB + 4096, q
+    h = ck.save(2, big)
+    assert h.wait() == "failed"
+    assert "quota" in str(h.error), h.error
+    assert not list((tmp_path / "ck" / "run-q").glob("step-*00002")), "nothing of a refused save is written"
+    # Retention gives the bytes of deleted checkpoints back: usage stays at one checkpoint.
+    assert ck.save(3, small).wait() == "done"
+    assert ck.save(4, small).wait() == "done"
+    q = used(gw, "nlp", "ckpt")
+    assert MIB <= q["used_bytes"] < MIB + 4096, q
+    assert q["reserved_bytes"] == 0
+    assert ck.load_latest()[0] == 4
+
+    # A replica pushed to an agent's peer API is admitted on the writer's `peer` scope before it is read.
+    import urllib.error
+    import urllib.request
+    cli(gw, "quota", "set", "nlp", "--scope", "peer", "--hard-bytes", "1KiB")
+    url = f"{gw.api}/v1/peer/ckpt/run-p/1/rank-00000.safetensors"
+    req = urllib.request.Request(url, data=b"x" * 4096, method="PUT",
+                                 headers={"Authorization": f"Bearer {member}"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req)
+    assert e.value.code == 429
+
+    # Cache pins: the prefix's bytes are admitted on the team's `cache` scope, given back on unpin.
+    n = s3_for(gw, keys["nlp"])
+    for i in range(5):
+        n.put_object(Bucket="default", Key=f"nlp/pinme/{i}", Body=b"p" * 2000)
+    cli(gw, "quota", "set", "nlp", "--scope", "cache", "--hard-bytes", "5KiB")
+    r = cli(gw, "cache", "pin", "default/nlp/pinme/", token=member, check=False)
+    assert r.returncode != 0 and "quota exceeded" in r.stderr, r.stderr
+    cli(gw, "quota", "set", "nlp", "--scope", "cache", "--hard-bytes", "1MiB")
+    cli(gw, "cache", "pin", "default/nlp/pinme/", token=member)
+    assert used(gw, "nlp", "cache")["used_bytes"] == 10_000
+    cli(gw, "cache", "unpin", "default/nlp/pinme/", token=member)
+    assert used(gw, "nlp", "cache")["used_bytes"] == 0
