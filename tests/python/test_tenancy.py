@@ -174,6 +174,12 @@ def test_owned_prefixes_keep_teams_apart_and_usage_is_attributed(tenancy):
     rec = cli_json(gw, "usage", "reconcile", "default")
     assert rec["added"] >= 1
     assert used(gw, "vision")["used_bytes"] == 1800
+    # The same from a parallel scan of the directory tree (projects = owned top-level directories).
+    with open(os.path.join(gw.mount, "vision", "behind", "y"), "wb") as f:
+        f.write(b"y" * 200)
+    scan = cli_json(gw, "usage", "reconcile", "default", "--posix")
+    assert scan["teams"]["vision"] == [2000, 4], scan
+    assert used(gw, "vision")["used_bytes"] == 2000
     assert gw.canary_intact()
 
 

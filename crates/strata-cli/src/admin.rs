@@ -130,6 +130,10 @@ pub enum UsageCommand {
     Reconcile {
         /// Backend name.
         backend: String,
+        /// For a local-directory backend: scan its tree in parallel (per project = top-level directory,
+        /// charged to the team owning it) instead of listing it object by object.
+        #[arg(long)]
+        posix: bool,
     },
     /// Scan a POSIX directory tree in parallel: usage per owner (uid) and per project (top-level directory),
     /// like a parallel file system's project quota. Runs locally, no agent needed.
@@ -724,7 +728,32 @@ pub async fn usage(by: String, sub: Option<UsageCommand>, out: Out) -> Result<()
                 }
             });
         }
-        Some(UsageCommand::Reconcile { backend }) => {
+        Some(UsageCommand::Reconcile {
+            backend,
+            posix: true,
+        }) => {
+            let api = Api::new(&out.api)?;
+            let v = api
+                .post("/v1/usage/scan", json!({"backend": backend}))
+                .await?;
+            return emit(&out, &v, |v| {
+                println!(
+                    "{backend}: {} files ({}) scanned in {:.2} s",
+                    text(&v["total"]["files"]),
+                    bytes(&v["total"]["apparent_bytes"]),
+                    v["secs"].as_f64().unwrap_or(0.0)
+                );
+                if let Some(t) = v["teams"].as_object() {
+                    table(
+                        &["team", "bytes", "files"],
+                        t.iter()
+                            .map(|(k, x)| vec![k.clone(), bytes(&x[0]), text(&x[1])])
+                            .collect(),
+                    );
+                }
+            });
+        }
+        Some(UsageCommand::Reconcile { backend, .. }) => {
             let api = Api::new(&out.api)?;
             let v = api
                 .post("/v1/usage/reconcile", json!({"backend": backend}))
@@ -746,21 +775,31 @@ pub async fn usage(by: String, sub: Option<UsageCommand>, out: Out) -> Result<()
     let api = Api::new(&out.api)?;
     let v = api.get(&format!("/v1/usage?by={}", enc(&by))).await?;
     emit(&out, &v, |v| {
+        let headers: &[&str] = if by == "team" {
+            &["team", "bytes", "objects"]
+        } else {
+            &[by.as_str(), "team", "bytes", "objects"]
+        };
         table(
-            &[by.as_str(), "team", "bytes", "objects"],
+            headers,
             arr(v)
                 .iter()
                 .map(|l| {
-                    vec![
-                        if l["group"] == "" {
-                            "(none)".into()
-                        } else {
-                            text(&l["group"])
-                        },
+                    let group = if l["group"] == "" {
+                        "(none)".into()
+                    } else {
+                        text(&l["group"])
+                    };
+                    let mut row = vec![
+                        group,
                         text(&l["team"]),
                         bytes(&l["bytes"]),
                         text(&l["objects"]),
-                    ]
+                    ];
+                    if by == "team" {
+                        row.remove(1);
+                    }
+                    row
                 })
                 .collect(),
         )

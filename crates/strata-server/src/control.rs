@@ -129,7 +129,8 @@ impl AccessLog {
 /// One forecast as served by `/v1/forecast` and exported as metrics.
 #[derive(Debug, Clone, Serialize)]
 pub struct ForecastLine {
-    /// `team` (a team's total against its hard byte limit) or `volume` (a file system).
+    /// `team` (a team's total against its hard byte limit), `quota` (`team/scope`: one scope's hard limit) or
+    /// `volume` (a file system).
     pub kind: String,
     /// Team name or mount path.
     pub scope: String,
@@ -393,6 +394,13 @@ pub fn routes() -> Vec<(RouteDoc, MethodRouter<Arc<Agent>>)> {
             "List a backend completely and correct the inventory and usage: {\"backend\"}",
             "admin",
             post(reconcile)
+        ),
+        r!(
+            "POST",
+            "/v1/usage/scan",
+            "Scan a local-directory backend's tree in parallel (like a parallel file system's project quota) and set each team's usage on it from the projects (top-level directories) it owns: {\"backend\",\"threads\"}",
+            "admin",
+            post(scan_backend)
         ),
         r!(
             "GET",
@@ -1018,6 +1026,82 @@ async fn reconcile(State(a): State<Arc<Agent>>, Extension(p): Authed, b: Bytes) 
     ok(run)
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScanBody {
+    backend: String,
+    #[serde(default)]
+    threads: usize,
+}
+
+async fn scan_backend(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    b: Bytes,
+) -> ApiResult<Json> {
+    p.require_admin()?;
+    let req: ScanBody = body(&b)?;
+    let nb = a
+        .backends()
+        .iter()
+        .find(|x| x.name == req.backend)
+        .ok_or_else(|| not_found("backend", &req.backend))?;
+    let Some(root) = nb.url.strip_prefix("file://").map(std::path::PathBuf::from) else {
+        return Err(ApiError(Error::invalid_input(format!(
+            "backend {:?} is not a local directory (file://); use /v1/usage/reconcile",
+            req.backend
+        ))));
+    };
+    let opts = strata_quota::scan::ScanOptions {
+        threads: req.threads.min(256),
+        one_file_system: true,
+        project_depth: 1,
+    };
+    let started = std::time::Instant::now();
+    let report = tokio::task::spawn_blocking(move || strata_quota::scan::scan(&root, &opts))
+        .await
+        .map_err(|e| ApiError(Error::internal(format!("scan task: {e}"))))??;
+    let secs = started.elapsed().as_secs_f64();
+    // Projects -> owning teams (a project `p` is the prefix `p/`); the trash is not data.
+    let prefixes = a.catalog().list_prefixes().await?;
+    let mut teams: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for (project, t) in &report.by_project {
+        if project == ".strata-trash" {
+            continue;
+        }
+        if let Some(team) =
+            strata_catalog::inventory::owner_in(&prefixes, &req.backend, &format!("{project}/"))
+        {
+            let e = teams.entry(team).or_default();
+            e.0 += t.apparent_bytes as i64;
+            e.1 += t.files as i64;
+        }
+    }
+    for q in a.catalog().list_quotas(None).await? {
+        if q.scope == req.backend && !teams.contains_key(&q.team) {
+            teams.insert(q.team.clone(), (0, 0));
+        }
+    }
+    for (team, (bytes, files)) in &teams {
+        a.catalog()
+            .set_usage(team, &req.backend, *bytes, *files)
+            .await?;
+    }
+    a.catalog()
+        .audit(
+            &p.id,
+            None,
+            "usage.scan",
+            &req.backend,
+            serde_json::json!({"files": report.total.files, "bytes": report.total.apparent_bytes, "secs": secs}),
+        )
+        .await?;
+    ok(
+        serde_json::json!({"backend": req.backend, "secs": secs, "total": report.total,
+                          "teams": teams, "errors_total": report.errors_total}),
+    )
+}
+
 async fn list_prefixes(State(a): State<Arc<Agent>>, Extension(p): Authed) -> ApiResult<Json> {
     let visible = p.visible_teams();
     let v: Vec<_> = a
@@ -1262,7 +1346,10 @@ async fn forecasts(State(a): State<Arc<Agent>>, Extension(p): Authed) -> ApiResu
     let visible = p.visible_teams();
     let v: Vec<_> = lines
         .into_iter()
-        .filter(|l| l.kind == "volume" || visible.as_ref().is_none_or(|v| v.contains(&l.scope)))
+        .filter(|l| {
+            let team = l.scope.split('/').next().unwrap_or_default().to_string();
+            l.kind == "volume" || visible.as_ref().is_none_or(|v| v.contains(&team))
+        })
         .collect();
     ok(v)
 }
@@ -1278,10 +1365,13 @@ pub async fn compute_forecasts(a: &Agent) -> Result<Vec<ForecastLine>> {
         let Some(last) = samples.last().copied() else {
             continue;
         };
-        let capacity = if kind == "team" {
-            a.catalog().quota(&scope, TOTAL).await?.limits.hard_bytes
-        } else {
-            last.capacity
+        let capacity = match kind.as_str() {
+            "team" => a.catalog().quota(&scope, TOTAL).await?.limits.hard_bytes,
+            "quota" => match scope.split_once('/') {
+                Some((t, sc)) => a.catalog().quota(t, sc).await?.limits.hard_bytes,
+                None => None,
+            },
+            _ => last.capacity,
         };
         let mut line = ForecastLine {
             kind: kind.clone(),
@@ -1465,17 +1555,17 @@ pub async fn sample_usage(a: &Agent) -> Result<()> {
     let cat = a.catalog();
     let now = cat.now();
     for q in cat.list_quotas(None).await? {
+        let sample = UsageSample {
+            at: now,
+            used: q.used_bytes,
+            capacity: q.limits.hard_bytes,
+        };
         if q.scope == TOTAL {
-            cat.add_sample(
-                "team",
-                &q.team,
-                UsageSample {
-                    at: now,
-                    used: q.used_bytes,
-                    capacity: q.limits.hard_bytes,
-                },
-            )
-            .await?;
+            cat.add_sample("team", &q.team, sample).await?;
+        } else if q.limits.hard_bytes.is_some() {
+            // A team's quota on one tier or backend: `team/scope`.
+            cat.add_sample("quota", &format!("{}/{}", q.team, q.scope), sample)
+                .await?;
         }
     }
     let mut volumes = vec![a.config().data_dir.clone()];
@@ -1553,6 +1643,13 @@ pub fn spawn_background(
     agent: Arc<Agent>,
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    // Access times come from the I/O events: every read served (by any tier) of a configured backend's object.
+    let mut events = agent.telemetry().subscribe(4096);
+    let names: HashMap<String, String> = agent
+        .backends()
+        .iter()
+        .map(|b| (b.backend.id().to_string(), b.name.clone()))
+        .collect();
     tokio::spawn(async move {
         let sample_every = Duration::from_secs(agent.config().catalog.sample_interval_secs);
         let mut flush = tokio::time::interval(Duration::from_secs(5));
@@ -1564,6 +1661,19 @@ pub fn spawn_background(
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
+                Some(ev) = events.recv() => {
+                    if ev.op == strata_types::Op::Get
+                        && ev.outcome == strata_types::Outcome::Ok
+                        && let Some(name) = names.get(ev.backend.as_ref())
+                    {
+                        let at = ev
+                            .at
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs() as i64)
+                            .unwrap_or(0);
+                        agent.access.record(name, &ev.key, at);
+                    }
+                }
                 _ = flush.tick() => {
                     if let Err(e) = agent.access.flush(agent.catalog()).await {
                         tracing::warn!(error = %e, "recording access times");

@@ -157,12 +157,12 @@ async fn store(
     body: &Bytes,
 ) -> Result<(), ApiError> {
     let (rank, is_shard) = parse_file(file)?;
-    let t = tier(&agent);
+    let t = tier(agent);
     let ctx = IoContext::default();
     match (rank, is_shard) {
         (Some(rank), true) => {
             if let Some(want) = headers.get("x-strata-blake3").and_then(|v| v.to_str().ok()) {
-                let got = blake3::hash(&body).to_hex();
+                let got = blake3::hash(body).to_hex();
                 if got.as_str() != want {
                     return Err(Error::new(
                         ErrorKind::Corrupt,
