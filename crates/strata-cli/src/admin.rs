@@ -740,7 +740,7 @@ pub async fn usage(by: String, sub: Option<UsageCommand>, out: Out) -> Result<()
                 println!(
                     "{backend}: {} files ({}) scanned in {:.2} s",
                     text(&v["total"]["files"]),
-                    bytes(&v["total"]["apparent_bytes"]),
+                    bytes(&v["total"]["file_bytes"]),
                     v["secs"].as_f64().unwrap_or(0.0)
                 );
                 if let Some(t) = v["teams"].as_object() {

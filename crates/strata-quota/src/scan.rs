@@ -64,6 +64,8 @@ pub struct UsageTotals {
     pub bytes: u64,
     /// Apparent size (`st_size`), as `du --apparent-size` counts it.
     pub apparent_bytes: u64,
+    /// Apparent size of the non-directory entries only: what an object store would count.
+    pub file_bytes: u64,
     /// Non-directory entries: regular files, symlinks, sockets, devices, FIFOs.
     pub files: u64,
     /// Directories, the root included.
@@ -78,12 +80,14 @@ impl UsageTotals {
             self.dirs += 1;
         } else {
             self.files += 1;
+            self.file_bytes += md.size();
         }
     }
 
     fn merge(&mut self, other: &UsageTotals) {
         self.bytes += other.bytes;
         self.apparent_bytes += other.apparent_bytes;
+        self.file_bytes += other.file_bytes;
         self.files += other.files;
         self.dirs += other.dirs;
     }

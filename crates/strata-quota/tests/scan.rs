@@ -69,6 +69,7 @@ fn reference(root: &Path) -> UsageTotals {
             }
         } else {
             t.files += 1;
+            t.file_bytes += md.size();
         }
     }
     let mut t = UsageTotals::default();
@@ -109,6 +110,7 @@ fn sum(totals: impl IntoIterator<Item = UsageTotals>) -> UsageTotals {
         .fold(UsageTotals::default(), |mut acc, t| {
             acc.bytes += t.bytes;
             acc.apparent_bytes += t.apparent_bytes;
+            acc.file_bytes += t.file_bytes;
             acc.files += t.files;
             acc.dirs += t.dirs;
             acc

@@ -1073,7 +1073,7 @@ async fn scan_backend(
             strata_catalog::inventory::owner_in(&prefixes, &req.backend, &format!("{project}/"))
         {
             let e = teams.entry(team).or_default();
-            e.0 += t.apparent_bytes as i64;
+            e.0 += t.file_bytes as i64;
             e.1 += t.files as i64;
         }
     }
@@ -1093,7 +1093,7 @@ async fn scan_backend(
             None,
             "usage.scan",
             &req.backend,
-            serde_json::json!({"files": report.total.files, "bytes": report.total.apparent_bytes, "secs": secs}),
+            serde_json::json!({"files": report.total.files, "bytes": report.total.file_bytes, "secs": secs}),
         )
         .await?;
     ok(
