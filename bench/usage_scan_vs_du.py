@@ -11,9 +11,9 @@ agree exactly.
     python3 bench/usage_scan_vs_du.py [--files 1000000] [--tree /tmp/strata-bench-tree] [--rounds 3]
                                       [--threads 0] [--remove]
 
-Builds the scanner once with `cargo build --release -p strata-quota --example usage_scan` (skip with
---no-build). Needs about one inode and one 4 KiB block per file (check `df -i` first). Raw JSON lands in
-bench/out/usage_scan_vs_du.json.
+The Strata side is `target/release/strata usage scan TREE --json` (the CLI scans locally, no agent); the
+script builds it once with `cargo build --release -p strata-cli` (skip with --no-build). Needs about one inode
+and one 4 KiB block per file (check `df -i` first). Raw JSON lands in bench/out/usage_scan_vs_du.json.
 """
 import argparse
 import json
@@ -27,9 +27,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD_CMD = ["cargo", "build", "--release", "-p", "strata-quota", "--example", "usage_scan"]
-# The Strata side, in one place: switch to [".../target/release/strata", "usage", "scan"] once the CLI has it.
-STRATA_SCAN = [os.path.join(ROOT, "target", "release", "examples", "usage_scan")]
+BUILD_CMD = ["cargo", "build", "--release", "-p", "strata-cli"]
+# The Strata side, in one place: the operator CLI's local scan (prints the ScanReport as JSON).
+STRATA_SCAN = [os.path.join(ROOT, "target", "release", "strata"), "usage", "scan"]
 PROJECTS = 10
 FILES_PER_DIR = 100
 DIRS_PER_GROUP = 50
@@ -103,7 +103,7 @@ def du(tree):
 
 
 def strata(tree, threads):
-    wall, cpu, rss, out = run(STRATA_SCAN + [tree, "--threads", str(threads)])
+    wall, cpu, rss, out = run(STRATA_SCAN + [tree, "--threads", str(threads), "--json"])
     report = json.loads(out)
     if report["errors_total"]:
         print(f"strata reported {report['errors_total']} errors, first: {report['errors'][:3]}")

@@ -365,6 +365,7 @@ async fn run(cli: Cli) -> Result<()> {
             println!("{} is valid. Resolved:", file.display());
             println!("  data_dir        {}", resolved.data_dir.display());
             println!("  api.listen      {}", resolved.api_listen);
+            println!("  catalog         {}", redact_url(&resolved.catalog_url));
             let c = &resolved.cache;
             println!("  cache.block     {}", c.block_size);
             println!("  cache.ram       {}", c.ram_capacity);
@@ -468,6 +469,17 @@ fn api_client(a: &ApiArgs) -> Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
         .default_headers(headers)
         .build()?)
+}
+
+/// A URL with its password replaced by `***`.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].find(':') {
+            Some(c) => format!("{}***{}", &url[..s + 3 + c + 1], &url[at..]),
+            None => url.to_string(),
+        },
+        _ => url.to_string(),
+    }
 }
 
 fn api_base(a: &ApiArgs) -> String {
