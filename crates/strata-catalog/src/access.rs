@@ -5,7 +5,7 @@
 //! sees and changes only the teams they are members of.
 
 use serde::{Deserialize, Serialize};
-use sqlx::Row;
+use sqlx::{FromRow, Row};
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::{Catalog, db_err, new_id, validate_team_name};
@@ -159,7 +159,7 @@ impl Principal {
 }
 
 /// A team.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, sqlx::FromRow)]
 pub struct Team {
     /// Unique name.
     pub name: String,
@@ -168,7 +168,7 @@ pub struct Team {
 }
 
 /// One audit record.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, sqlx::FromRow)]
 pub struct AuditRecord {
     /// Record id.
     pub id: String,
@@ -283,15 +283,7 @@ impl Catalog {
         .map_err(db_err)?;
         let mut out = Vec::new();
         for r in rows {
-            let rec = AuditRecord {
-                id: r.try_get("id").map_err(db_err)?,
-                at: r.try_get("at").map_err(db_err)?,
-                principal: r.try_get("principal").map_err(db_err)?,
-                team: r.try_get("team").map_err(db_err)?,
-                action: r.try_get("action").map_err(db_err)?,
-                target: r.try_get("target").map_err(db_err)?,
-                detail: r.try_get("detail").map_err(db_err)?,
-            };
+            let rec = AuditRecord::from_row(&r).map_err(db_err)?;
             if let Some(ts) = teams
                 && !rec.team.as_ref().is_some_and(|t| ts.contains(t))
             {
@@ -337,10 +329,7 @@ impl Catalog {
             .await
             .map_err(db_err)?
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no team {name:?}")))?;
-        Ok(Team {
-            name: row.try_get("name").map_err(db_err)?,
-            created_at: row.try_get("created_at").map_err(db_err)?,
-        })
+        Team::from_row(&row).map_err(db_err)
     }
 
     /// All teams, by name.
@@ -349,13 +338,8 @@ impl Catalog {
             .fetch_all(self.pool())
             .await
             .map_err(db_err)?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(Team {
-                    name: r.try_get("name").map_err(db_err)?,
-                    created_at: r.try_get("created_at").map_err(db_err)?,
-                })
-            })
+        rows.iter()
+            .map(|r| Team::from_row(r).map_err(db_err))
             .collect()
     }
 

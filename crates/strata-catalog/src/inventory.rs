@@ -7,13 +7,13 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, FromRow, Row};
 use strata_types::{Error, Result};
 
 use crate::{Catalog, db_err, normalize_prefix};
 
 /// One object as the inventory knows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct ObjectRecord {
     /// Backend name.
     pub backend: String,
@@ -126,18 +126,7 @@ const OBJ_COLS: &str =
     "backend, key, size, etag, modified_at, team, principal, job, dataset, accessed_at";
 
 fn object_of(r: &sqlx::any::AnyRow) -> Result<ObjectRecord> {
-    Ok(ObjectRecord {
-        backend: r.try_get("backend").map_err(db_err)?,
-        key: r.try_get("key").map_err(db_err)?,
-        size: r.try_get("size").map_err(db_err)?,
-        etag: r.try_get("etag").map_err(db_err)?,
-        modified_at: r.try_get("modified_at").map_err(db_err)?,
-        team: r.try_get("team").map_err(db_err)?,
-        principal: r.try_get("principal").map_err(db_err)?,
-        job: r.try_get("job").map_err(db_err)?,
-        dataset: r.try_get("dataset").map_err(db_err)?,
-        accessed_at: r.try_get("accessed_at").map_err(db_err)?,
-    })
+    ObjectRecord::from_row(r).map_err(db_err)
 }
 
 impl Catalog {

@@ -3,7 +3,7 @@
 //! this module stores its inputs and every step of its outputs, so a crashed run can be resumed.
 
 use serde::{Deserialize, Serialize};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, FromRow, Row};
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::{Catalog, db_err, new_id, normalize_prefix};
@@ -127,7 +127,7 @@ impl Policy {
 }
 
 /// A protection: data the clean-up never touches.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Protection {
     /// Id (`pin_...` or `clm_...`).
     #[serde(default)]
@@ -159,7 +159,7 @@ impl Protection {
 }
 
 /// A clean-up plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Plan {
     /// Id (`plan_...`).
     pub id: String,
@@ -176,7 +176,7 @@ pub struct Plan {
 }
 
 /// One candidate of a plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct PlanItem {
     /// Plan.
     pub plan_id: String,
@@ -205,7 +205,7 @@ pub struct PlanItem {
 }
 
 /// A scratch allocation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Scratch {
     /// Id (`scr_...`).
     pub id: String,
@@ -224,7 +224,7 @@ pub struct Scratch {
 }
 
 /// One usage sample.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct UsageSample {
     /// Time (unix seconds).
     pub at: i64,
@@ -238,44 +238,15 @@ const ITEM_COLS: &str = "plan_id, backend, key, size, etag, modified_at, team, p
      trash_key, trashed_at";
 
 fn item_of(r: &sqlx::any::AnyRow) -> Result<PlanItem> {
-    Ok(PlanItem {
-        plan_id: r.try_get("plan_id").map_err(db_err)?,
-        backend: r.try_get("backend").map_err(db_err)?,
-        key: r.try_get("key").map_err(db_err)?,
-        size: r.try_get("size").map_err(db_err)?,
-        etag: r.try_get("etag").map_err(db_err)?,
-        modified_at: r.try_get("modified_at").map_err(db_err)?,
-        team: r.try_get("team").map_err(db_err)?,
-        policy_id: r.try_get("policy_id").map_err(db_err)?,
-        state: r.try_get("state").map_err(db_err)?,
-        reason: r.try_get("reason").map_err(db_err)?,
-        trash_key: r.try_get("trash_key").map_err(db_err)?,
-        trashed_at: r.try_get("trashed_at").map_err(db_err)?,
-    })
+    PlanItem::from_row(r).map_err(db_err)
 }
 
 fn plan_of(r: &sqlx::any::AnyRow) -> Result<Plan> {
-    Ok(Plan {
-        id: r.try_get("id").map_err(db_err)?,
-        team: r.try_get("team").map_err(db_err)?,
-        created_at: r.try_get("created_at").map_err(db_err)?,
-        created_by: r.try_get("created_by").map_err(db_err)?,
-        status: r.try_get("status").map_err(db_err)?,
-        detail: r.try_get("detail").map_err(db_err)?,
-    })
+    Plan::from_row(r).map_err(db_err)
 }
 
 fn protection_of(r: &sqlx::any::AnyRow) -> Result<Protection> {
-    Ok(Protection {
-        id: r.try_get("id").map_err(db_err)?,
-        kind: r.try_get("kind").map_err(db_err)?,
-        team: r.try_get("team").map_err(db_err)?,
-        backend: r.try_get("backend").map_err(db_err)?,
-        prefix: r.try_get("prefix").map_err(db_err)?,
-        job: r.try_get("job").map_err(db_err)?,
-        expires_at: r.try_get("expires_at").map_err(db_err)?,
-        created_at: r.try_get("created_at").map_err(db_err)?,
-    })
+    Protection::from_row(r).map_err(db_err)
 }
 
 impl Catalog {
@@ -623,15 +594,7 @@ impl Catalog {
         .map_err(db_err)?;
         let mut out = Vec::new();
         for r in rows {
-            let s = Scratch {
-                id: r.try_get("id").map_err(db_err)?,
-                team: r.try_get("team").map_err(db_err)?,
-                bytes: r.try_get("bytes").map_err(db_err)?,
-                path: r.try_get("path").map_err(db_err)?,
-                expires_at: r.try_get("expires_at").map_err(db_err)?,
-                created_at: r.try_get("created_at").map_err(db_err)?,
-                released_at: r.try_get("released_at").map_err(db_err)?,
-            };
+            let s = Scratch::from_row(&r).map_err(db_err)?;
             if teams.is_none_or(|t| t.contains(&s.team)) {
                 out.push(s);
             }
@@ -681,14 +644,8 @@ impl Catalog {
         .fetch_all(self.pool())
         .await
         .map_err(db_err)?
-        .into_iter()
-        .map(|r| {
-            Ok(UsageSample {
-                at: r.try_get("at").map_err(db_err)?,
-                used: r.try_get("used").map_err(db_err)?,
-                capacity: r.try_get("capacity").map_err(db_err)?,
-            })
-        })
+        .iter()
+        .map(|r| UsageSample::from_row(r).map_err(db_err))
         .collect()
     }
 

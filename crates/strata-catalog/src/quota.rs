@@ -189,6 +189,23 @@ const SOFT_STAMP: &str = "UPDATE quotas SET soft_since = CASE \
      WHERE team = $2 AND (scope = $3 OR scope = '*')";
 
 impl Catalog {
+    /// Stamp or clear `soft_since` of a scope and the team's total after their counters changed.
+    async fn stamp_soft(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        team: &str,
+        scope: &str,
+    ) -> Result<()> {
+        sqlx::query(SOFT_STAMP)
+            .bind(self.now())
+            .bind(team)
+            .bind(scope)
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
     async fn ensure_quota_rows(
         &self,
         conn: &mut sqlx::AnyConnection,
@@ -245,13 +262,7 @@ impl Catalog {
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        sqlx::query(SOFT_STAMP)
-            .bind(self.now())
-            .bind(team)
-            .bind(scope)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
+        self.stamp_soft(&mut tx, team, scope).await?;
         tx.commit().await.map_err(db_err)?;
         self.audit(
             actor,
@@ -425,13 +436,7 @@ impl Catalog {
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        sqlx::query(SOFT_STAMP)
-            .bind(self.now())
-            .bind(&res.team)
-            .bind(&res.scope)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
+        self.stamp_soft(&mut tx, &res.team, &res.scope).await?;
         tx.commit().await.map_err(db_err)
     }
 
@@ -500,13 +505,7 @@ impl Catalog {
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        sqlx::query(SOFT_STAMP)
-            .bind(self.now())
-            .bind(team)
-            .bind(scope)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
+        self.stamp_soft(&mut tx, team, scope).await?;
         tx.commit().await.map_err(db_err)
     }
 
@@ -536,13 +535,7 @@ impl Catalog {
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        sqlx::query(SOFT_STAMP)
-            .bind(self.now())
-            .bind(team)
-            .bind(scope)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
+        self.stamp_soft(&mut tx, team, scope).await?;
         tx.commit().await.map_err(db_err)
     }
 

@@ -20,17 +20,7 @@ pub struct QuotaGate {
     client: reqwest::Client,
 }
 
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
+use strata_types::encode_segment as enc;
 
 impl QuotaGate {
     /// A gate charging `team` through the agent at `api` (`host:port` or a URL).

@@ -370,18 +370,7 @@ impl Api {
     }
 }
 
-/// Percent-encode one path segment or query value.
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
+use strata_types::encode_segment as enc;
 
 fn text(v: &Value) -> String {
     match v {

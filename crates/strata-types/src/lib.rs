@@ -33,3 +33,16 @@ pub fn agent_authorization() -> Option<String> {
         .filter(|t| t.is_ascii() && !t.contains(['\r', '\n']))
         .map(|t| format!("Bearer {t}"))
 }
+
+/// Percent-encode `s` for one URL path segment or query value (everything but `A-Za-z0-9-_.~`).
+pub fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
