@@ -153,6 +153,13 @@ def test_owned_prefixes_keep_teams_apart_and_usage_is_attributed(tenancy):
     with pytest.raises(ClientError) as e:
         n.delete_object(Bucket="default", Key="vision/ds/a")
     assert code_of(e.value) == ("AccessDenied", 403)
+    # Listings do not show another team's keys.
+    listed = n.list_objects_v2(Bucket="default", Prefix="vision/")
+    assert "Contents" not in listed, listed.get("Contents")
+    top = n.list_objects_v2(Bucket="default", Delimiter="/")
+    assert "vision/" not in [p["Prefix"] for p in top.get("CommonPrefixes", [])]
+    mine = v.list_objects_v2(Bucket="default", Prefix="vision/ds/")
+    assert [o["Key"] for o in mine["Contents"]] == ["vision/ds/a", "vision/ds/b"]
     # Look-alike prefix: vision-x/ is not vision/.
     n.put_object(Bucket="default", Key="vision-x/ok", Body=b"n")
     by_job = {l["group"]: l for l in cli_json(gw, "usage", "--by", "job")}

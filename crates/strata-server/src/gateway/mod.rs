@@ -857,7 +857,8 @@ impl S3 for Gateway {
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
-        let ctx = self.ctx(&req)?;
+        let who = self.who(&req).await?;
+        let ctx = who.ctx.clone();
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         let prefix = input.prefix.clone().unwrap_or_default();
@@ -881,6 +882,11 @@ impl S3 for Gateway {
                 max,
             )
             .await?;
+        // Keys under a prefix owned by a team the caller may not read are not shown.
+        let (objects, prefixes) = self
+            .tenancy
+            .visible(&input.bucket, &who.caller, objects, prefixes)
+            .await?;
         let key_count = (objects.len() + prefixes.len()) as i32;
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(input.bucket),
@@ -903,7 +909,8 @@ impl S3 for Gateway {
         &self,
         req: S3Request<ListObjectsInput>,
     ) -> S3Result<S3Response<ListObjectsOutput>> {
-        let ctx = self.ctx(&req)?;
+        let who = self.who(&req).await?;
+        let ctx = who.ctx.clone();
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         let prefix = input.prefix.clone().unwrap_or_default();
@@ -917,6 +924,11 @@ impl S3 for Gateway {
                 input.marker.as_deref(),
                 max,
             )
+            .await?;
+        // Keys under a prefix owned by a team the caller may not read are not shown.
+        let (objects, prefixes) = self
+            .tenancy
+            .visible(&input.bucket, &who.caller, objects, prefixes)
             .await?;
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
@@ -1294,6 +1306,12 @@ impl S3 for Gateway {
             Ok::<_, S3Error>(md5)
         }
         .await;
+        // A failed part gives its admission back, and so does one whose upload was aborted meanwhile.
+        if result.is_err() || self.staging.info(&input.upload_id).is_err() {
+            self.tenancy
+                .release_part(&input.upload_id, input.part_number)
+                .await;
+        }
         match result {
             Ok(md5) => Ok(S3Response::new(UploadPartOutput {
                 e_tag: Some(ETag::Strong(md5)),

@@ -200,6 +200,34 @@ impl Tenancy {
         }
     }
 
+    /// Drop listed keys and common prefixes that lie under a prefix owned by a team `caller` may not read.
+    pub async fn visible(
+        &self,
+        bucket: &str,
+        caller: &Caller,
+        objects: Vec<s3s::dto::Object>,
+        prefixes: Vec<s3s::dto::CommonPrefix>,
+    ) -> S3Result<(Vec<s3s::dto::Object>, Vec<s3s::dto::CommonPrefix>)> {
+        if caller.is_root() {
+            return Ok((objects, prefixes));
+        }
+        let owned = self.prefixes().await?;
+        let hidden = |key: &str| match owner_in(&owned, bucket, key) {
+            Some(team) => !matches!(caller, Caller::Principal(p) if p.can(&team, Role::Reader)),
+            None => false,
+        };
+        Ok((
+            objects
+                .into_iter()
+                .filter(|o| !o.key.as_deref().is_some_and(hidden))
+                .collect(),
+            prefixes
+                .into_iter()
+                .filter(|p| !p.prefix.as_deref().is_some_and(hidden))
+                .collect(),
+        ))
+    }
+
     /// Admit a write of `bytes` (and `objects`) for `team` on `bucket`, before its body is accepted.
     pub async fn admit(
         &self,
@@ -291,6 +319,12 @@ impl Tenancy {
         };
         self.release(old).await;
         Ok(())
+    }
+
+    /// Release one part's reservation (the part failed, or its upload was aborted meanwhile).
+    pub async fn release_part(&self, upload_id: &str, part: i32) {
+        let r = self.parts.lock().remove(&(upload_id.to_string(), part));
+        self.release(r).await;
     }
 
     /// Take the reservations of an upload's parts (on complete or abort).
