@@ -17,6 +17,10 @@ use strata_types::{IoContext, Result};
 pub const TRASH_PREFIX: &str = ".strata-trash/";
 
 /// List every object of `backend` (except the trash), with up to `concurrency` listings in flight.
+///
+/// The top-level prefixes (one delimited listing) are split into `concurrency` contiguous key ranges, each
+/// listed by one paged listing that starts after the range's first key and stops at the next range: in all,
+/// about as many requests as one listing of everything, spread over parallel streams.
 pub async fn list_all(backend: &Backend, concurrency: usize) -> Result<Vec<Listed>> {
     let ctx = IoContext::anonymous();
     let root = backend.list_delimited(&ctx, "").await?;
@@ -26,14 +30,39 @@ pub async fn list_all(backend: &Backend, concurrency: usize) -> Result<Vec<Liste
         .into_iter()
         .filter(|p| p != TRASH_PREFIX)
         .collect();
-    let mut pages = futures::stream::iter(prefixes.into_iter().map(|p| {
+    if prefixes.is_empty() {
+        return Ok(out);
+    }
+    let groups = concurrency.clamp(1, prefixes.len());
+    let per = prefixes.len().div_ceil(groups);
+    let chunks: Vec<Vec<String>> = prefixes.chunks(per).map(<[String]>::to_vec).collect();
+    let ranges: Vec<(Vec<String>, Option<String>)> = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.clone(), chunks.get(i + 1).map(|n| n[0].clone())))
+        .collect();
+    let mut pages = futures::stream::iter(ranges.into_iter().map(|(group, end)| {
         let backend = backend.clone();
         let ctx = ctx.clone();
-        async move { backend.list_page(&ctx, &p, None, usize::MAX).await }
+        async move {
+            // Keys of this group sort after "<first prefix without its '/'>" and before the next group's
+            // first prefix; keep only those under one of the group's prefixes (a root object can sort in
+            // between and is already listed).
+            let first = group[0].trim_end_matches('/').to_string();
+            let objects = backend.list_range(&ctx, &first, end.as_deref()).await?;
+            let set: std::collections::HashSet<&str> = group.iter().map(String::as_str).collect();
+            Ok::<_, strata_types::Error>(
+                objects
+                    .iter()
+                    .filter(|o| o.key.find('/').is_some_and(|i| set.contains(&o.key[..=i])))
+                    .map(listed)
+                    .collect::<Vec<_>>(),
+            )
+        }
     }))
     .buffer_unordered(concurrency.max(1));
     while let Some(page) = pages.next().await {
-        out.extend(page?.objects.iter().map(listed));
+        out.extend(page?);
     }
     out.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(out)
