@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 use strata_object::{Backend, BackendOptions, PutMode, RetryPolicy};
-use strata_quota::reconcile::list_all;
+use strata_quota::reconcile::{list_all, list_all_with};
 use strata_telemetry::Telemetry;
 use strata_types::IoContext;
 
@@ -46,6 +46,14 @@ async fn check(backend: &Backend, keys: &[&str]) {
             .map(|l| l.key)
             .collect();
         assert_eq!(got, want, "concurrency {concurrency}");
+        // The key-range strategy, forced.
+        let got: Vec<String> = list_all_with(backend, concurrency, 0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|l| l.key)
+            .collect();
+        assert_eq!(got, want, "key ranges, concurrency {concurrency}");
     }
 }
 
@@ -80,4 +88,20 @@ async fn parallel_listing_equals_a_full_listing() {
         .unwrap();
         check(&b, KEYS).await;
     }
+    // More top-level prefixes than are listed one by one: the key-range listing.
+    let many = tempfile::tempdir().unwrap();
+    let local = Backend::open(
+        &format!("file://{}", many.path().display()),
+        &BackendOptions::default(),
+        RetryPolicy::default(),
+        Telemetry::new(),
+    )
+    .unwrap();
+    let n = strata_quota::reconcile::PER_PREFIX_MAX + 10;
+    let names: Vec<String> = (0..n)
+        .map(|i| format!("d{i:05}/k"))
+        .chain(["d00007-x/k".to_string(), "d00007.y".to_string()])
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    check(&local, &refs).await;
 }
