@@ -3,8 +3,8 @@
 
 Both list every object of one bucket on the same S3 server (moto, on loopback) and total the bytes: s5cmd with
 `du "s3://bench/*"` (one paginated listing of the whole bucket), Strata with `strata usage reconcile origin`,
-which lists the backend in parallel (one listing per top-level prefix, 16 at once) and writes the inventory
-into the agent's catalog (SQLite in its data directory).
+which lists the backend in parallel (16 listings in flight over the top-level prefixes) and writes the
+inventory into the agent's catalog (SQLite in its data directory).
 
 Setup (not timed, but reported): --objects objects of --object-bytes bytes across --prefixes top-level
 prefixes are written as local files and uploaded with `s5cmd cp` (--upload-workers workers). Then, for
@@ -190,8 +190,8 @@ def main():
                   f"{origin_cpu['steady'][-1]:.1f} s; agent peak RSS {peak:.0f} MiB", flush=True)
 
         m = {k: med([x["wall_s"] for x in v]) for k, v in rows.items()}
-        split = {k: {"list_s": med([x["list_secs"] for x in rows[k]]), "apply_s": med([x["apply_secs"] for x in rows[k]])}
-                 for k in ("first", "steady")}
+        split = {k: {"list_s": med([x["list_secs"] for x in rows[k]]),
+                     "apply_s": med([x["apply_secs"] for x in rows[k]])} for k in ("first", "steady")}
         result = {
             "objects": a.objects, "prefixes": a.prefixes, "object_bytes": a.object_bytes, "rounds": a.rounds,
             "cpus": os.cpu_count(), "setup_local_s": round(t_local, 2), "setup_upload_s": round(t_upload, 2),
