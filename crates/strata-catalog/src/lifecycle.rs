@@ -633,6 +633,16 @@ impl Catalog {
         Ok(())
     }
 
+    /// Delete samples older than `before` (history beyond any forecast window). Returns how many.
+    pub async fn prune_samples(&self, before: i64) -> Result<u64> {
+        Ok(sqlx::query("DELETE FROM usage_samples WHERE at < $1")
+            .bind(before)
+            .execute(self.pool())
+            .await
+            .map_err(db_err)?
+            .rows_affected())
+    }
+
     /// Samples of one series since `since`, oldest first.
     pub async fn samples(&self, kind: &str, scope: &str, since: i64) -> Result<Vec<UsageSample>> {
         sqlx::query(

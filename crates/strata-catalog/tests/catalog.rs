@@ -442,6 +442,22 @@ async fn usage_by_team_prefix_job_dataset_and_reconciliation() {
             Some("team-a"),
             "attributed by prefix ownership"
         );
+        // Usage samples are pruned by age.
+        for at in [T0 - 100, T0 - 10, T0] {
+            cat.add_sample(
+                "team",
+                "team-a",
+                strata_catalog::lifecycle::UsageSample {
+                    at,
+                    used: 1,
+                    capacity: None,
+                },
+            )
+            .await
+            .unwrap();
+        }
+        assert_eq!(cat.prune_samples(T0 - 50).await.unwrap(), 1);
+        assert_eq!(cat.samples("team", "team-a", 0).await.unwrap().len(), 2);
         // Access times only move forward.
         cat.touch("default", &[("team-a/y".into(), T0 + 50)])
             .await

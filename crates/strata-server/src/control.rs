@@ -1576,6 +1576,9 @@ pub async fn sample_usage(a: &Agent) -> Result<()> {
     }
     volumes.sort();
     volumes.dedup();
+    // History is kept for twice the forecast window, so the table stays bounded.
+    let keep = 2 * a.config().catalog.forecast_window_days as i64 * 86_400;
+    cat.prune_samples(now - keep).await?;
     for v in volumes {
         if let Some((total, avail)) = crate::sys::statvfs(&v) {
             cat.add_sample(
