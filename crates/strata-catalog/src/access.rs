@@ -269,31 +269,39 @@ impl Catalog {
         teams: Option<&[String]>,
         limit: i64,
     ) -> Result<Vec<AuditRecord>> {
-        let rows = sqlx::query(
-            "SELECT id, at, principal, team, action, target, detail FROM audit \
-             ORDER BY at DESC, seq DESC LIMIT $1",
-        )
-        .bind(if teams.is_some() {
-            i64::MAX
-        } else {
-            limit.max(0)
-        })
-        .fetch_all(self.pool())
-        .await
-        .map_err(db_err)?;
+        let limit = limit.max(0);
+        let Some(teams) = teams else {
+            let rows = sqlx::query(
+                "SELECT id, at, principal, team, action, target, detail FROM audit \
+                 ORDER BY at DESC, seq DESC LIMIT $1",
+            )
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await
+            .map_err(db_err)?;
+            return rows
+                .iter()
+                .map(|r| AuditRecord::from_row(r).map_err(db_err))
+                .collect();
+        };
+        // One indexed query per team (audit_team_at), merged newest first.
         let mut out = Vec::new();
-        for r in rows {
-            let rec = AuditRecord::from_row(&r).map_err(db_err)?;
-            if let Some(ts) = teams
-                && !rec.team.as_ref().is_some_and(|t| ts.contains(t))
-            {
-                continue;
-            }
-            out.push(rec);
-            if out.len() as i64 >= limit {
-                break;
+        for team in teams {
+            let rows = sqlx::query(
+                "SELECT id, at, principal, team, action, target, detail FROM audit \
+                 WHERE team = $1 ORDER BY at DESC, seq DESC LIMIT $2",
+            )
+            .bind(team)
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await
+            .map_err(db_err)?;
+            for r in &rows {
+                out.push(AuditRecord::from_row(r).map_err(db_err)?);
             }
         }
+        out.sort_by_key(|a| std::cmp::Reverse(a.at));
+        out.truncate(limit as usize);
         Ok(out)
     }
 

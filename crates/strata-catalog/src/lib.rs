@@ -223,7 +223,7 @@ pub(crate) fn db_err(e: sqlx::Error) -> Error {
 }
 
 /// A random id: `prefix` + 16 lowercase base32 characters (80 bits).
-pub(crate) fn new_id(prefix: &str) -> String {
+pub fn new_id(prefix: &str) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz234567";
     let mut s = String::with_capacity(prefix.len() + 16);
     s.push_str(prefix);

@@ -241,6 +241,21 @@ fn item_of(r: &sqlx::any::AnyRow) -> Result<PlanItem> {
     PlanItem::from_row(r).map_err(db_err)
 }
 
+fn policy_of(r: &sqlx::any::AnyRow) -> Result<Policy> {
+    let kind: String = r.try_get("kind").map_err(db_err)?;
+    Ok(Policy {
+        id: r.try_get("id").map_err(db_err)?,
+        team: r.try_get("team").map_err(db_err)?,
+        backend: r.try_get("backend").map_err(db_err)?,
+        kind: PolicyKind::parse(&kind)?,
+        prefix: r.try_get("prefix").map_err(db_err)?,
+        label: r.try_get("label").map_err(db_err)?,
+        age_secs: r.try_get("age_secs").map_err(db_err)?,
+        keep_last: r.try_get("keep_last").map_err(db_err)?,
+        created_at: r.try_get("created_at").map_err(db_err)?,
+    })
+}
+
 fn plan_of(r: &sqlx::any::AnyRow) -> Result<Plan> {
     Plan::from_row(r).map_err(db_err)
 }
@@ -294,18 +309,7 @@ impl Catalog {
         .map_err(db_err)?;
         let mut out = Vec::new();
         for r in rows {
-            let kind: String = r.try_get("kind").map_err(db_err)?;
-            let p = Policy {
-                id: r.try_get("id").map_err(db_err)?,
-                team: r.try_get("team").map_err(db_err)?,
-                backend: r.try_get("backend").map_err(db_err)?,
-                kind: PolicyKind::parse(&kind)?,
-                prefix: r.try_get("prefix").map_err(db_err)?,
-                label: r.try_get("label").map_err(db_err)?,
-                age_secs: r.try_get("age_secs").map_err(db_err)?,
-                keep_last: r.try_get("keep_last").map_err(db_err)?,
-                created_at: r.try_get("created_at").map_err(db_err)?,
-            };
+            let p = policy_of(&r)?;
             if teams.is_none_or(|t| t.contains(&p.team)) {
                 out.push(p);
             }
@@ -315,11 +319,16 @@ impl Catalog {
 
     /// One policy.
     pub async fn policy(&self, id: &str) -> Result<Policy> {
-        self.list_policies(None)
-            .await?
-            .into_iter()
-            .find(|p| p.id == id)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no policy {id:?}")))
+        let r = sqlx::query(
+            "SELECT id, team, backend, kind, prefix, label, age_secs, keep_last, created_at \
+             FROM policies WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no policy {id:?}")))?;
+        policy_of(&r)
     }
 
     /// Delete a policy.

@@ -26,7 +26,7 @@ use strata_catalog::lifecycle::{Plan, PlanItem, Policy, PolicyKind, Protection};
 use strata_object::Backend;
 use strata_types::{Error, ErrorKind, IoContext, Result};
 
-use crate::reconcile::{TRASH_PREFIX, list_all};
+use crate::reconcile::{TRASH_PREFIX, list_all, listed};
 
 /// Limits on one run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -194,7 +194,7 @@ pub async fn plan(
         ckpts.add_listing(name, &listing);
         listings.insert(name, listing);
     }
-    let plan_id = format!("plan_{}", now_id(now));
+    let plan_id = strata_catalog::new_id(&format!("plan_{now}_"));
     let mut items: BTreeMap<(String, String), PlanItem> = BTreeMap::new();
     let mut team_bytes: BTreeMap<String, u64> = BTreeMap::new();
     let mut protected = BTreeSet::new();
@@ -283,26 +283,6 @@ pub async fn plan(
         per_team,
         protected: detail.protected,
     })
-}
-
-fn now_id(now: i64) -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz234567";
-    let tail: String = (0..8)
-        .map(|_| ALPHABET[(rand_u64() % 32) as usize] as char)
-        .collect();
-    format!("{now}_{tail}")
-}
-
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-    );
-    h.finish()
 }
 
 fn describe(p: &Policy) -> String {
@@ -408,16 +388,7 @@ pub async fn run(
                     "re-listing {name}:{run_prefix}; nothing was deleted"
                 ))
             })?;
-        let listed: Vec<Listed> = page
-            .objects
-            .iter()
-            .map(|m| Listed {
-                key: m.key.clone(),
-                size: m.size as i64,
-                etag: m.etag.clone().unwrap_or_default(),
-                modified_at: m.last_modified_unix,
-            })
-            .collect();
+        let listed: Vec<Listed> = page.objects.iter().map(listed).collect();
         ckpts.add_listing(name, &listed);
     }
     for i in &items {

@@ -96,7 +96,8 @@ pub async fn list_all_with(
     Ok(out)
 }
 
-fn listed(m: &strata_types::ObjectMeta) -> Listed {
+/// A backend's object as a listing entry of the catalog.
+pub(crate) fn listed(m: &strata_types::ObjectMeta) -> Listed {
     Listed {
         key: m.key.clone(),
         size: m.size as i64,

@@ -235,6 +235,11 @@ pub struct PinRequest {
 /// The catalog's name for the cache (inventory backend and quota scope of pinned bytes).
 pub const CACHE_SCOPE: &str = "cache";
 
+/// The inventory key of a pinned prefix on the `cache` scope.
+fn pin_key(backend: &strata_object::Backend, prefix: &str) -> String {
+    format!("{}/{prefix}", backend.id())
+}
+
 async fn pin(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<strata_catalog::Principal>,
@@ -268,7 +273,7 @@ async fn pin(
     if let Some((team, bytes, res)) = charged {
         let rec = strata_catalog::inventory::ObjectRecord {
             backend: CACHE_SCOPE.into(),
-            key: format!("{}/{prefix}", backend.id()),
+            key: pin_key(&backend, &prefix),
             size: bytes,
             etag: String::new(),
             modified_at: agent.catalog().now(),
@@ -291,7 +296,7 @@ async fn unpin(
     let removed = agent.cache().unpin(backend.id(), &prefix)?;
     agent
         .catalog()
-        .commit_delete(CACHE_SCOPE, &format!("{}/{prefix}", backend.id()))
+        .commit_delete(CACHE_SCOPE, &pin_key(&backend, &prefix))
         .await?;
     Ok(Json(serde_json::json!({ "removed": removed })))
 }

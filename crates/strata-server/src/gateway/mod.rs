@@ -1011,7 +1011,6 @@ impl S3 for Gateway {
             }
         };
         // Charged what was stored (a streaming upload's Content-Length counts its chunk framing too).
-        let _ = size;
         self.tenancy
             .written(
                 res.into_iter().collect(),
