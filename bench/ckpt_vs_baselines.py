@@ -121,9 +121,15 @@ def drop_caches():
         pass
 
 
+SETTLE = 0.0
+
+
 def run(gib, mode, d, remote=None, env=None, drop=True):
     if drop:
         drop_caches()
+    # A virtual disk with burst credits writes the first GiBs after a pause faster than the next ones: give
+    # every measurement the same pause, so the order of the phases does not pick the winner.
+    time.sleep(SETTLE)
     args = [sys.executable, "-c", CHILD, str(gib), mode, d] + ([remote] if remote else [])
     r = subprocess.run(args, capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -143,7 +149,11 @@ def main():
     ap.add_argument("--gib", type=float, default=2.0)
     ap.add_argument("--dir", default=None, help="local tier / disk under test (default: a temp dir)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds; medians are reported")
+    ap.add_argument("--settle", type=float, default=20.0,
+                    help="seconds of idle before each measurement (disk burst credits refill)")
     args = ap.parse_args()
+    global SETTLE
+    SETTLE = args.settle
     base = tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir)
     port = free_port()
     moto = subprocess.Popen([os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],

@@ -805,6 +805,93 @@ fn staging(pool: &Mutex<Vec<Vec<u8>>>, len: usize) -> Vec<u8> {
     }
 }
 
+/// Tensors are staged in groups of at least this many bytes, each group's copy split over the threads.
+const STAGE_GROUP_BYTES: usize = 64 << 20;
+
+/// The bytes of a C-contiguous buffer, readable from any thread while `buf` is alive and the GIL is held.
+#[allow(unsafe_code)] // reading an exported buffer's memory from several threads at once; see SAFETY
+fn contiguous_bytes<'a>(_py: Python<'a>, buf: &'a pyo3::buffer::PyBuffer<u8>) -> Option<&'a [u8]> {
+    if !buf.is_c_contiguous() {
+        return None;
+    }
+    if buf.len_bytes() == 0 {
+        return Some(&[]);
+    }
+    // SAFETY: a C-contiguous buffer's `len_bytes` bytes start at `buf_ptr` (the buffer protocol's contract)
+    // and stay valid while the `PyBuffer` holds its export (exporters such as bytearray refuse to resize
+    // while exported). The slice lives no longer than `buf` and the GIL token: no Python code of this
+    // interpreter runs while the caller holds the GIL, so nothing rewrites the tensors during the copy
+    // (exactly what `PyBuffer::copy_to_slice` relies on, only read by several threads here).
+    Some(unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const u8, buf.len_bytes()) })
+}
+
+/// Copy every buffer into a staging buffer (from `pool` when one fits), in order. The copy of each group
+/// of tensors is split over the machine's cores: copying into fresh staging memory is bound by page
+/// faults, which one thread serves at about half the rate of two. The GIL stays held, as for a plain copy.
+/// Non-contiguous buffers are copied by the buffer protocol instead.
+fn stage_parallel(
+    py: Python<'_>,
+    pool: &Mutex<Vec<Vec<u8>>>,
+    bufs: &[&pyo3::buffer::PyBuffer<u8>],
+) -> PyResult<Vec<Vec<u8>>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let mut i = 0;
+    while i < bufs.len() {
+        // The next group: tensors until STAGE_GROUP_BYTES (at least one).
+        let mut j = i;
+        let mut group_bytes = 0;
+        while j < bufs.len() && (j == i || group_bytes < STAGE_GROUP_BYTES) {
+            group_bytes += bufs[j].len_bytes();
+            j += 1;
+        }
+        let mut staged: Vec<Vec<u8>> = bufs[i..j]
+            .iter()
+            .map(|b| staging(pool, b.len_bytes()))
+            .collect();
+        // (source, destination) pieces, cut into `threads` lists of about equal bytes.
+        let share = group_bytes.div_ceil(threads).max(1);
+        let mut lists: Vec<Vec<(&[u8], &mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
+        let (mut t, mut room) = (0, share);
+        for (b, dst) in bufs[i..j].iter().zip(staged.iter_mut()) {
+            let Some(mut src) = contiguous_bytes(py, b) else {
+                b.copy_to_slice(py, dst)?;
+                continue;
+            };
+            let mut dst: &mut [u8] = dst;
+            while !src.is_empty() {
+                let n = src.len().min(room);
+                let (s, s_rest) = src.split_at(n);
+                let (d, d_rest) = std::mem::take(&mut dst).split_at_mut(n);
+                lists[t].push((s, d));
+                (src, dst) = (s_rest, d_rest);
+                room -= n;
+                if room == 0 {
+                    t = (t + 1).min(threads - 1);
+                    room = share;
+                }
+            }
+        }
+        let mut lists = lists.into_iter().filter(|l| !l.is_empty());
+        let mine = lists.next();
+        std::thread::scope(|s| {
+            for list in lists {
+                s.spawn(move || {
+                    for (src, dst) in list {
+                        dst.copy_from_slice(src);
+                    }
+                });
+            }
+            for (src, dst) in mine.into_iter().flatten() {
+                dst.copy_from_slice(src);
+            }
+        });
+        out.extend(staged);
+        i = j;
+    }
+    Ok(out)
+}
+
 type TensorTuple = (String, String, Vec<u64>, pyo3::buffer::PyBuffer<u8>);
 
 #[pymethods]
@@ -966,12 +1053,12 @@ impl Checkpointer {
                 })
             })
             .map_err(to_py)?;
-        // Copy each tensor into staging memory and hand it to the writer, which is already writing the
-        // previous ones: the copy (the only part the caller waits for) overlaps the write.
+        // Copy every tensor into staging memory (on all cores), then hand them to the writer. Not pushed one by
+        // one while copying: on a few cores the writer (hashing, writing) would take CPU from the copy, the
+        // only part the caller waits for (measured: first save 1.1 s vs 0.65 s for 2 GiB on two cores).
         if sink.wanted() {
-            for (_, _, _, buf) in &tensors {
-                let mut v = staging(&self.pool, buf.len_bytes());
-                buf.copy_to_slice(py, &mut v)?;
+            let bufs: Vec<&pyo3::buffer::PyBuffer<u8>> = tensors.iter().map(|t| &t.3).collect();
+            for v in stage_parallel(py, &self.pool, &bufs)? {
                 sink.push(bytes::Bytes::from(v)).map_err(to_py)?;
             }
         }

@@ -31,12 +31,19 @@ pub struct CacheConfig {
     /// How long object metadata (size, ETag) looked up at the backend is trusted, in milliseconds. 0 (the
     /// default) looks the version up on every open, so changes made at the backend by others are seen at once;
     /// a few seconds saves a HEAD per open of hot small objects. Writes through Strata invalidate it either way.
+    /// Local-directory backends (`file://`) trust it at most [`LOCAL_METADATA_TTL_MAX_MS`]: asking them again
+    /// is a `stat`, and their files are the ones most often changed behind Strata's back. Past half the TTL,
+    /// an open that uses an entry refreshes it in the background (refresh-ahead).
     #[serde(default)]
     pub metadata_ttl_ms: u64,
     /// Blocks waiting to be written to the disk tier; past this, new blocks are not written (lossy, counted).
     /// Default 32.
     pub disk_write_queue: usize,
 }
+
+/// The longest a local-directory backend's (`file://`) object metadata is trusted, whatever
+/// [`CacheConfig::metadata_ttl_ms`] says.
+pub const LOCAL_METADATA_TTL_MAX_MS: u64 = 1000;
 
 /// The disk tier's directory and capacity.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -46,7 +46,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use config::{CacheConfig, DiskConfig};
+pub use config::{CacheConfig, DiskConfig, LOCAL_METADATA_TTL_MAX_MS};
 pub use policy::PolicyKind;
 
 use disk::DiskTier;
@@ -141,6 +141,8 @@ pub struct CacheStats {
     pub stale_version_errors: u64,
     /// Fills that failed at the backend.
     pub fill_errors: u64,
+    /// Object metadata refreshed in the background before its TTL ran out (refresh-ahead).
+    pub metadata_refreshes: u64,
     /// Budget for bytes in flight from backends.
     pub inflight_budget_bytes: u64,
     /// Bytes in flight now.
@@ -193,6 +195,7 @@ struct Counters {
     stale: AtomicU64,
     fill_errors: AtomicU64,
     writes_dropped: AtomicU64,
+    meta_refreshes: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -235,10 +238,22 @@ struct Inner {
     tasks: TaskTracker,
     cancel: CancellationToken,
     meta: Mutex<MetaMap>,
+    refreshes: Arc<Semaphore>,
 }
 
-/// Object metadata by (backend id, key), with when it was learned.
-type MetaMap = HashMap<(Arc<str>, String), (ObjectMeta, Instant)>;
+/// Object metadata by (backend id, key).
+type MetaMap = HashMap<(Arc<str>, String), MetaEntry>;
+
+/// What is known of an object's version, and when it was learned.
+struct MetaEntry {
+    meta: ObjectMeta,
+    at: Instant,
+    /// A background refresh of this entry is running.
+    refreshing: bool,
+}
+
+/// Background metadata refreshes running at once, at most (past this, entries simply expire).
+const META_REFRESH_MAX: usize = 16;
 
 /// Most metadata entries kept (the map is cleared when it fills: a bound, not a policy).
 const META_MAX: usize = 100_000;
@@ -324,6 +339,7 @@ impl BlockCache {
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
             meta: Mutex::new(HashMap::new()),
+            refreshes: Arc::new(Semaphore::new(META_REFRESH_MAX)),
         });
         if let Some(disk) = &inner.disk {
             for p in &pins {
@@ -370,7 +386,7 @@ impl BlockCache {
         backend: &Backend,
         key: &str,
     ) -> Result<CachedObject> {
-        if let Some(meta) = self.cached_meta(backend, key) {
+        if let Some(meta) = self.cached_meta(ctx, backend, key) {
             return Ok(self.object_from_meta(ctx, backend, meta));
         }
         let meta = backend.head(ctx, key).await?;
@@ -389,7 +405,7 @@ impl BlockCache {
         key: &str,
         upto: u64,
     ) -> Result<CachedObject> {
-        if let Some(meta) = self.cached_meta(backend, key) {
+        if let Some(meta) = self.cached_meta(ctx, backend, key) {
             return Ok(self.object_from_meta(ctx, backend, meta));
         }
         // Known before but expired: the blocks are probably cached, so revalidate with a HEAD instead of
@@ -450,14 +466,89 @@ impl BlockCache {
         Ok(obj)
     }
 
-    fn cached_meta(&self, backend: &Backend, key: &str) -> Option<ObjectMeta> {
-        let ttl = std::time::Duration::from_millis(self.inner.cfg.metadata_ttl_ms);
+    /// How long `backend`'s metadata is trusted (see [`CacheConfig::metadata_ttl_ms`]).
+    fn metadata_ttl(&self, backend: &Backend) -> std::time::Duration {
+        let ms = match backend.scheme() {
+            "file" => self
+                .inner
+                .cfg
+                .metadata_ttl_ms
+                .min(config::LOCAL_METADATA_TTL_MAX_MS),
+            _ => self.inner.cfg.metadata_ttl_ms,
+        };
+        std::time::Duration::from_millis(ms)
+    }
+
+    /// The object's metadata if it is still trusted. Refresh-ahead: once an entry is past half its TTL, the
+    /// first open that uses it starts a HEAD in the background, so an object read over and over keeps fresh
+    /// metadata without any open waiting for the backend (and changes made at the backend are still seen
+    /// within the TTL).
+    fn cached_meta(&self, ctx: &IoContext, backend: &Backend, key: &str) -> Option<ObjectMeta> {
+        let ttl = self.metadata_ttl(backend);
         if ttl.is_zero() {
             return None;
         }
-        let m = self.inner.meta.lock();
-        let (meta, at) = m.get(&(backend.id().clone(), key.to_string()))?;
-        (at.elapsed() < ttl).then(|| meta.clone())
+        let k = (backend.id().clone(), key.to_string());
+        let mut m = self.inner.meta.lock();
+        let e = m.get_mut(&k)?;
+        let age = e.at.elapsed();
+        if age >= ttl {
+            return None;
+        }
+        let meta = e.meta.clone();
+        if age >= ttl / 2
+            && !e.refreshing
+            && let Ok(permit) = self.inner.refreshes.clone().try_acquire_owned()
+        {
+            e.refreshing = true;
+            let from = e.at;
+            drop(m);
+            self.refresh_meta(ctx.clone(), backend.clone(), k, from, permit);
+        }
+        Some(meta)
+    }
+
+    /// HEAD `k` in the background and renew its entry, unless the entry changed meanwhile (invalidated by a
+    /// write, or replaced by a newer lookup): a HEAD sent before a write must not bring the old version back.
+    fn refresh_meta(
+        &self,
+        ctx: IoContext,
+        backend: Backend,
+        k: (Arc<str>, String),
+        from: Instant,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let inner = self.inner.clone();
+        self.inner.tasks.spawn(async move {
+            let _permit = permit;
+            let got = tokio::select! {
+                _ = inner.cancel.cancelled() => return,
+                r = backend.head(&ctx, &k.1) => r,
+            };
+            inner
+                .counters
+                .meta_refreshes
+                .fetch_add(1, Ordering::Relaxed);
+            let mut m = inner.meta.lock();
+            let Some(e) = m.get_mut(&k).filter(|e| e.at == from) else {
+                return;
+            };
+            match got {
+                Ok(meta) => {
+                    *e = MetaEntry {
+                        meta,
+                        at: Instant::now(),
+                        refreshing: false,
+                    }
+                }
+                // Deleted at the backend: forget it now rather than at the end of the TTL.
+                Err(err) if err.kind() == ErrorKind::NotFound => {
+                    m.remove(&k);
+                }
+                // Any other failure: the entry expires as usual and the next open asks again.
+                Err(_) => e.refreshing = false,
+            }
+        });
     }
 
     /// Whether metadata of `key` was learned before, fresh or not.
@@ -480,7 +571,11 @@ impl BlockCache {
         }
         m.insert(
             (backend.id().clone(), meta.key.clone()),
-            (meta.clone(), Instant::now()),
+            MetaEntry {
+                meta: meta.clone(),
+                at: Instant::now(),
+                refreshing: false,
+            },
         );
     }
 
@@ -1206,6 +1301,7 @@ impl BlockCache {
             readahead_skipped: ld(&c.readahead_skipped),
             stale_version_errors: ld(&c.stale),
             fill_errors: ld(&c.fill_errors),
+            metadata_refreshes: ld(&c.meta_refreshes),
             inflight_budget_bytes: self.inner.budget_units * UNIT,
             inflight_bytes: self.inner.budget_units.saturating_sub(avail) * UNIT,
             pins: self.inner.pins.read().clone(),

@@ -580,3 +580,70 @@ async fn metadata_ttl_saves_lookups_and_invalidate_ends_it() {
     assert!(o.read_all().await.unwrap().is_empty());
     cache.shutdown().await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_version() {
+    let backend = memory_backend();
+    let mut cfg = config(None, 64, 32, 0, PolicyKind::Tinylfu);
+    cfg.metadata_ttl_ms = 3_000;
+    let cache = open(cfg, Telemetry::new());
+    let (v1, v2, v3) = (pattern(1_000, 1), pattern(2_000, 2), pattern(3_000, 3));
+    put(&backend, "m", &v1).await;
+    assert_eq!(
+        cache
+            .open_object(&ctx(), &backend, "m")
+            .await
+            .unwrap()
+            .meta()
+            .size,
+        1_000
+    );
+    // Past half the TTL, an open still answers from the entry and refreshes it in the background.
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    put(&backend, "m", &v2).await;
+    let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
+    assert_eq!(
+        o.meta().size,
+        1_000,
+        "within the TTL the entry is used as it is"
+    );
+    for _ in 0..500 {
+        if cache.stats().metadata_refreshes == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(cache.stats().metadata_refreshes, 1);
+    let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
+    assert!(
+        o.read_all().await.unwrap() == v2,
+        "the refresh brought the new version"
+    );
+    // A refresh that learned a version before a write must not bring it back after the write invalidated it.
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let _ = cache.open_object(&ctx(), &backend, "m").await.unwrap(); // starts refresh #2 (not yet run)
+    cache.invalidate(&backend, "m");
+    for _ in 0..500 {
+        if cache.stats().metadata_refreshes == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(cache.stats().metadata_refreshes, 2, "refresh #2 saw v2");
+    put(&backend, "m", &v3).await;
+    let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
+    assert!(o.read_all().await.unwrap() == v3, "read-after-write holds");
+    // Deleted at the backend: a refresh forgets the entry.
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let _ = cache.open_object(&ctx(), &backend, "m").await.unwrap();
+    backend.delete(&ctx(), "m").await.unwrap();
+    for _ in 0..500 {
+        if cache.stats().metadata_refreshes == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let e = cache.open_object(&ctx(), &backend, "m").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    cache.shutdown().await;
+}

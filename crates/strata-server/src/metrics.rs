@@ -126,6 +126,13 @@ pub(crate) fn render_cache(s: &CacheStats) -> String {
     );
     family(
         &mut o,
+        "strata_cache_metadata_refreshes_total",
+        "counter",
+        "Object metadata refreshed in the background before its TTL ran out",
+        &[("", s.metadata_refreshes)],
+    );
+    family(
+        &mut o,
         "strata_cache_inflight_bytes",
         "gauge",
         "Bytes being fetched from backends",
