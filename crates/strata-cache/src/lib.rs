@@ -934,7 +934,7 @@ impl BlockCache {
         // Warm-ups stream each received chunk straight to its block file while it is hot in the CPU cache
         // (writing blocks later, from memory gone cold, cost several times the CPU on the machines we measured).
         let streamer = self.inner.disk.as_ref().map(|disk| {
-            DiskStreamer::start(disk.clone(), mode != FillMode::Warm, &self.inner.tasks)
+            DiskStreamer::start(disk.clone(), mode != FillMode::Warm, bs, &self.inner.tasks)
         });
         let mut streaming = false;
         while let Some(chunk) = stream.next().await {
@@ -1331,6 +1331,10 @@ struct DiskStreamer {
     tx: mpsc::Sender<StreamMsg>,
     disk: Arc<DiskTier>,
     lossy: bool,
+    /// Chunk bytes sent and not yet written: a lossy stream lags at most `max_lag` behind (chunks hold
+    /// network buffers; a disk slower than the network must not pile them up in memory).
+    pending: Arc<AtomicU64>,
+    max_lag: u64,
 }
 
 enum StreamMsg {
@@ -1345,11 +1349,14 @@ enum StreamMsg {
 
 impl DiskStreamer {
     /// Start the writer on a blocking thread tracked by `tasks`, so shutdown waits for it.
-    fn start(disk: Arc<DiskTier>, lossy: bool, tasks: &TaskTracker) -> Self {
+    fn start(disk: Arc<DiskTier>, lossy: bool, max_lag: u64, tasks: &TaskTracker) -> Self {
         // Chunks are a few KiB to a few hundred KiB; 512 of them let the writer lag a block or so behind.
         let (tx, mut rx) = mpsc::channel::<StreamMsg>(512);
         let d2 = disk.clone();
+        let pending = Arc::new(AtomicU64::new(0));
+        let p2 = pending.clone();
         tasks.spawn_blocking(move || {
+            let pending = p2;
             let disk = d2;
             let abandon = |cur: &mut Option<(disk::BlockFile, Digest)>| {
                 if let Some((f, d)) = cur.take() {
@@ -1378,6 +1385,7 @@ impl DiskStreamer {
                             disk.fail(d, &e);
                             cur = None;
                         }
+                        pending.fetch_sub(b.len() as u64, Ordering::Relaxed);
                     }
                     StreamMsg::End(done) => {
                         if let Some((f, _)) = cur.take() {
@@ -1390,7 +1398,13 @@ impl DiskStreamer {
             // The run ended mid-block (an error, shutdown, or a lost `End`).
             abandon(&mut cur);
         });
-        Self { tx, disk, lossy }
+        Self {
+            tx,
+            disk,
+            lossy,
+            pending,
+            max_lag,
+        }
     }
 
     async fn send(&self, msg: StreamMsg) -> bool {
@@ -1427,7 +1441,16 @@ impl DiskStreamer {
     /// Append to the current block; false when the block was abandoned (lossy and the writer is behind):
     /// send nothing more for it.
     async fn chunk(&self, b: Bytes) -> bool {
-        self.send(StreamMsg::Chunk(b)).await
+        let n = b.len() as u64;
+        if self.lossy && self.pending.load(Ordering::Relaxed) + n > self.max_lag {
+            return false;
+        }
+        self.pending.fetch_add(n, Ordering::Relaxed);
+        let sent = self.send(StreamMsg::Chunk(b)).await;
+        if !sent {
+            self.pending.fetch_sub(n, Ordering::Relaxed);
+        }
+        sent
     }
 
     /// Finish the current block. Warm-ups get a receiver that fires once it is on disk (or has failed,
