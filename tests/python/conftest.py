@@ -158,6 +158,11 @@ secret_access_key = "{ORIGIN_SECRET}"
             self.proc.terminate()
             self.proc.wait(timeout=30)
 
+    def close(self):
+        """Stop it and remove its directory (data dir, mount, cache)."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def client(self, **kw):
         return client(self.endpoint, **kw)
 
@@ -170,8 +175,7 @@ secret_access_key = "{ORIGIN_SECRET}"
 def gateway(origin):
     g = Gateway(origin)
     yield g
-    g.stop()
-    shutil.rmtree(g.dir, ignore_errors=True)
+    g.close()
 
 
 @pytest.fixture()

@@ -397,7 +397,7 @@ def test_killed_gateway_leaves_no_partial_objects(origin):
             "Parts": [{"PartNumber": p["PartNumber"], "ETag": p["ETag"]} for p in parts]})
         assert s3.head_object(Bucket="origin", Key="kill/mp.bin")["ContentLength"] == (5 << 20) + 3
     finally:
-        gw.stop()
+        gw.close()
 
 
 def test_gateway_io_shows_in_metrics(gateway):

@@ -2,7 +2,6 @@
 clients (boto3, the aws cli, s5cmd) against the gateway with keys issued by `strata token create --s3`."""
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -51,8 +50,7 @@ def tenancy(origin):
     cli(gw, "prefix", "own", "default", "vision", "vision")
     cli(gw, "prefix", "own", "default", "nlp", "nlp")
     yield gw, keys, admin_v["token"]
-    gw.stop()
-    shutil.rmtree(gw.dir, ignore_errors=True)
+    gw.close()
 
 
 def used(gw, team, scope="default"):
