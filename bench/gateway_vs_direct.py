@@ -18,7 +18,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,9 +27,8 @@ import urllib.parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
-STRATA = os.path.join(ROOT, "target", "release", "strata")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from warm_vs_s5cmd import cpu_seconds, free_port, peak_rss_mib, settle, wait_port  # noqa: E402
+from warm_vs_s5cmd import cpu_seconds, free_port, peak_rss_mib, settle, start_serve, wait_port  # noqa: E402
 
 RAM_MIB, INFLIGHT_MIB = 1024, 512
 AK, SK = "benchkey", "bench-secret-key"
@@ -71,16 +69,7 @@ endpoint = "{origin}"
 access_key_id = "{AK}"
 secret_access_key = "{SK}"
 """)
-        self.proc = subprocess.Popen([STRATA, "serve", "--config", cfg, "--data-dir", self.data, "--api-listen",
-                                      "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"],
-                                     stderr=subprocess.DEVNULL, env=dict(os.environ, STRATA_LOG="warn"))
-        addr = os.path.join(self.data, "s3.addr")
-        deadline = time.time() + 30
-        while not (os.path.exists(addr) and open(addr).read().strip()):
-            if time.time() > deadline or self.proc.poll() is not None:
-                sys.exit("strata serve did not start")
-            time.sleep(0.05)
-        self.endpoint = open(addr).read().strip()
+        self.proc, self.endpoint = start_serve(cfg, self.data, addr="s3.addr")
 
     def stop(self):
         rss, cpu = peak_rss_mib(self.proc.pid), cpu_seconds(self.proc.pid)

@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
 STRATA = os.path.join(ROOT, "target", "release", "strata")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from warm_vs_s5cmd import cpu_seconds, free_port, peak_rss_mib, wait_port  # noqa: E402
+from warm_vs_s5cmd import cpu_seconds, free_port, peak_rss_mib, start_serve, wait_port  # noqa: E402
 
 AK, SK = "benchkey", "bench-secret-key"
 TOKEN = "bench-admin-token-0123456789"
@@ -99,16 +99,7 @@ access_key_id = "{AK}"
 secret_access_key = "{SK}"
 """)
         self.env = dict(os.environ, STRATA_ADMIN_TOKEN=TOKEN, STRATA_TOKEN=TOKEN, STRATA_LOG="warn")
-        self.proc = subprocess.Popen([STRATA, "serve", "--config", cfg, "--data-dir", self.data, "--api-listen",
-                                      "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"],
-                                     stderr=subprocess.DEVNULL, env=self.env)
-        addr = os.path.join(self.data, "api.addr")
-        deadline = time.time() + 30
-        while not (os.path.exists(addr) and open(addr).read().strip()):
-            if time.time() > deadline or self.proc.poll() is not None:
-                sys.exit("strata serve did not start")
-            time.sleep(0.05)
-        self.api = open(addr).read().strip()
+        self.proc, self.api = start_serve(cfg, self.data, env=self.env)
 
     def reconcile(self):
         """`strata usage reconcile origin --json`: (wall seconds of the CLI call, its JSON)."""

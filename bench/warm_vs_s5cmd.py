@@ -80,6 +80,22 @@ def peak_rss_mib(pid):
     return float("nan")
 
 
+def start_serve(cfg, data_dir, env=None, addr="api.addr", prefix=()):
+    """`strata serve` (release build) on loopback ports; returns (process, the address written to `addr` in the
+    data dir: "api.addr" or "s3.addr")."""
+    env = env if env is not None else dict(os.environ, STRATA_LOG="warn")
+    proc = subprocess.Popen(list(prefix) + [STRATA, "serve", "--config", cfg, "--data-dir", data_dir, "--api-listen",
+                                            "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"],
+                            stderr=subprocess.DEVNULL, env=env)
+    addr_file = os.path.join(data_dir, addr)
+    deadline = time.time() + 30
+    while not (os.path.exists(addr_file) and open(addr_file).read().strip()):
+        if time.time() > deadline or proc.poll() is not None:
+            sys.exit("strata serve did not start")
+        time.sleep(0.05)
+    return proc, open(addr_file).read().strip()
+
+
 def run_strata(endpoint, work, rnd):
     data_dir = os.path.join(work, f"strata-{rnd}")
     cfg = os.path.join(work, "strata.toml")
@@ -98,15 +114,7 @@ endpoint = "{endpoint}"
 access_key_id = "bench"
 secret_access_key = "bench"
 """)
-    serve = subprocess.Popen(CLIENT_PIN + [STRATA, "serve", "--config", cfg, "--data-dir", data_dir, "--api-listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"],
-                             stderr=subprocess.DEVNULL, env=dict(os.environ, STRATA_LOG="warn"))
-    addr_file = os.path.join(data_dir, "api.addr")
-    deadline = time.time() + 30
-    while not (os.path.exists(addr_file) and open(addr_file).read().strip()):
-        if time.time() > deadline or serve.poll() is not None:
-            sys.exit("strata serve did not start")
-        time.sleep(0.05)
-    api = open(addr_file).read().strip()
+    serve, api = start_serve(cfg, data_dir, prefix=CLIENT_PIN)
     t0 = time.perf_counter()
     out = subprocess.run([STRATA, "cache", "warm", "origin/data/", "--quiet", "--concurrency", "16", "--api", api],
                          check=True, capture_output=True, text=True)

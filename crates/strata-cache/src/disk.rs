@@ -498,14 +498,13 @@ struct Stage {
     fill: usize,
 }
 
-static STAGES: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+static STAGES: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
 impl Stage {
     fn take() -> Self {
         let buf = STAGES
             .lock()
-            .ok()
-            .and_then(|mut p| p.pop())
+            .pop()
             .unwrap_or_else(|| vec![0u8; CHUNK + ALIGN]);
         let off = buf.as_ptr().align_offset(ALIGN);
         Self { buf, off, fill: 0 }
@@ -519,9 +518,8 @@ impl Stage {
 
 impl Drop for Stage {
     fn drop(&mut self) {
-        if let Ok(mut p) = STAGES.lock()
-            && p.len() < STAGES_KEPT
-        {
+        let mut p = STAGES.lock();
+        if p.len() < STAGES_KEPT {
             p.push(std::mem::take(&mut self.buf));
         }
     }

@@ -585,7 +585,7 @@ async fn metadata_ttl_saves_lookups_and_invalidate_ends_it() {
 async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_version() {
     let backend = memory_backend();
     let mut cfg = config(None, 64, 32, 0, PolicyKind::Tinylfu);
-    cfg.metadata_ttl_ms = 3_000;
+    cfg.metadata_ttl_ms = 8_000; // generous: the opens below must land within it on a busy machine
     let cache = open(cfg, Telemetry::new());
     let (v1, v2, v3) = (pattern(1_000, 1), pattern(2_000, 2), pattern(3_000, 3));
     put(&backend, "m", &v1).await;
@@ -599,7 +599,7 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
         1_000
     );
     // Past half the TTL, an open still answers from the entry and refreshes it in the background.
-    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    tokio::time::sleep(Duration::from_millis(4_200)).await;
     put(&backend, "m", &v2).await;
     let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
     assert_eq!(
@@ -607,7 +607,7 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
         1_000,
         "within the TTL the entry is used as it is"
     );
-    for _ in 0..500 {
+    for _ in 0..1_000 {
         if cache.stats().metadata_refreshes == 1 {
             break;
         }
@@ -620,10 +620,10 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
         "the refresh brought the new version"
     );
     // A refresh that learned a version before a write must not bring it back after the write invalidated it.
-    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    tokio::time::sleep(Duration::from_millis(4_200)).await;
     let _ = cache.open_object(&ctx(), &backend, "m").await.unwrap(); // starts refresh #2 (not yet run)
     cache.invalidate(&backend, "m");
-    for _ in 0..500 {
+    for _ in 0..1_000 {
         if cache.stats().metadata_refreshes == 2 {
             break;
         }
@@ -634,10 +634,10 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
     let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
     assert!(o.read_all().await.unwrap() == v3, "read-after-write holds");
     // Deleted at the backend: a refresh forgets the entry.
-    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    tokio::time::sleep(Duration::from_millis(4_200)).await;
     let _ = cache.open_object(&ctx(), &backend, "m").await.unwrap();
     backend.delete(&ctx(), "m").await.unwrap();
-    for _ in 0..500 {
+    for _ in 0..1_000 {
         if cache.stats().metadata_refreshes == 3 {
             break;
         }

@@ -225,6 +225,14 @@ fn not_found(what: &str, id: &str) -> ApiError {
     ApiError(Error::new(ErrorKind::NotFound, format!("no {what} {id:?}")))
 }
 
+/// The configured backend called `name`, or 404.
+fn configured_backend<'a>(a: &'a Agent, name: &str) -> Result<&'a crate::NamedBackend, ApiError> {
+    a.backends()
+        .iter()
+        .find(|x| x.name == name)
+        .ok_or_else(|| not_found("backend", name))
+}
+
 /// Documentation of one route, the source of `/openapi.json`.
 #[derive(Debug, Clone, Copy)]
 pub struct RouteDoc {
@@ -1009,10 +1017,7 @@ struct BackendBody {
 async fn reconcile(State(a): State<Arc<Agent>>, Extension(p): Authed, b: Bytes) -> ApiResult<Json> {
     p.require_admin()?;
     let req: BackendBody = body(&b)?;
-    let backends = a.backend_map();
-    let backend = backends
-        .get(&req.backend)
-        .ok_or_else(|| not_found("backend", &req.backend))?;
+    let backend = &configured_backend(&a, &req.backend)?.backend;
     let run = strata_quota::reconcile::reconcile(a.catalog(), &req.backend, backend, 16).await?;
     a.catalog()
         .audit(
@@ -1041,11 +1046,7 @@ async fn scan_backend(
 ) -> ApiResult<Json> {
     p.require_admin()?;
     let req: ScanBody = body(&b)?;
-    let nb = a
-        .backends()
-        .iter()
-        .find(|x| x.name == req.backend)
-        .ok_or_else(|| not_found("backend", &req.backend))?;
+    let nb = configured_backend(&a, &req.backend)?;
     let Some(root) = nb.url.strip_prefix("file://").map(std::path::PathBuf::from) else {
         return Err(ApiError(Error::invalid_input(format!(
             "backend {:?} is not a local directory (file://); use /v1/usage/reconcile",
@@ -1129,9 +1130,7 @@ async fn set_prefix(
 ) -> ApiResult<Json> {
     p.require_admin()?;
     let req: PrefixBody = body(&b)?;
-    if !a.backends().iter().any(|x| x.name == req.backend) {
-        return Err(not_found("backend", &req.backend));
-    }
+    configured_backend(&a, &req.backend)?;
     ok(a.catalog()
         .set_prefix_owner(&p.id, &req.backend, &req.prefix, &req.team)
         .await?)
@@ -1152,9 +1151,7 @@ async fn add_policy(
 ) -> ApiResult<Json> {
     let pol: Policy = body(&b)?;
     p.require(&pol.team, Role::TeamAdmin)?;
-    if !a.backends().iter().any(|x| x.name == pol.backend) {
-        return Err(not_found("backend", &pol.backend));
-    }
+    configured_backend(&a, &pol.backend)?;
     ok(a.catalog().add_policy(&p.id, pol).await?)
 }
 

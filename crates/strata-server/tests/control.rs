@@ -627,3 +627,42 @@ mod bodies {
         });
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_backend_names_are_404_naming_the_backend() {
+    for e in envs().await {
+        ok(
+            &e.app,
+            Method::POST,
+            "/v1/teams",
+            &e.admin,
+            Some(json!({"name": "team-a"})),
+        )
+        .await;
+        for (m, path, body) in [
+            (
+                Method::POST,
+                "/v1/usage/reconcile",
+                json!({"backend": "nope"}),
+            ),
+            (Method::POST, "/v1/usage/scan", json!({"backend": "nope"})),
+            (
+                Method::PUT,
+                "/v1/prefixes",
+                json!({"backend": "nope", "prefix": "a/", "team": "team-a"}),
+            ),
+            (
+                Method::POST,
+                "/v1/policies",
+                json!({"team": "team-a", "backend": "nope", "kind": "ttl", "prefix": "tmp/", "age_secs": 60}),
+            ),
+        ] {
+            let (s, v) = call(&e.app, m.clone(), path, Some(&e.admin), Some(body)).await;
+            assert_eq!(s, 404, "{m} {path}: {v}");
+            assert!(
+                v.to_string().contains("no backend \\\"nope\\\""),
+                "{m} {path}: {v}"
+            );
+        }
+    }
+}
