@@ -35,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
 KEY, SECRET = "bench", "bench-secret"
 BUCKET = "bench"
+AGENT_TOKEN = "bench-agent-token-0123456789"  # the agent's API needs a bearer token
 
 
 def free_port():
@@ -173,7 +174,8 @@ secret_access_key = "{SECRET}"
     data = os.path.join(scratch, "agent")
     proc = subprocess.Popen([os.path.join(ROOT, "target", "release", "strata"), "serve", "--config", cfg,
                              "--data-dir", data, "--api-listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, STRATA_ADMIN_TOKEN=AGENT_TOKEN))
     addr = os.path.join(data, "api.addr")
     deadline = time.time() + 30
     while not (os.path.exists(addr) and open(addr).read().strip()):
@@ -202,6 +204,7 @@ def child(kind, url, args, endpoint, keys):
     if kind.endswith("-agent"):
         agent, api = start_agent(endpoint, scratch)
         env["STRATA_AGENT"] = api
+        env["STRATA_TOKEN"] = AGENT_TOKEN
     try:
         subprocess.run(["sync"])
         with open("/proc/sys/vm/drop_caches", "w") as f:  # cold page cache for every contender (root)

@@ -260,7 +260,7 @@ pub fn parse_sample(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn header(name: &str, size: usize, kind: u8) -> Vec<u8> {
