@@ -110,6 +110,11 @@ pub struct Shard {
 }
 
 impl Shard {
+    /// Whether the sample offsets are known without reading the shard (a manifest, a scan, or read before).
+    pub fn offsets_known(&self) -> bool {
+        self.offsets.lock().is_some()
+    }
+
     /// The shard's sample offsets (`samples + 1`), reading the MDS header on first use.
     pub async fn offsets(&self, src: &Source, ctx: &IoContext) -> Result<Arc<Vec<u64>>> {
         if let Some(o) = self.offsets.lock().clone() {

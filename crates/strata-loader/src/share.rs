@@ -6,8 +6,9 @@
 //! workers read through it: one cache per rank, warm across epochs, each block fetched from the origin once.
 //!
 //! The protocol is deliberately tiny (no HTTP): a request is `u8 op | u32 key_len | key | u64 start | u64 end`
-//! (op 0 reads `start..end`, 1 asks for the object's size, 2 starts a prefetch of `start..end`, 3 reads
-//! `start..end` into the worker's memory: the request ends with `u64 address`); the reply is
+//! (op 0 reads `start..end`, 1 asks for the object's size, 2 starts a prefetch of `start..end` and answers once
+//! it is started, 3 reads `start..end` into the worker's memory: the request ends with `u64 address`); the
+//! reply is
 //! `u8 status | u32 error kind | u64 len | payload`, the payload being the bytes (status 0; the size as a u64;
 //! nothing for a prefetch) or the error message (status 1). Status 2 answers op 3 when the bytes were written
 //! straight into the worker's buffer at `address` with `process_vm_writev(2)` (no payload follows).
@@ -299,15 +300,11 @@ async fn serve_conn(
             Some(_) if end < start => {
                 Err(Error::invalid_input(format!("bad range {start}..{end}")))
             }
-            Some(_) if op == OP_PREFETCH => {
-                // Answer at once; the prefetch runs on its own.
-                let (src, ctx, index) = (src.clone(), ctx.clone(), index.clone());
-                let i = by_key.get(key.as_ref()).copied().unwrap_or(0);
-                tokio::spawn(async move {
-                    let _ = src.prefetch(&ctx, &index.shards[i], start..end).await;
-                });
-                Ok(Bytes::new())
-            }
+            // Answered once the fetches are started (not done), so that the worker's next reads find them.
+            Some(shard) if op == OP_PREFETCH => src
+                .prefetch(ctx, shard, start..end)
+                .await
+                .map(|()| Bytes::new()),
             Some(shard) if op == OP_READ || op == OP_READ_INTO => {
                 src.read(ctx, shard, start..end).await
             }

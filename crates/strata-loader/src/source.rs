@@ -431,7 +431,7 @@ impl LocalSource {
         }
         let mut cfg = CacheConfig::new(ByteSize(opts.ram_bytes), disk);
         cfg.block_size = ByteSize(opts.block_size);
-        cfg.inflight_budget = ByteSize((opts.ram_bytes / 2).clamp(2 * opts.block_size, 512 << 20));
+        cfg.inflight_budget = ByteSize(opts.ram_bytes.clamp(2 * opts.block_size, 1 << 30));
         cfg.max_request_size = ByteSize(opts.block_size);
         cfg.validate()?;
         let cache = BlockCache::open(cfg, telemetry)?;

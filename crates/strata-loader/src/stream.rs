@@ -204,7 +204,7 @@ impl Producer {
                 let w = p / self.prefetch_window();
                 if window_seen != Some(w) {
                     window_seen = Some(w);
-                    self.prefetch_window_bytes(w);
+                    self.prefetch_window_bytes(w).await;
                 }
                 let (shard, idx) = cursor.locate(p);
                 let size = match self.sample_len(shard, idx).await {
@@ -261,22 +261,38 @@ impl Producer {
         u64::from(self.loader.opts.shuffle.map_or(1024, |s| s.window.max(1)))
     }
 
-    fn prefetch_window_bytes(&self, w: u64) {
+    /// Ask for the window's bytes, shard by shard, as large sequential reads, and return once they are asked
+    /// for (not fetched): the window's first demand reads then find their blocks already coming, instead of
+    /// racing the hint with one backend request per block.
+    async fn prefetch_window_bytes(&self, w: u64) {
         let size = self.prefetch_window();
         let spans = self.order.stream_spans(w * size..(w + 1) * size);
-        let (loader, ctx) = (self.loader.clone(), self.ctx.clone());
-        tokio::spawn(async move {
-            for (shard, samples) in spans {
-                let s = &loader.index.shards[shard];
-                let Ok(offs) = s.offsets(&loader.source, &ctx).await else {
-                    continue;
-                };
-                let range = offs[samples.start as usize]..offs[samples.end as usize];
-                if let Err(e) = loader.source.prefetch(&ctx, s, range).await {
+        let (loader, ctx) = (&self.loader, &self.ctx);
+        let hints = spans.into_iter().map(|(shard, samples)| async move {
+            let s = &loader.index.shards[shard];
+            // An MDS shard whose header is still unread and that the window mostly covers: one request for
+            // the whole shard, header included, rather than one for the header's block and one for the rest.
+            if let Some(size) = s.size
+                && !s.offsets_known()
+                && 2 * (samples.end - samples.start) >= s.samples
+            {
+                if let Err(e) = loader.source.prefetch(ctx, s, 0..size).await {
                     tracing::debug!(shard = %s.key, error = %e, "prefetch hint failed");
                 }
+                return;
+            }
+            let Ok(offs) = s.offsets(&loader.source, ctx).await else {
+                return;
+            };
+            let range = offs[samples.start as usize]..offs[samples.end as usize];
+            if let Err(e) = loader.source.prefetch(ctx, s, range).await {
+                tracing::debug!(shard = %s.key, error = %e, "prefetch hint failed");
             }
         });
+        tokio::select! {
+            _ = futures::future::join_all(hints) => {}
+            _ = self.cancel.cancelled() => {}
+        }
     }
 
     async fn sample_len(&self, shard: usize, idx: u64) -> Result<u64> {
