@@ -473,3 +473,36 @@ def test_dataloader_workers_share_the_rank_cache_across_epochs(s3_env, tmp_path)
         assert sorted(got) == want
         fetched = backend_get_bytes() - before
         assert size <= fetched <= size + (256 << 10) * 5, (epoch, fetched, size)
+
+
+def backend_gets():
+    total = 0.0
+    for line in strata.metrics_text().splitlines():
+        if line.startswith("strata_io_requests_total") and 'op="get"' in line and 'tier="backend"' in line \
+                and 'outcome="ok"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_shuffle_window_is_fetched_as_whole_shards(s3_env, tmp_path):
+    """Entering a shuffle window that covers whole MDS shards, the rank asks for each shard (header included)
+    with one request before any sample read, so DataLoader workers' random reads inside the window join those
+    fetches instead of fetching block by block: one origin GET per shard (and the index) for a cold epoch."""
+    torch = pytest.importorskip("torch")
+    d = str(tmp_path / "mds-window")
+    rng = np.random.default_rng(7)
+    with streaming.MDSWriter(out=d, columns={"x": "bytes", "y": "int"}, size_limit=1 << 20) as w:
+        for i in range(160):
+            w.write({"x": rng.integers(0, 256, 20_000, dtype=np.uint8).tobytes(), "y": i})
+    shards = [f for f in os.listdir(d) if f.endswith(".mds")]
+    assert len(shards) >= 3
+    upload_dir(s3_env, "direct", "loader/window", d)
+    before = backend_gets()
+    ds = strata.StreamingDataset("s3://direct/loader/window", shuffle=True, seed=11, batch_size=4, cache="local",
+                                 block_size=64 << 10)
+    dl = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+    got = sorted(s["y"] for b in dl for s in b)
+    assert got == list(range(160))
+    gets = backend_gets() - before
+    # 16 blocks of 64 KiB per shard: fetched one by one, that would be dozens of requests.
+    assert gets <= len(shards) + 1, (gets, len(shards))
