@@ -6,7 +6,8 @@ webdataset and mosaicml-streaming writers, uploads them to one moto S3 server on
 dataset for two epochs (1: cold, 2: warm) through a torch DataLoader with the same number of workers and batch
 size, shuffled, each loader caching on local disk:
 
-- Strata on the WebDataset tars and on the MDS shards (in-process cache: small RAM tier + disk tier);
+- Strata on the WebDataset tars and on the MDS shards (in-process cache), also with ``zero_copy=True``
+  (``-zc``: binary fields as ``strata.Buffer`` instead of a copy into ``bytes``) and through a node agent;
 - mosaicml-streaming on the MDS shards (downloads shards to its local dir);
 - webdataset on the tars (presigned HTTP URLs through curl, with its shard cache_dir).
 
@@ -104,6 +105,8 @@ def run_one(kind, url, workers, batch, scratch, endpoint, prefix_keys):
             opts = dict(cache="agent", agent=os.environ["STRATA_AGENT"], prefetch_bytes=64 << 20)
         else:
             opts = dict(cache="local", prefetch_bytes=64 << 20)
+        if kind.endswith("-zc"):  # binary fields as strata.Buffer (no copy into a bytes object)
+            opts["zero_copy"] = True
         opts.update(json.loads(os.environ.get("STRATA_BENCH_OPTS", "{}")))
         ds = strata.StreamingDataset(url, shuffle=True, seed=0, batch_size=batch, **opts)
         set_epoch = ds.set_epoch
@@ -360,6 +363,7 @@ def main():
             shutil.rmtree(os.path.join(out, name))
             cells = [("strata-wds", f"s3://{BUCKET}/{name}/wds"), ("webdataset", f"s3://{BUCKET}/{name}/wds"),
                      ("strata-mds", f"s3://{BUCKET}/{name}/mds"), ("mosaic", f"s3://{BUCKET}/{name}/mds"),
+                     ("strata-wds-zc", f"s3://{BUCKET}/{name}/wds"), ("strata-mds-zc", f"s3://{BUCKET}/{name}/mds"),
                      ("strata-wds-agent", f"s3://{BUCKET}/{name}/wds"),
                      ("strata-mds-agent", f"s3://{BUCKET}/{name}/mds")]
             for kind, url in cells:
@@ -386,7 +390,8 @@ def main():
                     r = results.get((name, kind))
                     return r["epochs"][ep]["samples"] / r["epochs"][ep]["seconds"] if r else None
                 base = [x for x in (rate("mosaic"), rate("webdataset")) if x]
-                for kind in ("strata-wds", "strata-mds", "strata-wds-agent", "strata-mds-agent"):
+                for kind in ("strata-wds", "strata-mds", "strata-wds-zc", "strata-mds-zc", "strata-wds-agent",
+                             "strata-mds-agent"):
                     if rate(kind) and base:
                         print(f"  {name:<6} {label:<5} {kind:<16} {rate(kind) / max(base):5.2f}x "
                               f"(mosaic {rate(kind) / rate('mosaic') if rate('mosaic') else float('nan'):.2f}x, "

@@ -394,8 +394,9 @@ impl Dataset {
         Ok((self.index.shards[s].key.clone(), i))
     }
 
-    /// Stream this consumer's samples of `epoch` from global position `start`.
-    #[pyo3(signature = (epoch, start, rank, world, worker, workers, batch_size))]
+    /// Stream this consumer's samples of `epoch` from global position `start`. With `zero_copy`, binary
+    /// fields are `Buffer`s and aligned arrays share Strata's memory instead of copies.
+    #[pyo3(signature = (epoch, start, rank, world, worker, workers, batch_size, zero_copy=false))]
     #[allow(clippy::too_many_arguments)]
     fn iter(
         &self,
@@ -406,6 +407,7 @@ impl Dataset {
         worker: u32,
         workers: u32,
         batch_size: u32,
+        zero_copy: bool,
     ) -> PyResult<SampleIter> {
         let (rt, loader) = self.loader()?;
         let part = Partition {
@@ -421,6 +423,7 @@ impl Dataset {
         Ok(SampleIter {
             stream: Mutex::new(Some(stream)),
             _rt: rt,
+            zero_copy,
         })
     }
 }
@@ -430,14 +433,17 @@ impl Dataset {
 struct SampleIter {
     stream: Mutex<Option<SampleStream>>,
     _rt: Arc<tokio::runtime::Runtime>,
+    zero_copy: bool,
 }
 
 fn value_to_py<'py>(
     py: Python<'py>,
     v: Value,
     np: &mut Option<Bound<'py, PyModule>>,
+    zero_copy: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     Ok(match v {
+        Value::Bytes(b) if zero_copy => Bound::new(py, Buffer { data: b })?.into_any(),
         Value::Bytes(b) => PyBytes::new(py, &b).into_any(),
         Value::Str(s) => s.into_pyobject(py)?.into_any(),
         Value::Int(i) => i.into_pyobject(py)?.into_any(),
@@ -449,12 +455,101 @@ fn value_to_py<'py>(
                 *np = Some(py.import("numpy")?);
             }
             let np = np.as_ref().expect("imported above");
-            let buf = PyBytes::new(py, &data);
-            // frombuffer shares the bytes object's memory: one copy from Rust, none after.
-            let arr = np.call_method1("frombuffer", (buf, dtype))?;
+            // frombuffer shares the buffer's memory. Zero-copy only where the values are aligned for any
+            // dtype (numpy works on unaligned memory, but slowly, and some consumers refuse it); else one
+            // copy into a bytes object, which is.
+            let arr = if zero_copy && (data.as_ptr() as usize).is_multiple_of(16) {
+                np.call_method1("frombuffer", (Buffer { data }, dtype))?
+            } else {
+                np.call_method1("frombuffer", (PyBytes::new(py, &data), dtype))?
+            };
             arr.call_method1("reshape", (PyList::new(py, shape)?,))?
         }
     })
+}
+
+/// Read-only bytes of a sample, shared with Strata's buffers instead of copied (`zero_copy=True`).
+///
+/// Supports the buffer protocol (`memoryview`, `numpy.frombuffer`, `io.BytesIO`, `torch.frombuffer`, `hashlib`,
+/// `pickle.loads`), `len()`, `bytes()`, comparison with bytes-like objects; it pickles as `bytes` (so it
+/// crosses DataLoader workers and multiprocessing queues as plain bytes). It keeps the memory it shares alive:
+/// in-process that can be a whole cache block, so copy (`bytes(x)`) what you keep for long.
+#[pyclass(module = "strata._native", name = "Buffer", frozen)]
+struct Buffer {
+    data: bytes::Bytes,
+}
+
+#[pymethods]
+#[allow(unsafe_code)] // the buffer protocol is a C interface; see SAFETY
+impl Buffer {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::ffi::c_int,
+    ) -> PyResult<()> {
+        let data = &slf.get().data;
+        // SAFETY: `view` is the caller's Py_buffer to fill (checked non-null by CPython). PyBuffer_FillInfo
+        // stores a new reference to `slf` in it, so the `Bytes` (immutable, never moved: it is a field of a
+        // frozen object) outlives every view; the memory is exported read-only and a writable request fails
+        // with BufferError. Nothing is allocated, so there is no __releasebuffer__.
+        let rc = unsafe {
+            pyo3::ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                data.as_ptr() as *mut std::ffi::c_void,
+                data.len() as pyo3::ffi::Py_ssize_t,
+                1,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.data)
+    }
+
+    /// A copy as `bytes`.
+    fn tobytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.data)
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        if let Ok(b) = other.cast::<Buffer>() {
+            return b.get().data == self.data;
+        }
+        if let Ok(b) = other.cast::<PyBytes>() {
+            return b.as_bytes() == self.data.as_ref();
+        }
+        match pyo3::buffer::PyBuffer::<u8>::get(other) {
+            Ok(buf) => buf
+                .to_vec(other.py())
+                .is_ok_and(|v| v == self.data.as_ref()),
+            Err(_) => false,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("strata.Buffer(<{} bytes>)", self.data.len())
+    }
+
+    /// Pickled as the bytes it holds.
+    fn __reduce__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyBytes>,))> {
+        Ok((
+            py.get_type::<PyBytes>().into_any(),
+            (PyBytes::new(py, &self.data),),
+        ))
+    }
 }
 
 #[pymethods]
@@ -480,7 +575,7 @@ impl SampleIter {
         d.set_item("__key__", &fetched.sample.key)?;
         let mut np = None;
         for (name, v) in fetched.sample.fields {
-            d.set_item(name, value_to_py(py, v, &mut np)?)?;
+            d.set_item(name, value_to_py(py, v, &mut np, self.zero_copy)?)?;
         }
         Ok(Some(d))
     }
@@ -1232,6 +1327,7 @@ fn metrics_text() -> PyResult<String> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Dataset>()?;
     m.add_class::<SampleIter>()?;
+    m.add_class::<Buffer>()?;
     m.add_class::<Checkpointer>()?;
     m.add_class::<SaveHandle>()?;
     m.add_function(wrap_pyfunction!(index_dataset, m)?)?;

@@ -506,3 +506,51 @@ def test_a_shuffle_window_is_fetched_as_whole_shards(s3_env, tmp_path):
     gets = backend_gets() - before
     # 16 blocks of 64 KiB per shard: fetched one by one, that would be dozens of requests.
     assert gets <= len(shards) + 1, (gets, len(shards))
+
+
+def test_zero_copy_samples_equal_the_copied_ones_and_behave_as_bytes(wds_dir, mds_dir):
+    """zero_copy=True: binary fields are read-only Buffers over Strata's memory, equal to the bytes of the
+    default mode, usable wherever a bytes-like object is, pickled as bytes, valid after the dataset is gone."""
+    import gc
+    import io
+    import pickle
+
+    for d in (wds_dir, mds_dir):
+        plain = list(strata.StreamingDataset(d, shuffle=True, seed=4))
+        zc = list(strata.StreamingDataset(d, shuffle=True, seed=4, zero_copy=True))
+        assert len(plain) == len(zc) > 0
+        for a, b in zip(plain, zc):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert same_value(a[k], b[k]), (d, k)
+                if isinstance(a[k], bytes):
+                    assert isinstance(b[k], strata.Buffer) and b[k] == a[k] and bytes(b[k]) == a[k]
+    buf = next(x for s in zc for x in s.values() if isinstance(x, strata.Buffer) and len(x) > 8)
+    want = bytes(buf)
+    m = memoryview(buf)
+    assert m.readonly and m.tobytes() == want and len(buf) == len(want)
+    with pytest.raises(TypeError):
+        m[0] = 1
+    assert np.frombuffer(buf, dtype=np.uint8).tobytes() == want
+    assert io.BytesIO(buf).read() == want
+    back = pickle.loads(pickle.dumps(buf))
+    assert type(back) is bytes and back == want
+    # The memory stays valid while a Buffer (or a view of it) lives, whatever happened to the dataset.
+    del plain, zc
+    gc.collect()
+    assert m.tobytes() == want and bytes(buf) == want
+
+
+def test_zero_copy_with_default_collate_in_process_and_through_workers(wds_dir):
+    torch = pytest.importorskip("torch")
+    want = sorted(keys(strata.StreamingDataset(wds_dir)))
+    for workers in (0, 2):
+        ds = strata.StreamingDataset(wds_dir, shuffle=True, seed=2, batch_size=4, zero_copy=True)
+        dl = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers)  # default_collate
+        got = []
+        for batch in dl:
+            field = next(k for k in batch if k != "__key__")
+            kinds = {type(x) for x in batch[field]}
+            assert kinds == ({strata.Buffer} if workers == 0 else {bytes}), kinds
+            got.extend(batch["__key__"])
+        assert sorted(got) == want

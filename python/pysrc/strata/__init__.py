@@ -12,6 +12,7 @@ agent's shared cache; otherwise each process uses an in-process cache.
 """
 
 from strata._native import (
+    Buffer,
     ChangedError,
     CorruptDataError,
     InvalidInputError,
@@ -26,6 +27,7 @@ from strata.dataset import StreamingDataset
 
 __all__ = [
     "StreamingDataset",
+    "Buffer",
     "Checkpointer",
     "SaveHandle",
     "index_dataset",

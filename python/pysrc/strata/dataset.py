@@ -16,6 +16,16 @@ except ImportError:  # pragma: no cover - exercised where torch is absent
     _tud = None
     _Base = object
 
+try:  # default_collate keeps a batch of Buffers as a list, as it does for bytes.
+    from torch.utils.data._utils.collate import default_collate_fn_map as _collate_map
+
+    def _collate_buffers(batch: Any, *, collate_fn_map: Any = None) -> Any:
+        return batch
+
+    _collate_map.setdefault(_native.Buffer, _collate_buffers)
+except ImportError:  # pragma: no cover - torch absent or too old to have the map
+    pass
+
 STATE_VERSION = 1
 
 
@@ -60,6 +70,12 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         prefetch_samples: samples fetched concurrently per consumer.
         skip_corrupt: skip samples that fail to decode (counted in ``stats()["skipped"]``) instead of raising.
         job: job id recorded with the I/O (default ``SLURM_JOB_ID``).
+        zero_copy: binary fields come as :class:`strata.Buffer` (read-only, shares Strata's memory: the buffer
+            protocol, ``len``, ``bytes()``, ``==``; it pickles as ``bytes``) instead of ``bytes``, and numpy fields
+            share it too where aligned. It saves one copy of every sample (for large samples in the training
+            process, most of the loader's CPU). A buffer keeps the memory it shares alive (in the training
+            process, possibly a whole cache block), so copy what you keep. ``default_collate`` keeps a batch of
+            Buffers as a list, as it does for bytes; from DataLoader workers they arrive as ``bytes``.
 
     Resumption: ``state_dict(consumed)`` records the epoch and the global position reached when every rank has
     consumed ``consumed`` samples this epoch (in-process iteration counts by itself). ``load_state_dict``
@@ -87,6 +103,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         prefetch_samples: int = 32,
         skip_corrupt: bool = False,
         job: Optional[str] = None,
+        zero_copy: bool = False,
     ) -> None:
         if cache not in ("auto", "agent", "local"):
             raise _native.InvalidInputError(f"cache={cache!r}: expected 'auto', 'agent' or 'local'")
@@ -102,6 +119,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
+        self.zero_copy = bool(zero_copy)
         self._native = _native.Dataset(
             url,
             agent=agent,
@@ -181,7 +199,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             if info is not None:
                 worker, workers = info.id, info.num_workers
         it = self._native.iter(
-            self.epoch, self._start, self.rank, self.world_size, worker, workers, self.batch_size
+            self.epoch, self._start, self.rank, self.world_size, worker, workers, self.batch_size, self.zero_copy
         )
         self._iter = it
         in_process = workers == 1 and worker == 0
