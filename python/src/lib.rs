@@ -91,13 +91,19 @@ fn proc() -> PyResult<(Arc<tokio::runtime::Runtime>, Arc<Telemetry>)> {
     }
     // Inherited from the parent through fork: its threads do not exist here, so it must not be dropped
     // (dropping would wait for them).
-    if let Some(old) = g.take() {
-        std::mem::forget(old);
-    }
+    let forked = g.take().map(std::mem::forget).is_some();
+    // A forked process is a DataLoader worker: the DataLoader runs several side by side, so each gets one I/O
+    // thread (more only multiply the wake-ups between them on the cores they share).
     let threads = std::env::var("STRATA_LOADER_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().min(4)));
+        .unwrap_or_else(|| {
+            if forked {
+                1
+            } else {
+                std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
+            }
+        });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name("strata-loader")
