@@ -12,10 +12,12 @@ size, shuffled, each loader caching on local disk:
 - webdataset on the tars (presigned HTTP URLs through curl, with its shard cache_dir).
 
 It prints samples/s per cell, Strata's ratio to the best baseline (target 1.5x), time to first sample, peak RSS
-of the training process and of its largest worker, and Strata's resume time at 10% and 90% of an epoch of a
+of the training process (and what the data added: the peak minus the RSS with torch and the loader imported)
+and of its largest worker, and Strata's resume time at 10% and 90% of an epoch of a
 1M-sample index (target <= 1 s, independent of the position).
 
-    .venv/bin/python bench/loader_vs_baselines.py [--small 3000] [--large 100] [--workers 2] [--resume-samples 1000000]
+    .venv/bin/python bench/loader_vs_baselines.py [--small 3000] [--large 100] [--workers 2] [--rounds 3]
+        [--resume-samples 1000000] [--only strata-wds,strata-mds,mosaic,webdataset,...]
 
 Needs .venv with the strata wheel installed (scripts/test.sh does both; for figures build it with
 `maturin build --release -m python/Cargo.toml` and install that wheel).
@@ -97,6 +99,16 @@ def run_one(kind, url, workers, batch, scratch, endpoint, prefix_keys):
     import torch
     from torch.utils.data import DataLoader
 
+    # The process's RSS with torch and the loader's package imported, before any data: what a loader adds is
+    # its peak minus this.
+    if kind.startswith("strata"):
+        import strata  # noqa: F401
+    elif kind == "mosaic":
+        import streaming  # noqa: F401
+    else:
+        import boto3  # noqa: F401
+        import webdataset  # noqa: F401
+    rss_base = vm_rss(os.getpid())
     t_start = time.perf_counter()
     if kind.startswith("strata"):
         import strata
@@ -155,6 +167,7 @@ def run_one(kind, url, workers, batch, scratch, endpoint, prefix_keys):
                     worker_peak = max(worker_peak, vm_hwm(w.pid))
         epochs.append({"samples": n, "seconds": time.perf_counter() - t0, "bytes": nbytes})
     print(json.dumps({"epochs": epochs, "first_sample_s": first, "rss_main_mib": vm_hwm(os.getpid()),
+                      "rss_base_mib": rss_base,
                       "rss_worker_mib": worker_peak}))
 
 
@@ -233,6 +246,34 @@ def child(kind, url, args, endpoint, keys):
             agent.terminate()
             agent.wait()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def median_run(runs):
+    """One cell's result from several rounds: the median of each figure (rates as samples over seconds)."""
+    if len(runs) == 1:
+        return runs[0]
+    med = statistics.median
+    epochs = []
+    for i in range(len(runs[0]["epochs"])):
+        rate = med(r["epochs"][i]["samples"] / r["epochs"][i]["seconds"] for r in runs)
+        n = runs[0]["epochs"][i]["samples"]
+        epochs.append({"samples": n, "seconds": n / rate, "bytes": runs[0]["epochs"][i]["bytes"]})
+    out = {"epochs": epochs}
+    for k in runs[0]:
+        if k != "epochs":
+            out[k] = med(r[k] for r in runs)
+    return out
+
+
+def vm_rss(pid):
+    """Current RSS (MiB) of a live process."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 def vm_hwm(pid):
@@ -318,6 +359,7 @@ def main():
     ap.add_argument("--small", type=int, default=3000, help="samples of ~100 KiB")
     ap.add_argument("--large", type=int, default=100, help="samples of ~4 MiB")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every cell; figures are medians")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--resume-samples", type=int, default=1_000_000)
     ap.add_argument("--only", default="", help="comma list of loaders to run (strata-wds,strata-mds,mosaic,webdataset)")
@@ -366,23 +408,30 @@ def main():
                      ("strata-wds-zc", f"s3://{BUCKET}/{name}/wds"), ("strata-mds-zc", f"s3://{BUCKET}/{name}/mds"),
                      ("strata-wds-agent", f"s3://{BUCKET}/{name}/wds"),
                      ("strata-mds-agent", f"s3://{BUCKET}/{name}/mds")]
-            for kind, url in cells:
-                if only and kind not in only:
-                    continue
-                print(f"[{name}] {kind} ...", flush=True)
-                results[(name, kind)] = child(kind, url, args, endpoint, tar_keys)
-                r = results[(name, kind)]
-                print(f"    {json.dumps(r)}", flush=True)
+            runs = {}
+            # Rounds go over every cell in turn, so that the machine's slow spells spread over all of them.
+            for rnd in range(args.rounds):
+                for kind, url in cells:
+                    if only and kind not in only:
+                        continue
+                    print(f"[{name}] {kind} (round {rnd + 1}/{args.rounds}) ...", flush=True)
+                    r = child(kind, url, args, endpoint, tar_keys)
+                    runs.setdefault(kind, []).append(r)
+                    print(f"    {json.dumps(r)}", flush=True)
+            for kind, rs in runs.items():
+                results[(name, kind)] = median_run(rs)
 
         print(f"\nworkers={args.workers} batch={args.batch}; samples/s (epoch 1 cold, epoch 2 warm)")
         print(f"{'dataset':<7} {'loader':<17} {'cold/s':>9} {'warm/s':>9} {'first(s)':>9} {'RSS main':>9} "
-              f"{'RSS wrk':>8} {'agent':>7} {'origin CPU':>10}")
+              f"{'(+data)':>8} {'RSS wrk':>8} {'agent':>7} {'origin CPU':>10}")
         for (name, kind), r in results.items():
             e = r["epochs"]
             rate = [x["samples"] / x["seconds"] for x in e]
             agent = f"{r['rss_agent_mib']:6.0f}M" if "rss_agent_mib" in r else "      -"
+            extra = r["rss_main_mib"] - r.get("rss_base_mib", 0.0)
             print(f"{name:<7} {kind:<17} {rate[0]:9.1f} {rate[1]:9.1f} {r['first_sample_s']:9.2f} "
-                  f"{r['rss_main_mib']:8.0f}M {r['rss_worker_mib']:7.0f}M {agent} {r['origin_cpu_s']:9.1f}s")
+                  f"{r['rss_main_mib']:8.0f}M {extra:+7.0f}M {r['rss_worker_mib']:7.0f}M {agent} "
+                  f"{r['origin_cpu_s']:9.1f}s")
         print("\nratios (Strata / best baseline, same shards):")
         for name in ("small", "large"):
             for ep, label in ((0, "cold"), (1, "warm")):

@@ -1656,6 +1656,30 @@ impl CachedObject {
         }
     }
 
+    /// [`prefetch`](Self::prefetch) for someone else: the runs start now, into the cache, and keep their share
+    /// of the in-flight budget until they land, on a task of the cache's own (shut down with it). Returns once
+    /// they are started. For hints from another process, such as a loader asking its node agent for a shuffle
+    /// window's bytes before reading them sample by sample.
+    pub async fn prefetch_detached(self, range: Range<u64>) {
+        self.prefetch(range, false).await;
+        let pending: Vec<_> = self
+            .ra
+            .lock()
+            .prefetched
+            .drain()
+            .map(|(_, v)| v)
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        self.cache.inner.tasks.spawn(async move {
+            for (fill, permit) in pending {
+                let _ = fill.await;
+                drop(permit);
+            }
+        });
+    }
+
     async fn block(&self, i: u64) -> Result<Bytes> {
         let pre = self.ra.lock().prefetched.remove(&i);
         if let Some((fut, permit)) = pre {

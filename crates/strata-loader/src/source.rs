@@ -94,6 +94,42 @@ impl AgentSource {
         })
     }
 
+    fn url(&self, route: &str, key: &str) -> Result<url::Url> {
+        let location = join(&self.root, key);
+        url::Url::parse_with_params(
+            &format!("{}{route}", self.api),
+            [("location", location.as_str())],
+        )
+        .map_err(|e| Error::invalid_input(format!("agent URL {}: {e}", self.api)))
+    }
+
+    /// Ask the agent to start fetching `range` of `key` into its cache (`POST /v1/prefetch`).
+    async fn prefetch(&self, ctx: &IoContext, key: &str, range: Range<u64>) -> Result<()> {
+        if range.end <= range.start {
+            return Ok(());
+        }
+        let mut req = self
+            .client
+            .post(self.url("/v1/prefetch", key)?)
+            .header("range", format!("bytes={}-{}", range.start, range.end - 1));
+        if let Some(job) = &ctx.job {
+            req = req.header("x-strata-job", job.as_ref());
+        }
+        let resp = req.send().await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("agent at {}: {e}", self.api),
+            )
+        })?;
+        if !resp.status().is_success() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("agent prefetch of {key}: {}", resp.status()),
+            ));
+        }
+        Ok(())
+    }
+
     async fn get(
         &self,
         ctx: &IoContext,
@@ -101,12 +137,7 @@ impl AgentSource {
         range: Option<Range<u64>>,
     ) -> Result<(Option<String>, u64, Bytes)> {
         let location = join(&self.root, key);
-        let url = url::Url::parse_with_params(
-            &format!("{}/v1/read", self.api),
-            [("location", location.as_str())],
-        )
-        .map_err(|e| Error::invalid_input(format!("agent URL {}: {e}", self.api)))?;
-        let mut req = self.client.get(url);
+        let mut req = self.client.get(self.url("/v1/read", key)?);
         if let Some(job) = &ctx.job {
             req = req.header("x-strata-job", job.as_ref());
         }
@@ -256,8 +287,8 @@ impl Source {
         Ok(bytes)
     }
 
-    /// Start fetching bytes `range` of a shard into the cache (large sequential requests) without waiting;
-    /// a hint: through the agent it does nothing, and budget limits may skip part of it.
+    /// Start fetching bytes `range` of a shard into the cache (large sequential requests) without waiting for
+    /// them; a hint: budget limits may skip part of it.
     pub async fn prefetch(&self, ctx: &IoContext, shard: &Shard, range: Range<u64>) -> Result<()> {
         match self {
             Source::Local(l) => {
@@ -266,7 +297,7 @@ impl Source {
                 Ok(())
             }
             Source::Shared(c) => c.prefetch(&shard.key, range).await,
-            Source::Agent(_) => Ok(()),
+            Source::Agent(a) => a.prefetch(ctx, &shard.key, range).await,
         }
     }
 

@@ -10,6 +10,7 @@
 //! | POST | `/v1/cache/pin` | `{"location": "..."}`: pin a prefix |
 //! | POST | `/v1/cache/unpin` | `{"location": "..."}`: unpin a prefix |
 //! | GET | `/v1/read?location=...` | an object's bytes through the cache; honours `Range: bytes=a-b` |
+//! | POST | `/v1/prefetch?location=...` | start fetching an object (or its `Range: bytes=a-b`) into the cache as large sequential reads; answers 202 once started |
 //! | * | `/v1/peer/ckpt/...` | checkpoint replicas from other nodes (see [`crate::peer`]) |
 //! | POST, GET | `/v1/ckpt/handoff` | checkpoint saves handed over by training processes on this node |
 //!
@@ -85,6 +86,7 @@ pub fn router(agent: Arc<Agent>) -> Router {
         .route("/v1/cache/pin", post(pin))
         .route("/v1/cache/unpin", post(unpin))
         .route("/v1/read", get(read))
+        .route("/v1/prefetch", post(prefetch))
         .with_state(agent.clone())
         .merge(crate::peer::router(agent.clone()))
         .merge(crate::control::router(agent.clone()))
@@ -388,6 +390,30 @@ async fn read(
     });
     resp.body(Body::from_stream(stream))
         .map_err(|e| ApiError(Error::internal(format!("building response: {e}"))))
+}
+
+/// Start fetching an object, or its `Range`, into the cache (runs of consecutive blocks, one backend request
+/// each, as far as the in-flight budget allows right now) and answer once they are started. A loader sends this
+/// when it enters a shuffle window, before reading the window's samples one by one.
+async fn prefetch(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+    Query(q): Query<ReadQuery>,
+) -> ApiResult<Response> {
+    let (backend, key) = agent.resolve(&q.location)?;
+    let ctx = context(&headers);
+    let obj = agent.cache().open_object(&ctx, &backend, &key).await?;
+    let size = obj.meta().size;
+    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        Some(h) => parse_range(h, size)?,
+        None => 0..size,
+    };
+    obj.prefetch_detached(range).await;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "started": true })),
+    )
+        .into_response())
 }
 
 #[cfg(test)]

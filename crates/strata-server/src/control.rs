@@ -603,6 +603,12 @@ pub const DATA_PLANE: &[RouteDoc] = &[
         access: "any principal",
     },
     RouteDoc {
+        method: "POST",
+        path: "/v1/prefetch",
+        summary: "Start fetching an object (or its Range) into the cache: ?location=",
+        access: "any principal",
+    },
+    RouteDoc {
         method: "GET",
         path: "/v1/peer/ckpt/{run}",
         summary: "Checkpoint replicas of a run",

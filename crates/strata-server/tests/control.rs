@@ -666,3 +666,97 @@ async fn unknown_backend_names_are_404_naming_the_backend() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetch_starts_one_run_that_later_reads_find_in_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("d");
+    let mut cfg = Config::default();
+    cfg.cache.block_size = strata_types::ByteSize::mib(1);
+    let resolved = cfg
+        .resolve(&Overrides {
+            data_dir: Some(data_dir.clone()),
+            api_listen: Some("127.0.0.1:0".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    let agent = Agent::start(resolved).await.unwrap();
+    let app = api::router(agent.clone());
+    let admin = std::fs::read_to_string(control::admin_token_file(&data_dir)).unwrap();
+    let admin = admin.trim();
+    let blob: Vec<u8> = (0..(4 << 20) + 1000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::create_dir_all(data_dir.join("objects/data")).unwrap();
+    std::fs::write(data_dir.join("objects/data/blob.bin"), &blob).unwrap();
+
+    let prefetch = |range: Option<&str>, location: &str| {
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("/v1/prefetch?location={location}"))
+            .header("authorization", format!("Bearer {admin}"));
+        if let Some(r) = range {
+            req = req.header("range", r);
+        }
+        app.clone().oneshot(req.body(Body::empty()).unwrap())
+    };
+    // Blocks 1..=3 (bytes 1 MiB .. 4 MiB - 1): one backend request for the three of them.
+    let resp = prefetch(Some("bytes=1048576-4194303"), "default/data/blob.bin")
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let stats = |app: Router| async move {
+        call(&app, Method::GET, "/v1/cache", Some(admin), None)
+            .await
+            .1
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let s = stats(app.clone()).await;
+        if s["fills"] == 3 {
+            assert_eq!(s["fill_requests"], 1, "{s}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "prefetch never landed: {s}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Reading those bytes now is three RAM hits and no miss (the reader's own readahead may fetch the block
+    // after them).
+    let req = Request::builder()
+        .uri("/v1/read?location=default/data/blob.bin")
+        .header("authorization", format!("Bearer {admin}"))
+        .header("range", "bytes=1048576-4194303")
+        .body(Body::empty())
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 206);
+    let got = axum::body::to_bytes(resp.into_body(), 64 << 20)
+        .await
+        .unwrap();
+    assert_eq!(got.as_ref(), &blob[1 << 20..4 << 20]);
+    let s = stats(app.clone()).await;
+    assert_eq!((&s["misses"], &s["ram"]["hits"]), (&json!(0), &json!(3)), "{s}");
+    // Without a range: the rest of the object; a missing object is a 404; a bad range a 400.
+    assert_eq!(
+        prefetch(None, "default/data/blob.bin")
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        202
+    );
+    assert_eq!(
+        prefetch(None, "default/data/missing.bin")
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        404
+    );
+    assert_eq!(
+        prefetch(Some("bytes=9-1"), "default/data/blob.bin")
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        400
+    );
+}
