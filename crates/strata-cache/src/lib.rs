@@ -1503,6 +1503,12 @@ pub struct CachedObject {
     ra: Mutex<Readahead>,
 }
 
+/// A block's share of the in-flight budget, handed out with bytes that were fetched ahead for their reader
+/// ([`CachedObject::read_block`]): hold it until the bytes have left (a response body drops it when the
+/// connection asks for the next chunk), so that bytes on their way out stay inside the budget.
+#[derive(Debug)]
+pub struct BudgetShare(#[allow(dead_code)] OwnedSemaphorePermit);
+
 impl std::fmt::Debug for CachedObject {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachedObject")
@@ -1520,6 +1526,47 @@ impl CachedObject {
     /// The whole object.
     pub async fn read_all(&self) -> Result<Bytes> {
         self.read(0..self.obj.meta.size).await
+    }
+
+    /// Bytes `range`, which must lie inside one block, with the block's share of the in-flight budget when it
+    /// was fetched ahead for this reader (see [`BudgetShare`]). For senders that stream block by block.
+    pub async fn read_block(&self, range: Range<u64>) -> Result<(Bytes, Option<BudgetShare>)> {
+        let size = self.obj.meta.size;
+        let bs = self.cache.inner.cfg.block_size.bytes();
+        let end = range.end.min(size);
+        if range.start > size || range.start > range.end {
+            return Err(Error::invalid_input(format!(
+                "range {}..{} is outside {} ({} bytes)",
+                range.start, range.end, self.obj.meta.key, size
+            )));
+        }
+        if range.start == end {
+            return Ok((Bytes::new(), None));
+        }
+        let i = range.start / bs;
+        if (end - 1) / bs != i {
+            return Err(Error::invalid_input(format!(
+                "range {}..{} spans more than one block",
+                range.start, range.end
+            )));
+        }
+        self.schedule_readahead(i, i, end);
+        let pre = self.ra.lock().prefetched.remove(&i);
+        let (b, share) = match pre {
+            Some((fut, permit)) => match fut.await {
+                Ok(b) => (b, permit.map(BudgetShare)),
+                Err(_) => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
+            },
+            None => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
+        };
+        let (lo, hi) = (range.start - i * bs, end - i * bs);
+        if hi > b.len() as u64 {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("block {i} of {} is shorter than expected", self.obj.meta.key),
+            ));
+        }
+        Ok((b.slice(lo as usize..hi as usize), share))
     }
 
     /// Bytes `range`; the end is clamped to the object's size. A start past the end is an error.

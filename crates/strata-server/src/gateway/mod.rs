@@ -328,7 +328,16 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 }
 
 /// A bounded channel as an HTTP body stream (`Sync`, as s3s requires).
-struct ChannelBody(tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
+/// A block on its way out, with its share of the in-flight budget if it was fetched ahead.
+type Outgoing = (Result<Bytes, std::io::Error>, Option<strata_cache::BudgetShare>);
+
+/// A response body fed block by block through a bounded channel. It keeps the budget share of the block it
+/// handed out last until the connection asks for the next chunk (by then it has taken the block), so the bytes
+/// of cold reads on their way to slow clients stay inside the in-flight budget.
+struct ChannelBody {
+    rx: tokio::sync::mpsc::Receiver<Outgoing>,
+    held: Option<strata_cache::BudgetShare>,
+}
 
 impl Stream for ChannelBody {
     type Item = Result<Bytes, std::io::Error>;
@@ -336,7 +345,15 @@ impl Stream for ChannelBody {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx)
+        self.held = None;
+        match self.rx.poll_recv(cx) {
+            std::task::Poll::Ready(Some((r, share))) => {
+                self.held = share;
+                std::task::Poll::Ready(Some(r))
+            }
+            std::task::Poll::Ready(None) => std::task::Poll::Ready(None),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
     }
 }
 
@@ -585,28 +602,28 @@ impl Gateway {
         let bs = self.agent.cache().config().block_size.bytes();
         if range.end - range.start <= bs && range.start / bs == range.end.saturating_sub(1) / bs {
             // One block: read now, so errors become proper S3 errors and small GETs skip the task.
-            let b = obj.read(range).await.map_err(s3err)?;
-            return Ok(StreamingBlob::wrap(futures::stream::once(async move {
-                Ok::<_, std::io::Error>(b)
-            })));
+            let (b, share) = obj.read_block(range).await.map_err(s3err)?;
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            let _ = tx.try_send((Ok(b), share));
+            return Ok(StreamingBlob::wrap(ChannelBody { rx, held: None }));
         }
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         tokio::spawn(async move {
             let mut off = range.start;
             while off < range.end {
                 let next = (off + bs - off % bs).min(range.end);
-                let r = obj
-                    .read(off..next)
-                    .await
-                    .map_err(|e| std::io::Error::other(e.to_string()));
+                let (r, share) = match obj.read_block(off..next).await {
+                    Ok((b, share)) => (Ok(b), share),
+                    Err(e) => (Err(std::io::Error::other(e.to_string())), None),
+                };
                 let failed = r.is_err();
-                if tx.send(r).await.is_err() || failed {
+                if tx.send((r, share)).await.is_err() || failed {
                     return;
                 }
                 off = next;
             }
         });
-        Ok(StreamingBlob::wrap(ChannelBody(rx)))
+        Ok(StreamingBlob::wrap(ChannelBody { rx, held: None }))
     }
 
     fn object_entry(meta: &ObjectMeta) -> Object {
