@@ -1550,8 +1550,9 @@ impl CachedObject {
                 range.start, range.end
             )));
         }
-        self.schedule_readahead(i, i, end);
+        // Taken before readahead bookkeeping, which forgets prefetched entries at or before the read.
         let pre = self.ra.lock().prefetched.remove(&i);
+        self.schedule_readahead(i, i, end);
         let (b, share) = match pre {
             Some((fut, permit)) => match fut.await {
                 Ok(b) => (b, permit.map(BudgetShare)),
@@ -1563,7 +1564,10 @@ impl CachedObject {
         if hi > b.len() as u64 {
             return Err(Error::new(
                 ErrorKind::Corrupt,
-                format!("block {i} of {} is shorter than expected", self.obj.meta.key),
+                format!(
+                    "block {i} of {} is shorter than expected",
+                    self.obj.meta.key
+                ),
             ));
         }
         Ok((b.slice(lo as usize..hi as usize), share))
@@ -1709,13 +1713,7 @@ impl CachedObject {
     /// window's bytes before reading them sample by sample.
     pub async fn prefetch_detached(self, range: Range<u64>) {
         self.prefetch(range, false).await;
-        let pending: Vec<_> = self
-            .ra
-            .lock()
-            .prefetched
-            .drain()
-            .map(|(_, v)| v)
-            .collect();
+        let pending: Vec<_> = self.ra.lock().prefetched.drain().map(|(_, v)| v).collect();
         if pending.is_empty() {
             return;
         }

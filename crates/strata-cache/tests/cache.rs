@@ -647,3 +647,48 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
     assert_eq!(e.kind(), ErrorKind::NotFound);
     cache.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_block_sent_block_by_block_keeps_its_budget_until_released() {
+    let backend = memory_backend();
+    let data = pattern(8 * 64 * 1024, 9);
+    put(&backend, "send.bin", &data).await;
+    let cache = open(
+        config(None, 64, 64, 0, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
+    let obj = cache
+        .open_object(&ctx(), &backend, "send.bin")
+        .await
+        .unwrap();
+    let bs = 64 * 1024u64;
+    // A sender's prefetch of the whole range holds budget for its 8 blocks until they are read.
+    obj.prefetch(0..8 * bs, true).await;
+    assert_eq!(cache.stats().inflight_bytes, 8 * bs);
+    let (b0, share0) = obj.read_block(0..bs).await.unwrap();
+    assert_eq!(b0.as_ref(), &data[..bs as usize]);
+    assert!(share0.is_some(), "a prefetched block comes with its share");
+    // Read but not yet sent: still counted.
+    assert_eq!(cache.stats().inflight_bytes, 8 * bs);
+    drop(share0);
+    assert_eq!(cache.stats().inflight_bytes, 7 * bs);
+    // A range inside one block; a range across two is refused; blocks not prefetched come without a share.
+    let (b1, share1) = obj.read_block(bs + 10..2 * bs - 10).await.unwrap();
+    assert_eq!(
+        b1.as_ref(),
+        &data[(bs + 10) as usize..(2 * bs - 10) as usize]
+    );
+    drop(share1);
+    let e = obj.read_block(bs..3 * bs).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    drop(obj);
+    assert_eq!(cache.stats().inflight_bytes, 0, "the budget is returned");
+    let obj = cache
+        .open_object(&ctx(), &backend, "send.bin")
+        .await
+        .unwrap();
+    let (b, share) = obj.read_block(2 * bs..3 * bs).await.unwrap();
+    assert_eq!(b.as_ref(), &data[(2 * bs) as usize..(3 * bs) as usize]);
+    assert!(share.is_none());
+    cache.shutdown().await;
+}

@@ -715,7 +715,10 @@ async fn prefetch_starts_one_run_that_later_reads_find_in_the_cache() {
             assert_eq!(s["fill_requests"], 1, "{s}");
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "prefetch never landed: {s}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "prefetch never landed: {s}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     // Reading those bytes now is three RAM hits and no miss (the reader's own readahead may fetch the block
@@ -733,7 +736,11 @@ async fn prefetch_starts_one_run_that_later_reads_find_in_the_cache() {
         .unwrap();
     assert_eq!(got.as_ref(), &blob[1 << 20..4 << 20]);
     let s = stats(app.clone()).await;
-    assert_eq!((&s["misses"], &s["ram"]["hits"]), (&json!(0), &json!(3)), "{s}");
+    assert_eq!(
+        (&s["misses"], &s["ram"]["hits"]),
+        (&json!(0), &json!(3)),
+        "{s}"
+    );
     // Without a range: the rest of the object; a missing object is a 404; a bad range a 400.
     assert_eq!(
         prefetch(None, "default/data/blob.bin")

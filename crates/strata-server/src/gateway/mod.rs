@@ -329,7 +329,10 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 
 /// A bounded channel as an HTTP body stream (`Sync`, as s3s requires).
 /// A block on its way out, with its share of the in-flight budget if it was fetched ahead.
-type Outgoing = (Result<Bytes, std::io::Error>, Option<strata_cache::BudgetShare>);
+type Outgoing = (
+    Result<Bytes, std::io::Error>,
+    Option<strata_cache::BudgetShare>,
+);
 
 /// A response body fed block by block through a bounded channel. It keeps the budget share of the block it
 /// handed out last until the connection asks for the next chunk (by then it has taken the block), so the bytes
