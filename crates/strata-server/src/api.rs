@@ -375,17 +375,20 @@ async fn read(
             ),
         );
     }
-    // Stream block-sized chunks so a large object never sits in memory whole.
+    // Stream block by block so a large object never sits in memory whole; a block fetched ahead keeps its
+    // in-flight budget share until the connection asks for the next one (the state carries it until then).
     let chunk = agent.cache().config().block_size.bytes();
     let end = range.end;
-    let stream = futures::stream::unfold((obj, range.start), move |(obj, off)| async move {
+    let start: (_, _, Option<strata_cache::BudgetShare>) = (obj, range.start, None);
+    let stream = futures::stream::unfold(start, move |(obj, off, held)| async move {
+        drop(held);
         if off >= end {
             return None;
         }
         let next = (off + chunk - off % chunk).min(end);
-        match obj.read(off..next).await {
-            Ok(b) => Some((Ok::<_, std::io::Error>(b), (obj, next))),
-            Err(e) => Some((Err(std::io::Error::other(e.to_string())), (obj, end))),
+        match obj.read_block(off..next).await {
+            Ok((b, share)) => Some((Ok::<_, std::io::Error>(b), (obj, next, share))),
+            Err(e) => Some((Err(std::io::Error::other(e.to_string())), (obj, end, None))),
         }
     });
     resp.body(Body::from_stream(stream))
