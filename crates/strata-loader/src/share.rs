@@ -120,6 +120,12 @@ impl ShareServer {
         let _guard = rt.enter();
         let listener = tokio::net::UnixListener::bind(&path)
             .map_err(|e| Error::from_io(e, format!("binding {}", path.display())))?;
+        // Only this user's processes may connect (they could read the dataset's bytes through it).
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| Error::from_io(e, format!("restricting {}", path.display())))?;
+        }
         let cancel = CancellationToken::new();
         let stop = cancel.clone();
         let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -564,6 +570,10 @@ mod tests {
                 client.read("shard-0.tar", 0..4).await.unwrap().as_ref(),
                 &shard[..4]
             );
+            let mode = std::os::unix::fs::PermissionsExt::mode(
+                &std::fs::metadata(server.path()).unwrap().permissions(),
+            );
+            assert_eq!(mode & 0o777, 0o600, "only this user may connect");
             // In this process the kernel allows writing into our own memory: the direct path stayed on and
             // answered every non-empty read.
             assert_eq!(server.writes_direct(), direct);
