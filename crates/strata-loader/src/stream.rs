@@ -289,8 +289,10 @@ impl Producer {
                 tracing::debug!(shard = %s.key, error = %e, "prefetch hint failed");
             }
         });
+        // A window can span thousands of small shards: at most 16 hints in flight.
+        let all = futures::StreamExt::for_each_concurrent(futures::stream::iter(hints), 16, |h| h);
         tokio::select! {
-            _ = futures::future::join_all(hints) => {}
+            _ = all => {}
             _ = self.cancel.cancelled() => {}
         }
     }

@@ -327,14 +327,13 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// A bounded channel as an HTTP body stream (`Sync`, as s3s requires).
 /// A block on its way out, with its share of the in-flight budget if it was fetched ahead.
 type Outgoing = (
     Result<Bytes, std::io::Error>,
     Option<strata_cache::BudgetShare>,
 );
 
-/// A response body fed block by block through a bounded channel. It keeps the budget share of the block it
+/// A response body fed block by block through a bounded channel (`Sync`, as s3s requires). It keeps the budget share of the block it
 /// handed out last until the connection asks for the next chunk (by then it has taken the block), so the bytes
 /// of cold reads on their way to slow clients stay inside the in-flight budget.
 struct ChannelBody {
@@ -606,6 +605,12 @@ impl Gateway {
         if range.end - range.start <= bs && range.start / bs == range.end.saturating_sub(1) / bs {
             // One block: read now, so errors become proper S3 errors and small GETs skip the task.
             let (b, share) = obj.read_block(range).await.map_err(s3err)?;
+            if share.is_none() {
+                // The usual case (a cache hit): nothing to hold.
+                return Ok(StreamingBlob::wrap(futures::stream::once(async move {
+                    Ok::<_, std::io::Error>(b)
+                })));
+            }
             let (tx, rx) = tokio::sync::mpsc::channel(1);
             let _ = tx.try_send((Ok(b), share));
             return Ok(StreamingBlob::wrap(ChannelBody { rx, held: None }));
