@@ -344,19 +344,39 @@ fn parse_range(h: &str, size: u64) -> Result<std::ops::Range<u64>, Error> {
     Ok(r)
 }
 
+/// The object a `?location=` names, opened through the cache, and the bytes its `Range` header asks for (the
+/// whole object without one; `true` when a range was given).
+async fn open_ranged(
+    agent: &Agent,
+    headers: &HeaderMap,
+    q: &ReadQuery,
+) -> ApiResult<(strata_cache::CachedObject, std::ops::Range<u64>, bool)> {
+    let (backend, key) = agent.resolve(&q.location)?;
+    let ctx = context(headers);
+    let obj = agent.cache().open_object(&ctx, &backend, &key).await?;
+    let size = obj.meta().size;
+    Ok(
+        match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+            Some(h) => {
+                let r = parse_range(h, size)?;
+                (obj, r, true)
+            }
+            None => (obj, 0..size, false),
+        },
+    )
+}
+
 async fn read(
     State(agent): State<Arc<Agent>>,
     headers: HeaderMap,
     Query(q): Query<ReadQuery>,
 ) -> ApiResult<Response> {
-    let (backend, key) = agent.resolve(&q.location)?;
-    let ctx = context(&headers);
-    let obj = agent.cache().open_object(&ctx, &backend, &key).await?;
+    let (obj, range, partial) = open_ranged(&agent, &headers, &q).await?;
     let size = obj.meta().size;
-    let range_header = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
-    let (status, range) = match range_header {
-        Some(h) => (StatusCode::PARTIAL_CONTENT, parse_range(h, size)?),
-        None => (StatusCode::OK, 0..size),
+    let status = if partial {
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
     };
     let mut resp = Response::builder()
         .status(status)
@@ -403,14 +423,7 @@ async fn prefetch(
     headers: HeaderMap,
     Query(q): Query<ReadQuery>,
 ) -> ApiResult<Response> {
-    let (backend, key) = agent.resolve(&q.location)?;
-    let ctx = context(&headers);
-    let obj = agent.cache().open_object(&ctx, &backend, &key).await?;
-    let size = obj.meta().size;
-    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
-        Some(h) => parse_range(h, size)?,
-        None => 0..size,
-    };
+    let (obj, range, _) = open_ranged(&agent, &headers, &q).await?;
     obj.prefetch_detached(range).await;
     Ok((
         StatusCode::ACCEPTED,
