@@ -265,26 +265,25 @@ def median_run(runs):
     return out
 
 
-def vm_rss(pid):
-    """Current RSS (MiB) of a live process."""
+def proc_status_mib(pid, field):
+    """A `VmRSS:` / `VmHWM:` line of a live process's /proc status, in MiB (0 when it is gone)."""
     try:
         for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return 0.0
+
+
+def vm_rss(pid):
+    """Current RSS (MiB) of a live process."""
+    return proc_status_mib(pid, "VmRSS:")
 
 
 def vm_hwm(pid):
     """Peak RSS (MiB) of a live process, from /proc (getrusage would include a parent's peak across exec)."""
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return proc_status_mib(pid, "VmHWM:")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -118,17 +118,22 @@ struct TeamB {
     reservation: String,
 }
 
+/// Create team `name` as the administrator.
+async fn create_team(e: &Env, name: &str) {
+    ok(
+        &e.app,
+        Method::POST,
+        "/v1/teams",
+        &e.admin,
+        Some(json!({"name": name})),
+    )
+    .await;
+}
+
 async fn setup(e: &Env) -> (String, TeamB) {
     let app = &e.app;
     for t in ["team-a", "team-b"] {
-        ok(
-            app,
-            Method::POST,
-            "/v1/teams",
-            &e.admin,
-            Some(json!({"name": t})),
-        )
-        .await;
+        create_team(e, t).await;
     }
     let a = ok(
         app,
@@ -395,14 +400,7 @@ async fn tenant_isolation_over_every_route() {
 async fn reservations_scratch_and_forecasts_through_the_api() {
     for e in envs().await {
         let app = &e.app;
-        ok(
-            app,
-            Method::POST,
-            "/v1/teams",
-            &e.admin,
-            Some(json!({"name": "t"})),
-        )
-        .await;
+        create_team(&e, "t").await;
         ok(
             app,
             Method::PUT,
@@ -591,14 +589,7 @@ mod bodies {
         let env = rt.block_on(async {
             let mut v = envs().await;
             let e = v.remove(0);
-            ok(
-                &e.app,
-                Method::POST,
-                "/v1/teams",
-                &e.admin,
-                Some(json!({"name": "team-a"})),
-            )
-            .await;
+            create_team(&e, "team-a").await;
             e
         });
         let routes: Vec<(Method, String)> = control::routes()
@@ -631,14 +622,7 @@ mod bodies {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_backend_names_are_404_naming_the_backend() {
     for e in envs().await {
-        ok(
-            &e.app,
-            Method::POST,
-            "/v1/teams",
-            &e.admin,
-            Some(json!({"name": "team-a"})),
-        )
-        .await;
+        create_team(&e, "team-a").await;
         for (m, path, body) in [
             (
                 Method::POST,
