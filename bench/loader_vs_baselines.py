@@ -113,7 +113,7 @@ def run_one(kind, url, workers, batch, scratch, endpoint, prefix_keys):
     if kind.startswith("strata"):
         import strata
 
-        if kind.endswith("-agent"):
+        if "-agent" in kind:
             opts = dict(cache="agent", agent=os.environ["STRATA_AGENT"], prefetch_bytes=64 << 20)
         else:
             opts = dict(cache="local", prefetch_bytes=64 << 20)
@@ -217,7 +217,7 @@ def child(kind, url, args, endpoint, keys):
     scratch = tempfile.mkdtemp(prefix=f"bench-{kind}-")
     agent = None
     env = s3_env(endpoint)
-    if kind.endswith("-agent"):
+    if "-agent" in kind:
         agent, api = start_agent(endpoint, scratch)
         env["STRATA_AGENT"] = api
         env["STRATA_TOKEN"] = AGENT_TOKEN
@@ -406,7 +406,9 @@ def main():
                      ("strata-mds", f"s3://{BUCKET}/{name}/mds"), ("mosaic", f"s3://{BUCKET}/{name}/mds"),
                      ("strata-wds-zc", f"s3://{BUCKET}/{name}/wds"), ("strata-mds-zc", f"s3://{BUCKET}/{name}/mds"),
                      ("strata-wds-agent", f"s3://{BUCKET}/{name}/wds"),
-                     ("strata-mds-agent", f"s3://{BUCKET}/{name}/mds")]
+                     ("strata-mds-agent", f"s3://{BUCKET}/{name}/mds"),
+                     ("strata-wds-agent-zc", f"s3://{BUCKET}/{name}/wds"),
+                     ("strata-mds-agent-zc", f"s3://{BUCKET}/{name}/mds")]
             runs = {}
             # Rounds go over every cell in turn, so that the machine's slow spells spread over all of them.
             for rnd in range(args.rounds):
@@ -439,9 +441,9 @@ def main():
                     return r["epochs"][ep]["samples"] / r["epochs"][ep]["seconds"] if r else None
                 base = [x for x in (rate("mosaic"), rate("webdataset")) if x]
                 for kind in ("strata-wds", "strata-mds", "strata-wds-zc", "strata-mds-zc", "strata-wds-agent",
-                             "strata-mds-agent"):
+                             "strata-mds-agent", "strata-wds-agent-zc", "strata-mds-agent-zc"):
                     if rate(kind) and base:
-                        print(f"  {name:<6} {label:<5} {kind:<16} {rate(kind) / max(base):5.2f}x "
+                        print(f"  {name:<6} {label:<5} {kind:<19} {rate(kind) / max(base):5.2f}x "
                               f"(mosaic {rate(kind) / rate('mosaic') if rate('mosaic') else float('nan'):.2f}x, "
                               f"webdataset {rate(kind) / rate('webdataset') if rate('webdataset') else float('nan'):.2f}x)")
         if args.resume_samples > 0:

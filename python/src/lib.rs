@@ -15,6 +15,7 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use strata_loader::share::{ShareClient, ShareServer};
+use strata_loader::shm::{Handle, SharedRegion};
 use strata_loader::source::{LocalCacheOptions, dataset_url};
 use strata_loader::{
     AgentSource, DatasetIndex, Loader, LoaderOptions, LocalSource, Partition, SampleStream,
@@ -167,10 +168,16 @@ struct Dataset {
     source: Mutex<(u32, Option<Source>)>,
     /// The opener's cache served to its workers (in-process cache only).
     share: Option<ShareServer>,
+    /// Where workers' `zero_copy` samples land, so that they cross to the opener without pickling.
+    region: Option<Arc<SharedRegion>>,
+    /// The process that opened the dataset (forked DataLoader workers differ).
+    opener: u32,
 }
 
 impl Dataset {
-    fn loader(&self) -> PyResult<(Arc<tokio::runtime::Runtime>, Loader)> {
+    /// A loader on this process's source; in a forked worker with `zero_copy`, its reads land in the shared
+    /// region (samples then cross to the opener as handles, not pickled bytes).
+    fn loader(&self, zero_copy: bool) -> PyResult<(Arc<tokio::runtime::Runtime>, Loader)> {
         let (rt, telemetry) = proc()?;
         let pid = std::process::id();
         let mut g = self.source.lock();
@@ -185,9 +192,16 @@ impl Dataset {
             };
             *g = (pid, Some(s));
         }
-        let src =
+        let mut src =
             g.1.clone()
                 .ok_or_else(|| StrataError::new_err("dataset source missing"))?;
+        if zero_copy && pid != self.opener {
+            src = match src {
+                Source::Shared(c) => Source::Shared(c.with_region(self.region.clone())),
+                Source::Agent(a) => Source::Agent(a.with_region(self.region.clone())),
+                other => other,
+            };
+        }
         Ok((
             rt,
             Loader::new(self.index.clone(), src, self.opts.clone(), telemetry),
@@ -206,7 +220,7 @@ impl Dataset {
     #[new]
     #[pyo3(signature = (url, *, agent=None, cache_bytes=None, cache_dir=None, cache_dir_bytes=0,
         cache_tag="rank-0".to_string(), block_size=8<<20, shuffle=false, seed=0, window=None, tail="drop", prefetch_bytes=64<<20,
-        prefetch_samples=32, skip_corrupt=false, job=None))]
+        prefetch_samples=32, skip_corrupt=false, job=None, shared_memory_bytes=1<<30))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -225,6 +239,7 @@ impl Dataset {
         prefetch_samples: usize,
         skip_corrupt: bool,
         job: Option<String>,
+        shared_memory_bytes: u64,
     ) -> PyResult<Self> {
         if window == Some(0) {
             return Err(InvalidInputError::new_err(
@@ -302,6 +317,22 @@ impl Dataset {
             ),
             _ => None,
         };
+        // Reserved, not touched: resident memory grows with the samples in flight at once.
+        let region = match shared_memory_bytes {
+            0 => None,
+            n => match SharedRegion::create(n) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    py_warn(
+                        py,
+                        &format!(
+                            "strata: no shared sample memory ({e}); DataLoader workers will pickle samples"
+                        ),
+                    );
+                    None
+                }
+            },
+        };
         Ok(Self {
             spec,
             opts,
@@ -309,7 +340,21 @@ impl Dataset {
             ctx,
             source: Mutex::new((std::process::id(), Some(source))),
             share,
+            region,
+            opener: std::process::id(),
         })
+    }
+
+    /// Bytes of the shared region DataLoader workers' `zero_copy` samples land in (0: none).
+    #[getter]
+    fn shared_memory_bytes(&self) -> u64 {
+        self.region.as_ref().map_or(0, |r| r.capacity())
+    }
+
+    /// Bytes of that region in use now (samples held anywhere: workers, queues, the training loop).
+    #[getter]
+    fn shared_memory_in_use(&self) -> u64 {
+        self.region.as_ref().map_or(0, |r| r.in_use())
     }
 
     /// Samples in the dataset.
@@ -415,7 +460,7 @@ impl Dataset {
         batch_size: u32,
         zero_copy: bool,
     ) -> PyResult<SampleIter> {
-        let (rt, loader) = self.loader()?;
+        let (rt, loader) = self.loader(zero_copy)?;
         let part = Partition {
             rank,
             world,
@@ -477,9 +522,11 @@ fn value_to_py<'py>(
 /// Read-only bytes of a sample, shared with Strata's buffers instead of copied (`zero_copy=True`).
 ///
 /// Supports the buffer protocol (`memoryview`, `numpy.frombuffer`, `io.BytesIO`, `torch.frombuffer`, `hashlib`,
-/// `pickle.loads`), `len()`, `bytes()`, comparison with bytes-like objects; it pickles as `bytes` (so it
-/// crosses DataLoader workers and multiprocessing queues as plain bytes). It keeps the memory it shares alive:
-/// in-process that can be a whole cache block, so copy (`bytes(x)`) what you keep for long.
+/// `pickle.loads`), `len()`, `bytes()`, comparison with bytes-like objects; `pickle` writes it as `bytes`.
+/// Made by a DataLoader worker, it lives in a shared-memory region of the process that opened the dataset,
+/// and crosses multiprocessing queues as a small handle to it (no copy); elsewhere it crosses as bytes. It
+/// keeps the memory it shares alive: in-process that can be a whole cache block, so copy (`bytes(x)`) what
+/// you keep for long.
 #[pyclass(module = "strata._native", name = "Buffer", frozen)]
 struct Buffer {
     data: bytes::Bytes,
@@ -544,6 +591,26 @@ impl Buffer {
 
     fn __repr__(&self) -> String {
         format!("strata.Buffer(<{} bytes>)", self.data.len())
+    }
+
+    /// A handle `(token, offset, length, slot)` to this buffer's bytes when they are in a shared sample
+    /// region, taking a reference for the message that carries it; `None` otherwise. For the multiprocessing
+    /// pickler only: every handle must be adopted exactly once.
+    fn _share(&self) -> Option<(u64, u64, u64, u32)> {
+        SharedRegion::share(&self.data).map(|h| (h.token, h.offset, h.len, h.slot))
+    }
+
+    /// The buffer a handle from `_share` names, in a process that maps the same region.
+    #[staticmethod]
+    fn _adopt(token: u64, offset: u64, length: u64, slot: u32) -> PyResult<Self> {
+        let data = SharedRegion::adopt(Handle {
+            token,
+            offset,
+            len: length,
+            slot,
+        })
+        .map_err(to_py)?;
+        Ok(Self { data })
     }
 
     /// Pickled as the bytes it holds.

@@ -360,7 +360,7 @@ impl DatasetIndex {
         let offs = s.offsets(src, ctx).await?;
         let i = index as usize;
         let range = offs[i]..offs[i + 1];
-        let bytes: Bytes = src.read(ctx, s, range.clone()).await?;
+        let bytes: Bytes = src.read_sample(ctx, s, range.clone()).await?;
         let n = bytes.len() as u64;
         match (&s.columns, self.format) {
             (Some(cols), ShardFormat::Mds) => Ok(Sample {

@@ -7,6 +7,7 @@
 //!   shuffle) and its partition over ranks and dataloader workers; resuming at any position costs the same.
 //! - [`source`]: bytes through the node agent's shared cache, or an in-process [`strata_cache::BlockCache`].
 //! - [`share`]: the rank's cache served to its DataLoader worker processes over a Unix socket.
+//! - [`shm`]: a shared-memory region samples cross DataLoader workers in instead of being pickled.
 //! - [`stream`]: one consumer's prefetching stream with a bounded window in bytes and stall accounting.
 //!
 //! The Python package (`python/`) wraps this crate; see ARCHITECTURE.md for the resumption contract.
@@ -15,6 +16,7 @@ pub mod dataset;
 pub mod format;
 pub mod order;
 pub mod share;
+pub mod shm;
 pub mod source;
 pub mod stream;
 

@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use strata_types::{Error, ErrorKind, IoContext, Result};
 
 use crate::dataset::DatasetIndex;
+use crate::shm::{SharedRegion, SlotMut};
 use crate::source::Source;
 
 const OP_READ: u8 = 0;
@@ -347,31 +348,44 @@ async fn serve_conn(
     }
 }
 
+/// Where a read's bytes land: private memory, or a slot of the shared sample region.
+enum Buf {
+    Vec(Vec<u8>),
+    Slot(SlotMut),
+}
+
 /// A read's receive buffer, which the server may be writing into (op 3) until its reply arrives. Dropped
 /// before that (the read was cancelled), it is leaked rather than freed under the server's write.
-struct Landing(Option<Vec<u8>>);
+struct Landing(Option<Buf>);
 
 impl Landing {
-    fn new(len: usize) -> Self {
-        Self(Some(Vec::with_capacity(len)))
+    fn new(len: usize, region: Option<&Arc<SharedRegion>>) -> Self {
+        match region.and_then(|r| r.alloc(len)) {
+            Some(slot) => Self(Some(Buf::Slot(slot))),
+            None => Self(Some(Buf::Vec(Vec::with_capacity(len)))),
+        }
     }
 
     fn address(&mut self) -> u64 {
-        self.0
-            .as_mut()
-            .map_or(0, |v| v.as_mut_ptr() as usize as u64)
+        match self.0.as_mut() {
+            Some(Buf::Vec(v)) => v.as_mut_ptr() as usize as u64,
+            Some(Buf::Slot(s)) => s.address(),
+            None => 0,
+        }
     }
 
     /// The reply has arrived: the buffer is no longer written from outside.
-    fn replied(mut self) -> Vec<u8> {
-        self.0.take().unwrap_or_default()
+    fn replied(mut self) -> Option<Buf> {
+        self.0.take()
     }
 }
 
 impl Drop for Landing {
     fn drop(&mut self) {
-        if let Some(v) = self.0.take() {
-            std::mem::forget(v);
+        match self.0.take() {
+            Some(Buf::Vec(v)) => std::mem::forget(v),
+            Some(Buf::Slot(s)) => s.leak(),
+            None => {}
         }
     }
 }
@@ -381,6 +395,8 @@ impl Drop for Landing {
 pub struct ShareClient {
     path: PathBuf,
     idle: Arc<Mutex<Vec<UnixStream>>>,
+    /// Reads land in slots of this region when it has room (samples that cross DataLoader workers).
+    region: Option<Arc<SharedRegion>>,
 }
 
 impl ShareClient {
@@ -389,10 +405,28 @@ impl ShareClient {
         Self {
             path: path.to_path_buf(),
             idle: Arc::new(Mutex::new(Vec::new())),
+            region: None,
         }
     }
 
-    async fn call(&self, op: u8, key: &str, start: u64, end: u64) -> Result<Bytes> {
+    /// This client (sharing its connections) with reads landing in slots of `region` while it has room, in
+    /// private memory otherwise.
+    pub fn with_region(&self, region: Option<Arc<SharedRegion>>) -> Self {
+        Self {
+            region,
+            ..self.clone()
+        }
+    }
+
+    /// One request; a read lands in a slot of `region` when given and it has room.
+    async fn call(
+        &self,
+        op: u8,
+        key: &str,
+        start: u64,
+        end: u64,
+        region: Option<&Arc<SharedRegion>>,
+    ) -> Result<Bytes> {
         let pooled = self.idle.lock().pop();
         let mut s = match pooled {
             Some(s) => s,
@@ -404,7 +438,7 @@ impl ShareClient {
         let mut landing = if op == OP_READ && end > start {
             let len = usize::try_from(end - start)
                 .map_err(|_| Error::invalid_input(format!("range {start}..{end} too large")))?;
-            Some(Landing::new(len))
+            Some(Landing::new(len, region))
         } else {
             None
         };
@@ -423,28 +457,43 @@ impl ShareClient {
             .await
             .map_err(|e| io_err(e, "reply"))?;
         // The server writes into the landing buffer only before it replies: from here on it is ours again.
-        let buf = landing.map(Landing::replied);
+        let buf = landing.and_then(Landing::replied);
         let len = u64::from_le_bytes(head[5..13].try_into().expect("8 bytes"));
         if head[0] == STATUS_WRITTEN {
             self.idle.lock().push(s);
-            let mut buf =
-                buf.ok_or_else(|| Error::internal("shared loader cache: unexpected reply"))?;
             if len != end - start {
                 return Err(Error::internal(format!(
                     "shared loader cache: {len} bytes written for {start}..{end}"
                 )));
             }
-            // SAFETY: the server wrote all `len` bytes of the buffer's spare capacity (it replies with
-            // STATUS_WRITTEN only after process_vm_writev returned that many), and `len` is its capacity.
-            #[allow(unsafe_code)]
-            unsafe {
-                buf.set_len(len as usize);
-            }
-            return Ok(Bytes::from(buf));
+            return match buf {
+                Some(Buf::Slot(slot)) => Ok(slot.freeze(len as usize)),
+                Some(Buf::Vec(mut v)) => {
+                    // SAFETY: the server wrote all `len` bytes of the buffer's spare capacity (it replies
+                    // with STATUS_WRITTEN only after process_vm_writev returned that many), and `len` is its
+                    // capacity.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        v.set_len(len as usize);
+                    }
+                    Ok(Bytes::from(v))
+                }
+                None => Err(Error::internal("shared loader cache: unexpected reply")),
+            };
         }
         let len = usize::try_from(len).map_err(|_| Error::internal("reply too large"))?;
+        let buf = match buf {
+            Some(Buf::Slot(mut slot)) if head[0] == STATUS_OK && slot.capacity() >= len => {
+                s.read_exact(&mut slot.as_mut_slice()[..len])
+                    .await
+                    .map_err(|e| io_err(e, "reply body"))?;
+                self.idle.lock().push(s);
+                return Ok(slot.freeze(len));
+            }
+            other => other,
+        };
         let mut body = match buf {
-            Some(mut b) if b.capacity() >= len => {
+            Some(Buf::Vec(mut b)) if b.capacity() >= len => {
                 b.clear();
                 b
             }
@@ -474,21 +523,28 @@ impl ShareClient {
         ))
     }
 
-    /// Bytes `range` of the shard `key`, verified by the serving process.
+    /// Bytes `range` of the shard `key`, verified by the serving process, in private memory.
     pub async fn read(&self, key: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
-        self.call(OP_READ, key, range.start, range.end).await
+        self.call(OP_READ, key, range.start, range.end, None).await
+    }
+
+    /// As [`read`](Self::read), landing in the client's shared region when it has one with room: for sample
+    /// bytes handed to the training process (metadata kept by the worker stays in private memory).
+    pub async fn read_sample(&self, key: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
+        self.call(OP_READ, key, range.start, range.end, self.region.as_ref())
+            .await
     }
 
     /// Ask the serving process to start fetching `range` of shard `key` into its cache.
     pub async fn prefetch(&self, key: &str, range: std::ops::Range<u64>) -> Result<()> {
-        self.call(OP_PREFETCH, key, range.start, range.end)
+        self.call(OP_PREFETCH, key, range.start, range.end, None)
             .await
             .map(|_| ())
     }
 
     /// Size of the shard `key`.
     pub async fn size(&self, key: &str) -> Result<u64> {
-        let b = self.call(OP_SIZE, key, 0, 0).await?;
+        let b = self.call(OP_SIZE, key, 0, 0, None).await?;
         let a: [u8; 8] = b
             .as_ref()
             .try_into()
@@ -531,7 +587,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (index, src, shard) = dataset(dir.path()).await;
         let rt = tokio::runtime::Handle::current();
-        for direct in [true, false] {
+        let region = SharedRegion::create(4 << 20).unwrap();
+        for (direct, shared) in [(true, false), (false, false), (true, true), (false, true)] {
             let server = ShareServer::start_with(
                 &rt,
                 index.clone(),
@@ -540,22 +597,38 @@ mod tests {
                 direct,
             )
             .unwrap();
-            let client = ShareClient::new(server.path());
+            let client =
+                ShareClient::new(server.path()).with_region(shared.then(|| region.clone()));
             let n = shard.len() as u64;
             assert_eq!(client.size("shard-0.tar").await.unwrap(), n);
             // Whole shard, a range across cache blocks' worth of data, a small one, one byte, an empty one.
             for (a, b) in [(0, n), (512, 300_512), (1000, 1004), (n - 1, n), (7, 7)] {
-                let got = client.read("shard-0.tar", a..b).await.unwrap();
+                let got = client.read_sample("shard-0.tar", a..b).await.unwrap();
                 assert_eq!(
                     got.as_ref(),
                     &shard[a as usize..b as usize],
                     "{a}..{b} direct={direct}"
                 );
+                // Metadata reads stay in private memory.
+                let meta = client.read("shard-0.tar", a..b).await.unwrap();
+                assert_eq!(meta, got);
+                assert!(SharedRegion::share(&meta).is_none());
+                // With a region, every non-empty read lands in one of its slots.
+                assert_eq!(
+                    SharedRegion::share(&got).map(|h| SharedRegion::adopt(h).unwrap().len()),
+                    (shared && b > a).then_some((b - a) as usize)
+                );
             }
             // Many at once on pooled connections.
             let reads = (0..32u64).map(|i| {
                 let c = client.clone();
-                async move { (i, c.read("shard-0.tar", i * 1000..i * 1000 + 70_000).await) }
+                async move {
+                    (
+                        i,
+                        c.read_sample("shard-0.tar", i * 1000..i * 1000 + 70_000)
+                            .await,
+                    )
+                }
             });
             for (i, r) in futures::future::join_all(reads).await {
                 let (a, b) = (i as usize * 1000, i as usize * 1000 + 70_000);
@@ -584,6 +657,16 @@ mod tests {
                 server.direct_writes()
             );
         }
+        assert_eq!(region.in_use(), 0, "every slot freed with its bytes");
+        // A region without room: reads land in private memory, as before.
+        let full = SharedRegion::create(crate::shm::GRANULE as u64).unwrap();
+        let hog = full.alloc(1).unwrap();
+        let server = ShareServer::start(&rt, index, src, IoContext::anonymous()).unwrap();
+        let client = ShareClient::new(server.path()).with_region(Some(full.clone()));
+        let got = client.read_sample("shard-0.tar", 10..5000).await.unwrap();
+        assert_eq!(got.as_ref(), &shard[10..5000]);
+        assert!(SharedRegion::share(&got).is_none());
+        drop(hog);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

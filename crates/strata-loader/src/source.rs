@@ -26,6 +26,8 @@ pub struct AgentSource {
     root: String,
     /// The backend itself, for listing a dataset that has no index (the agent has no listing API).
     lister: Option<Backend>,
+    /// Reads land in slots of this region when it has room (samples that cross DataLoader workers).
+    region: Option<Arc<crate::shm::SharedRegion>>,
 }
 
 /// Shard bytes through a cache in this process.
@@ -91,7 +93,16 @@ impl AgentSource {
             api: api.trim_end_matches('/').to_string(),
             root: root.to_string(),
             lister,
+            region: None,
         })
+    }
+
+    /// This source (sharing its connections) with reads landing in slots of `region` while it has room.
+    pub fn with_region(&self, region: Option<Arc<crate::shm::SharedRegion>>) -> Self {
+        Self {
+            region,
+            ..self.clone()
+        }
     }
 
     fn url(&self, route: &str, key: &str) -> Result<url::Url> {
@@ -135,6 +146,7 @@ impl AgentSource {
         ctx: &IoContext,
         key: &str,
         range: Option<Range<u64>>,
+        sample: bool,
     ) -> Result<(Option<String>, u64, Bytes)> {
         let location = join(&self.root, key);
         let mut req = self.client.get(self.url("/v1/read", key)?);
@@ -179,12 +191,46 @@ impl AgentSource {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.rsplit('/').next())
             .and_then(|v| v.parse().ok());
-        let body = resp.bytes().await.map_err(|e| {
+        let failed = |e: reqwest::Error| {
             Error::new(
                 ErrorKind::Unavailable,
                 format!("agent read of {location}: {e}"),
             )
-        })?;
+        };
+        let expected = resp.content_length().and_then(|n| usize::try_from(n).ok());
+        let slot = match (&self.region, expected) {
+            (Some(r), Some(n)) if sample && n > 0 => r.alloc(n),
+            _ => None,
+        };
+        let body = match (slot, expected) {
+            // Chunk by chunk into the slot (what `bytes()` would do into a fresh buffer).
+            (Some(mut slot), Some(n)) => {
+                let mut resp = resp;
+                let mut at = 0;
+                while let Some(chunk) = resp.chunk().await.map_err(failed)? {
+                    let Some(dst) = slot
+                        .as_mut_slice()
+                        .get_mut(at..at + chunk.len())
+                        .filter(|_| at + chunk.len() <= n)
+                    else {
+                        return Err(Error::new(
+                            ErrorKind::Unavailable,
+                            format!("agent read of {location}: more than the {n} bytes announced"),
+                        ));
+                    };
+                    dst.copy_from_slice(&chunk);
+                    at += chunk.len();
+                }
+                if at != n {
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!("agent read of {location}: {at} of {n} bytes"),
+                    ));
+                }
+                slot.freeze(n)
+            }
+            _ => resp.bytes().await.map_err(failed)?,
+        };
         let total = total.unwrap_or(body.len() as u64);
         Ok((etag, total, body))
     }
@@ -242,6 +288,27 @@ impl Source {
 
     /// Bytes `range` of a shard, verified against the shard's recorded size and ETag.
     pub async fn read(&self, ctx: &IoContext, shard: &Shard, range: Range<u64>) -> Result<Bytes> {
+        self.read_with(ctx, shard, range, false).await
+    }
+
+    /// As [`read`](Self::read), for a sample's bytes: in a DataLoader worker with `zero_copy` they land in the
+    /// shared sample region (see [`crate::shm`]) when it has room.
+    pub async fn read_sample(
+        &self,
+        ctx: &IoContext,
+        shard: &Shard,
+        range: Range<u64>,
+    ) -> Result<Bytes> {
+        self.read_with(ctx, shard, range, true).await
+    }
+
+    async fn read_with(
+        &self,
+        ctx: &IoContext,
+        shard: &Shard,
+        range: Range<u64>,
+        sample: bool,
+    ) -> Result<Bytes> {
         let (start, len) = (range.start, range.end - range.start);
         let bytes = match self {
             Source::Local(l) => {
@@ -259,7 +326,8 @@ impl Source {
                 obj.read(range).await?
             }
             Source::Agent(a) => {
-                let (etag, total, body) = a.get(ctx, &shard.key, Some(range.clone())).await?;
+                let (etag, total, body) =
+                    a.get(ctx, &shard.key, Some(range.clone()), sample).await?;
                 check_version(
                     shard,
                     &ObjectMeta {
@@ -272,6 +340,7 @@ impl Source {
                 )?;
                 body
             }
+            Source::Shared(c) if sample => c.read_sample(&shard.key, range).await?,
             Source::Shared(c) => c.read(&shard.key, range).await?,
         };
         if bytes.len() as u64 != len {
@@ -314,7 +383,7 @@ impl Source {
         match self {
             Source::Local(l) => Ok(l.object(ctx, shard).await?.meta().clone()),
             Source::Agent(a) => {
-                let (etag, total, _) = a.get(ctx, &shard.key, Some(0..1)).await?;
+                let (etag, total, _) = a.get(ctx, &shard.key, Some(0..1), false).await?;
                 Ok(ObjectMeta {
                     key: shard.key.clone(),
                     size: total,
@@ -337,7 +406,7 @@ impl Source {
     pub async fn read_whole(&self, ctx: &IoContext, key: &str) -> Result<Bytes> {
         match self {
             Source::Local(l) => Ok(l.backend.get(ctx, key).await?.1),
-            Source::Agent(a) => Ok(a.get(ctx, key, None).await?.2),
+            Source::Agent(a) => Ok(a.get(ctx, key, None, false).await?.2),
             Source::Shared(_) => Err(Error::new(
                 ErrorKind::Unsupported,
                 format!("{key}: a worker reads shards only; the dataset is opened by its rank"),

@@ -26,6 +26,24 @@ try:  # default_collate keeps a batch of Buffers as a list, as it does for bytes
 except ImportError:  # pragma: no cover - torch absent or too old to have the map
     pass
 
+try:  # Buffers made by DataLoader workers cross the result queue as handles to shared memory, not bytes.
+    from multiprocessing.reduction import ForkingPickler as _ForkingPickler
+
+    def _adopt_buffer(token: int, offset: int, length: int, slot: int) -> Any:
+        return _native.Buffer._adopt(token, offset, length, slot)
+
+    def _reduce_buffer(b: Any) -> Any:
+        handle = b._share()
+        if handle is None:
+            return (bytes, (bytes(b),))
+        return (_adopt_buffer, handle)
+
+    # Only the multiprocessing pickler: a handle carries one reference and must be unpickled exactly once,
+    # which a queue guarantees and a file written with pickle.dump does not.
+    _ForkingPickler.register(_native.Buffer, _reduce_buffer)
+except ImportError:  # pragma: no cover - multiprocessing is part of the standard library
+    pass
+
 STATE_VERSION = 1
 
 
@@ -75,7 +93,15 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             share it too where aligned. It saves one copy of every sample (for large samples in the training
             process, most of the loader's CPU). A buffer keeps the memory it shares alive (in the training
             process, possibly a whole cache block), so copy what you keep. ``default_collate`` keeps a batch of
-            Buffers as a list, as it does for bytes; from DataLoader workers they arrive as ``bytes``.
+            Buffers as a list, as it does for bytes. From DataLoader workers (forked) they arrive as Buffers
+            too: a worker reads each sample into a shared-memory region made with the dataset, and the
+            DataLoader's queue carries a handle to it instead of pickled bytes (the copies through the pipe
+            were most of the CPU of an epoch with workers).
+        shared_memory_bytes: size of that region (reserved, not touched: resident memory grows with the
+            samples held at once by workers, the DataLoader's queues and the loop). When it is full (or 0),
+            workers' samples are pickled as bytes, as without ``zero_copy``. Samples whose handles are never
+            unpickled (an iteration abandoned mid-epoch, a killed worker) keep their space until the dataset is
+            gone; ``shared_memory_in_use`` tells how much is held.
 
     Resumption: ``state_dict(consumed)`` records the epoch and the global position reached when every rank has
     consumed ``consumed`` samples this epoch (in-process iteration counts by itself). ``load_state_dict``
@@ -104,6 +130,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         skip_corrupt: bool = False,
         job: Optional[str] = None,
         zero_copy: bool = False,
+        shared_memory_bytes: int = 1 << 30,
     ) -> None:
         if cache not in ("auto", "agent", "local"):
             raise _native.InvalidInputError(f"cache={cache!r}: expected 'auto', 'agent' or 'local'")
@@ -136,6 +163,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             prefetch_samples=prefetch_samples,
             skip_corrupt=skip_corrupt,
             job=job if job is not None else os.environ.get("SLURM_JOB_ID"),
+            shared_memory_bytes=max(0, int(shared_memory_bytes)) if zero_copy else 0,
         )
         self.shuffle_window = self._native.window
         span = (self.shuffle_window or 1) * self._native.avg_sample_bytes
@@ -178,6 +206,12 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def __len__(self) -> int:
         """Samples this rank gets in the current epoch (from the resume point)."""
         return self._native.per_rank(self._start, self.world_size)
+
+    @property
+    def shared_memory_in_use(self) -> int:
+        """Bytes of the shared sample region in use now (``zero_copy`` samples from DataLoader workers, held
+        anywhere); 0 without one."""
+        return self._native.shared_memory_in_use
 
     @property
     def source_kind(self) -> str:

@@ -1,0 +1,727 @@
+//! A shared-memory region that samples cross DataLoader workers in, instead of being pickled.
+//!
+//! PyTorch's DataLoader sends what a worker yields through a pipe: every sample's bytes are pickled, written,
+//! read and unpickled, four copies after the worker's own, from memory no cache has seen. For large samples
+//! that is most of the CPU of an epoch. A [`SharedRegion`] is a `MAP_SHARED` anonymous mapping created by the
+//! process that opens the dataset, before the DataLoader forks, so every worker has it at the same address.
+//! A worker reads a sample into a slot of it (the rank's share server writes there with `process_vm_writev`,
+//! one copy from its cache); the sample's `Bytes` are owned by the slot; sending one through a
+//! multiprocessing queue sends a [`Handle`] (token, offset, length, slot), and the receiving process
+//! [`adopt`](SharedRegion::adopt)s it as `Bytes` over the same memory.
+//!
+//! Slots are runs of [`GRANULE`]-byte granules. The region's header holds, as atomics any process may use:
+//! a lock (held for a bitmap scan only: bounded spinning, and a lock whose holder died is taken over), the
+//! allocation bitmap, and per slot its length, its reference count and, for every granule, the slot it belongs
+//! to (so a sub-slice of a sample finds its slot). A reference is held by each `Bytes` owner and by each
+//! handle in flight; the last one released frees the slot (or, if the lock is busy, leaves it for the next
+//! allocation's sweep). Allocation is first-fit, so the memory touched stays about the peak in use.
+//!
+//! What can go wrong and what happens: the region is full (samples held for long, or references leaked by
+//! handles that were never adopted: a DataLoader iterator abandoned mid-epoch, a killed worker) → allocation
+//! fails and the read lands in private memory, pickled as bytes (slower, never wrong or blocked); a handle
+//! adopted twice (the same pickle unpickled twice) releases one reference too many, so only the
+//! multiprocessing pickler may make handles (the Python package registers it with `ForkingPickler` alone).
+//! Memory safety never depends on the counts: the mapping lives as long as any `Bytes` over it, and a slot
+//! freed early is reused, not unmapped.
+
+#![allow(unsafe_code)] // a shared mapping and atomics placed in it; see the SAFETY notes
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use strata_types::{Error, ErrorKind, Result};
+
+/// Allocation unit of a region: a slot is a run of granules.
+pub const GRANULE: usize = 16 * 1024;
+const MAGIC: u64 = u64::from_le_bytes(*b"STRATASH");
+const PAGE: usize = 4096;
+/// How long a lock is waited for before giving up (allocation falls back to private memory).
+const LOCK_WAIT: Duration = Duration::from_millis(20);
+/// Header: magic u64 | token u64 | lock u32 | lock holder pid u32 | granules u64 | bitmap | refs | span | owner.
+const FIXED: usize = 32;
+
+/// Regions of this process (inherited by forked children, like the mappings themselves).
+static REGIONS: Mutex<Vec<Weak<SharedRegion>>> = Mutex::new(Vec::new());
+
+/// What a process sends instead of a sample's bytes: where they are in which region, and the slot whose
+/// reference the message carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handle {
+    /// The region's random token.
+    pub token: u64,
+    /// Offset of the bytes from the start of the region's data.
+    pub offset: u64,
+    /// Length of the bytes.
+    pub len: u64,
+    /// First granule of the slot holding them.
+    pub slot: u32,
+}
+
+/// A shared anonymous mapping with a slot allocator and reference counts in its header.
+#[derive(Debug)]
+pub struct SharedRegion {
+    base: NonNull<u8>,
+    map_len: usize,
+    data_off: usize,
+    granules: usize,
+    words: usize,
+    token: u64,
+}
+
+// SAFETY: the mapping is plain memory shared by design; all shared state in it is accessed through atomics,
+// and slot contents are only written by the slot's holder before its bytes are published.
+unsafe impl Send for SharedRegion {}
+// SAFETY: as above.
+unsafe impl Sync for SharedRegion {}
+
+impl SharedRegion {
+    /// Map a region for `bytes` of samples (rounded down to granules, at least one). The memory is reserved,
+    /// not touched: resident memory grows with what is in use at once.
+    pub fn create(bytes: u64) -> Result<Arc<Self>> {
+        let granules = usize::try_from(bytes / GRANULE as u64)
+            .unwrap_or(usize::MAX)
+            .clamp(1, u32::MAX as usize / 2);
+        let words = granules.div_ceil(64);
+        let header = FIXED + 8 * words + 12 * granules;
+        let data_off = header.div_ceil(PAGE) * PAGE;
+        let map_len = granules
+            .checked_mul(GRANULE)
+            .and_then(|d| d.checked_add(data_off))
+            .ok_or_else(|| Error::invalid_input(format!("shared memory of {bytes} bytes")))?;
+        // SAFETY: a new anonymous mapping; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "mapping {map_len} bytes of shared memory: {}",
+                    std::io::Error::last_os_error()
+                ),
+            ));
+        }
+        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| Error::internal("mmap gave null"))?;
+        let token = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(p as usize);
+            h.write_u32(std::process::id());
+            h.finish() | 1
+        };
+        let r = Self {
+            base,
+            map_len,
+            data_off,
+            granules,
+            words,
+            token,
+        };
+        r.u64_at(0).store(MAGIC, Ordering::Relaxed);
+        r.u64_at(8).store(token, Ordering::Relaxed);
+        r.u64_at(24).store(granules as u64, Ordering::Relaxed);
+        let r = Arc::new(r);
+        let mut g = REGIONS.lock();
+        g.retain(|w| w.strong_count() > 0);
+        g.push(Arc::downgrade(&r));
+        Ok(r)
+    }
+
+    /// The region's token, which handles name it by.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Bytes the region can hold.
+    pub fn capacity(&self) -> u64 {
+        (self.granules * GRANULE) as u64
+    }
+
+    /// Bytes in allocated slots now (granules rounded up), as far as the bitmap says.
+    pub fn in_use(&self) -> u64 {
+        let set: u64 = (0..self.words)
+            .map(|w| u64::from(self.word(w).load(Ordering::Relaxed).count_ones()))
+            .sum();
+        set * GRANULE as u64
+    }
+
+    // -- header access ----------------------------------------------------------------------------------
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.data_off);
+        // SAFETY: `off` is inside the header, 8-aligned (the mapping is page-aligned), and the memory lives as
+        // long as `self`; it is only ever accessed atomically.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.data_off);
+        // SAFETY: as in `u64_at`, 4-aligned.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+
+    fn lock_word(&self) -> &AtomicU32 {
+        self.u32_at(16)
+    }
+
+    fn lock_pid(&self) -> &AtomicU32 {
+        self.u32_at(20)
+    }
+
+    fn word(&self, w: usize) -> &AtomicU64 {
+        self.u64_at(FIXED + 8 * w)
+    }
+
+    fn refs(&self, g: usize) -> &AtomicU32 {
+        self.u32_at(FIXED + 8 * self.words + 4 * g)
+    }
+
+    fn span(&self, g: usize) -> &AtomicU32 {
+        self.u32_at(FIXED + 8 * self.words + 4 * (self.granules + g))
+    }
+
+    fn owner(&self, g: usize) -> &AtomicU32 {
+        self.u32_at(FIXED + 8 * self.words + 4 * (2 * self.granules + g))
+    }
+
+    fn data(&self) -> *mut u8 {
+        // SAFETY: `data_off` is inside the mapping.
+        unsafe { self.base.as_ptr().add(self.data_off) }
+    }
+
+    fn bit(&self, g: usize) -> bool {
+        self.word(g / 64).load(Ordering::Relaxed) & (1 << (g % 64)) != 0
+    }
+
+    fn set_bits(&self, first: usize, n: usize, on: bool) {
+        for g in first..first + n {
+            let m = 1u64 << (g % 64);
+            if on {
+                self.word(g / 64).fetch_or(m, Ordering::Relaxed);
+            } else {
+                self.word(g / 64).fetch_and(!m, Ordering::Relaxed);
+            }
+        }
+    }
+
+    // -- the lock ---------------------------------------------------------------------------------------
+
+    /// Take the region's lock, or give up after [`LOCK_WAIT`]. A lock held that long by a process that no
+    /// longer exists is taken over.
+    fn lock(&self) -> Option<LockGuard<'_>> {
+        let deadline = Instant::now() + LOCK_WAIT;
+        let mut spins = 0u32;
+        loop {
+            if self
+                .lock_word()
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.lock_pid().store(std::process::id(), Ordering::Relaxed);
+                return Some(LockGuard(self));
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if Instant::now() < deadline {
+                std::thread::yield_now();
+                continue;
+            }
+            let holder = self.lock_pid().load(Ordering::Relaxed);
+            // SAFETY: kill with signal 0 sends nothing; it only asks whether the pid exists.
+            let gone = holder != 0
+                && unsafe { libc::kill(holder as libc::pid_t, 0) } == -1
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone {
+                tracing::warn!(
+                    pid = holder,
+                    "shared sample memory: taking over the lock of a process that died"
+                );
+                self.lock_word().store(0, Ordering::Release);
+                spins = 0;
+                continue;
+            }
+            return None;
+        }
+    }
+
+    // -- slots ------------------------------------------------------------------------------------------
+
+    /// A slot of at least `len` bytes (one reference, the caller's), or `None` when the region has no room
+    /// (or is busy): the caller uses private memory instead.
+    pub fn alloc(self: &Arc<Self>, len: usize) -> Option<SlotMut> {
+        let n = len.div_ceil(GRANULE);
+        if n == 0 || n > self.granules {
+            return None;
+        }
+        let _guard = self.lock()?;
+        let first = match self.find_free(n) {
+            Some(f) => f,
+            None => {
+                self.sweep();
+                self.find_free(n)?
+            }
+        };
+        self.set_bits(first, n, true);
+        self.span(first).store(n as u32, Ordering::Relaxed);
+        for g in first..first + n {
+            self.owner(g).store(first as u32, Ordering::Relaxed);
+        }
+        self.refs(first).store(1, Ordering::Release);
+        Some(SlotMut {
+            region: self.clone(),
+            first: first as u32,
+            cap: n * GRANULE,
+        })
+    }
+
+    /// First run of `n` free granules. Under the lock.
+    fn find_free(&self, n: usize) -> Option<usize> {
+        let (mut g, mut start, mut run) = (0, 0, 0);
+        while g < self.granules {
+            if g % 64 == 0 && g + 64 <= self.granules {
+                let w = self.word(g / 64).load(Ordering::Relaxed);
+                if w == u64::MAX {
+                    g += 64;
+                    run = 0;
+                    start = g;
+                    continue;
+                }
+                if w == 0 && run + 64 < n {
+                    run += 64;
+                    g += 64;
+                    continue;
+                }
+            }
+            if self.bit(g) {
+                run = 0;
+                start = g + 1;
+            } else {
+                run += 1;
+                if run == n {
+                    return Some(start);
+                }
+            }
+            g += 1;
+        }
+        None
+    }
+
+    /// Free the slots whose last reference was released while the lock was busy. Under the lock.
+    fn sweep(&self) {
+        let mut g = 0;
+        while g < self.granules {
+            if !self.bit(g) {
+                g += 1;
+                continue;
+            }
+            let n = (self.span(g).load(Ordering::Relaxed) as usize).clamp(1, self.granules - g);
+            if self.refs(g).load(Ordering::Acquire) == 0 {
+                self.set_bits(g, n, false);
+            }
+            g += n;
+        }
+    }
+
+    /// Drop one reference to the slot at `first`; the last one frees it.
+    fn release(&self, first: usize) {
+        let refs = self.refs(first);
+        loop {
+            let r = refs.load(Ordering::Acquire);
+            if r == 0 {
+                // Never taken (a corrupt handle): nothing to give back.
+                return;
+            }
+            if r == 1 {
+                // The only holder: nobody else can change the count now.
+                match self.lock() {
+                    Some(_guard) => {
+                        refs.store(0, Ordering::Release);
+                        let n = (self.span(first).load(Ordering::Relaxed) as usize)
+                            .clamp(1, self.granules - first);
+                        self.set_bits(first, n, false);
+                    }
+                    None => refs.store(0, Ordering::Release),
+                }
+                return;
+            }
+            if refs
+                .compare_exchange(r, r - 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Whether `offset..offset + len` of the data lies in the live slot starting at `first`.
+    fn check(&self, first: usize, offset: usize, len: usize) -> bool {
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        if len == 0 || end > self.granules * GRANULE || first >= self.granules {
+            return false;
+        }
+        let (g0, g1) = (offset / GRANULE, (end - 1) / GRANULE);
+        let n = self.span(first).load(Ordering::Relaxed) as usize;
+        first <= g0
+            && g1 < first + n
+            && self.bit(first)
+            && self.owner(g0).load(Ordering::Relaxed) as usize == first
+            && self.owner(g1).load(Ordering::Relaxed) as usize == first
+            && self.refs(first).load(Ordering::Acquire) > 0
+    }
+
+    /// A handle for `data` if it lies in a slot of one of this process's regions, taking a reference for it
+    /// (the receiver's [`adopt`](Self::adopt) takes it over). `None`: not shared memory; send the bytes.
+    pub fn share(data: &[u8]) -> Option<Handle> {
+        if data.is_empty() {
+            return None;
+        }
+        let p = data.as_ptr() as usize;
+        let regions: Vec<Arc<Self>> = REGIONS.lock().iter().filter_map(Weak::upgrade).collect();
+        for r in regions {
+            let start = r.data() as usize;
+            if p < start || p + data.len() > start + r.granules * GRANULE {
+                continue;
+            }
+            let offset = p - start;
+            let first = r.owner(offset / GRANULE).load(Ordering::Relaxed) as usize;
+            // `data` is held (by a slot owner), so its slot is live and its count is at least 1.
+            if !r.check(first, offset, data.len()) {
+                return None;
+            }
+            r.refs(first).fetch_add(1, Ordering::AcqRel);
+            return Some(Handle {
+                token: r.token,
+                offset: offset as u64,
+                len: data.len() as u64,
+                slot: first as u32,
+            });
+        }
+        None
+    }
+
+    /// The bytes a handle names, taking over the reference it carries. Fails when the region is not mapped in
+    /// this process (a process not forked from the one that opened the dataset) or the handle does not name
+    /// live bytes of it.
+    pub fn adopt(h: Handle) -> Result<Bytes> {
+        let region = REGIONS
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|r| r.token == h.token)
+            .ok_or_else(|| {
+                Error::invalid_input(
+                    "a shared sample's memory is not mapped in this process (only processes forked from \
+                     the one that opened the dataset share it; send bytes(sample) to others)",
+                )
+            })?;
+        let (Ok(offset), Ok(len)) = (usize::try_from(h.offset), usize::try_from(h.len)) else {
+            return Err(Error::invalid_input("shared sample handle out of range"));
+        };
+        let first = h.slot as usize;
+        if !region.check(first, offset, len) {
+            return Err(Error::invalid_input(format!(
+                "shared sample handle {h:?} does not name live bytes"
+            )));
+        }
+        // SAFETY: `offset..offset + len` is inside the data area (checked), which lives as long as the
+        // `region` Arc the owner holds.
+        let ptr = unsafe { region.data().add(offset) };
+        Ok(Bytes::from_owner(SlotRef {
+            region,
+            first: h.slot,
+            ptr,
+            len,
+        }))
+    }
+}
+
+impl Drop for SharedRegion {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created in `create` with this length, and nothing refers to it any more:
+        // every slot owner holds an Arc of the region.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.map_len);
+        }
+    }
+}
+
+struct LockGuard<'a>(&'a SharedRegion);
+
+impl Drop for LockGuard<'_> {
+    fn drop(&mut self) {
+        self.0.lock_pid().store(0, Ordering::Relaxed);
+        self.0.lock_word().store(0, Ordering::Release);
+    }
+}
+
+/// A slot being filled: the holder's reference and its memory. Dropped, it is freed; frozen, it becomes
+/// `Bytes`.
+#[derive(Debug)]
+pub struct SlotMut {
+    region: Arc<SharedRegion>,
+    first: u32,
+    cap: usize,
+}
+
+impl SlotMut {
+    /// Bytes the slot can hold.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Where the slot's memory starts (for a writer in another process).
+    pub fn address(&self) -> u64 {
+        self.ptr() as usize as u64
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: the slot's granules are inside the data area.
+        unsafe { self.region.data().add(self.first as usize * GRANULE) }
+    }
+
+    /// The slot's memory, to fill in this process.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the slot is allocated to this holder alone until it is frozen (no other process writes or
+        // reads it: its handles do not exist yet), and shared anonymous memory is always initialized.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.cap) }
+    }
+
+    /// The first `len` bytes (written) as `Bytes` owned by the slot.
+    pub fn freeze(self, len: usize) -> Bytes {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: moving the Arc out of a ManuallyDrop that is never used again.
+        let region = unsafe { std::ptr::read(&me.region) };
+        let ptr = me.ptr();
+        Bytes::from_owner(SlotRef {
+            region,
+            first: me.first,
+            ptr,
+            len: len.min(me.cap),
+        })
+    }
+
+    /// Give up the slot without freeing it: another process may still be writing into it (a read cancelled
+    /// before its reply). The granules stay allocated for the region's life.
+    pub fn leak(self) {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: as in `freeze`; the Arc is dropped, the reference count is not.
+        drop(unsafe { std::ptr::read(&me.region) });
+    }
+}
+
+impl Drop for SlotMut {
+    fn drop(&mut self) {
+        self.region.release(self.first as usize);
+    }
+}
+
+/// The owner behind `Bytes` in a slot: one reference, given back on drop.
+struct SlotRef {
+    region: Arc<SharedRegion>,
+    first: u32,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is into the region, which the Arc keeps mapped; the bytes are immutable once published.
+unsafe impl Send for SlotRef {}
+
+impl AsRef<[u8]> for SlotRef {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr + len` is inside the region's data (checked when made) and is not written while a
+        // reference is held.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for SlotRef {
+    fn drop(&mut self) {
+        self.region.release(self.first as usize);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_shared_adopted_and_freed_by_the_last_reference() {
+        let r = SharedRegion::create(64 * GRANULE as u64).unwrap();
+        assert_eq!(r.in_use(), 0);
+        let mut s = r.alloc(3 * GRANULE - 5).unwrap();
+        assert_eq!(s.capacity(), 3 * GRANULE);
+        let pattern: Vec<u8> = (0..3 * GRANULE - 5).map(|i| (i % 253) as u8).collect();
+        s.as_mut_slice()[..pattern.len()].copy_from_slice(&pattern);
+        let b = s.freeze(pattern.len());
+        assert_eq!(b.as_ref(), &pattern[..]);
+        assert_eq!(r.in_use(), 3 * GRANULE as u64);
+        // A sub-slice finds its slot; the handle carries a reference of its own.
+        let part = b.slice(GRANULE + 7..2 * GRANULE + 100);
+        let h = SharedRegion::share(&part).unwrap();
+        assert_eq!(h.token, r.token());
+        drop(b);
+        drop(part);
+        assert_eq!(r.in_use(), 3 * GRANULE as u64, "the handle keeps the slot");
+        let adopted = SharedRegion::adopt(h).unwrap();
+        assert_eq!(adopted.as_ref(), &pattern[GRANULE + 7..2 * GRANULE + 100]);
+        drop(adopted);
+        assert_eq!(r.in_use(), 0, "the last reference freed it");
+        // Adopting again (a handle used twice) is refused: the slot is no longer live.
+        assert!(SharedRegion::adopt(h).is_err());
+        // Foreign handles are refused.
+        let bad = Handle {
+            token: r.token() ^ 2,
+            ..h
+        };
+        assert!(SharedRegion::adopt(bad).is_err());
+        let s = r.alloc(10).unwrap();
+        let b = s.freeze(10);
+        let h = SharedRegion::share(&b).unwrap();
+        for bad in [
+            Handle { len: 0, ..h },
+            Handle {
+                offset: u64::MAX - 2,
+                ..h
+            },
+            Handle {
+                len: 2 * GRANULE as u64,
+                ..h
+            },
+            Handle {
+                slot: h.slot + 1,
+                ..h
+            },
+            Handle {
+                slot: u32::MAX,
+                ..h
+            },
+        ] {
+            assert!(SharedRegion::adopt(bad).is_err(), "{bad:?}");
+        }
+        drop(SharedRegion::adopt(h).unwrap());
+        drop(b);
+        assert_eq!(r.in_use(), 0);
+        // Memory that is not in a region is not shared.
+        assert!(SharedRegion::share(b"plain").is_none());
+    }
+
+    #[test]
+    fn a_full_region_refuses_and_first_fit_reuses_freed_runs() {
+        let r = SharedRegion::create(8 * GRANULE as u64).unwrap();
+        let a = r.alloc(4 * GRANULE).unwrap();
+        let b = r.alloc(4 * GRANULE).unwrap();
+        assert!(r.alloc(1).is_none(), "full");
+        let a_addr = a.address();
+        drop(a);
+        let c = r.alloc(2 * GRANULE).unwrap();
+        assert_eq!(c.address(), a_addr, "first fit");
+        let d = r.alloc(2 * GRANULE).unwrap();
+        assert!(r.alloc(1).is_none());
+        assert!(r.alloc(9 * GRANULE).is_none(), "larger than the region");
+        drop((b, c, d));
+        assert_eq!(r.in_use(), 0);
+        // A leaked slot stays allocated.
+        r.alloc(GRANULE).unwrap().leak();
+        assert_eq!(r.in_use(), GRANULE as u64);
+    }
+
+    #[test]
+    fn a_release_while_the_lock_is_busy_is_swept_later() {
+        let r = SharedRegion::create(4 * GRANULE as u64).unwrap();
+        let b = r.alloc(4 * GRANULE).unwrap().freeze(4 * GRANULE);
+        {
+            let _held = r.lock().unwrap();
+            // Released while another holder has the lock: counted down, left allocated.
+            let t = std::thread::spawn(move || drop(b));
+            t.join().unwrap();
+        }
+        assert_eq!(r.in_use(), 4 * GRANULE as u64);
+        // The next allocation that finds no room sweeps it.
+        assert!(r.alloc(4 * GRANULE).is_some());
+    }
+
+    #[test]
+    fn the_lock_of_a_dead_process_is_taken_over() {
+        let r = SharedRegion::create(4 * GRANULE as u64).unwrap();
+        // A process that exited holding the lock.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        r.lock_word().store(1, Ordering::Relaxed);
+        r.lock_pid().store(pid, Ordering::Relaxed);
+        assert!(r.alloc(GRANULE).is_some());
+        // A live holder is waited for, then given up on.
+        r.lock_word().store(1, Ordering::Relaxed);
+        r.lock_pid().store(std::process::id(), Ordering::Relaxed);
+        assert!(r.alloc(GRANULE).is_none());
+    }
+
+    #[test]
+    fn a_forked_process_writes_and_the_parent_reads_the_same_slot() {
+        let r = SharedRegion::create(16 * GRANULE as u64).unwrap();
+        // SAFETY: the child only touches the region and exits with _exit (no destructors, no allocator use).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // No allocation in the child (another test thread may hold the allocator's lock at fork time).
+            let code = match r.alloc(GRANULE + 1) {
+                Some(mut s) => {
+                    s.as_mut_slice()[..GRANULE + 1].fill(0xAB);
+                    let at = r.data() as usize + 15 * GRANULE;
+                    // SAFETY: the last granule is not allocated in this test; 8-aligned. The handle goes
+                    // through the region itself.
+                    unsafe {
+                        let p = at as *mut u64;
+                        p.write((s.first as usize * GRANULE) as u64);
+                        p.add(1).write((GRANULE + 1) as u64);
+                        p.add(2).write(u64::from(s.first));
+                    }
+                    // The slot's reference is the message's: the child exits without releasing it.
+                    std::mem::forget(s);
+                    0
+                }
+                None => 1,
+            };
+            // SAFETY: leaving the forked child without running the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(libc::WEXITSTATUS(status), 0);
+        let at = r.data() as usize + 15 * GRANULE;
+        // SAFETY: written by the child above.
+        let (offset, len, slot) = unsafe {
+            let p = at as *const u64;
+            (p.read(), p.add(1).read(), p.add(2).read() as u32)
+        };
+        let b = SharedRegion::adopt(Handle {
+            token: r.token(),
+            offset,
+            len,
+            slot,
+        })
+        .unwrap();
+        assert_eq!(b.len(), GRANULE + 1);
+        assert!(b.iter().all(|&x| x == 0xAB));
+        drop(b);
+        assert_eq!(r.in_use(), 0, "the adopted reference was the last");
+    }
+}
