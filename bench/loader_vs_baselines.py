@@ -95,6 +95,9 @@ def upload(s3, d, prefix):
 # One loader in a child process: python loader_vs_baselines.py --run KIND URL ...
 
 
+TOUCH = os.environ.get("STRATA_BENCH_TOUCH") == "1"
+
+
 def run_one(kind, url, workers, batch, scratch, endpoint, prefix_keys):
     import torch
     from torch.utils.data import DataLoader
@@ -149,7 +152,9 @@ def run_one(kind, url, workers, batch, scratch, endpoint, prefix_keys):
     else:
         raise SystemExit(f"unknown loader {kind}")
     dl = DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=lambda b: b)
-    epochs, first, worker_peak = [], None, 0.0
+    import numpy as np
+
+    epochs, first, worker_peak, touched = [], None, 0.0, 0
     for epoch in range(2):
         set_epoch(epoch)
         t0 = time.perf_counter()
@@ -161,6 +166,8 @@ def run_one(kind, url, workers, batch, scratch, endpoint, prefix_keys):
                 first = time.perf_counter() - t_start
             for s in b:
                 nbytes += len(s["bin"])
+                if TOUCH:  # read one byte of every page, as a consumer that decodes the sample must
+                    touched += int(np.frombuffer(s["bin"], np.uint8)[::4096].sum())
             n += len(b)
             if i % 8 == 0:  # workers' peak RSS, sampled while they run
                 for w in getattr(it, "_workers", []):
@@ -360,6 +367,8 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1, help="runs of every cell; figures are medians")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--touch", action="store_true",
+                    help="the training loop reads one byte of every page of each sample (default: len() only)")
     ap.add_argument("--resume-samples", type=int, default=1_000_000)
     ap.add_argument("--only", default="", help="comma list of loaders to run (strata-wds,strata-mds,mosaic,webdataset)")
     ap.add_argument("--run", nargs=2, metavar=("KIND", "URL"), help=argparse.SUPPRESS)
@@ -367,6 +376,8 @@ def main():
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--keys", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.touch:
+        os.environ["STRATA_BENCH_TOUCH"] = "1"
     if args.run:
         run_one(args.run[0], args.run[1], args.workers, args.batch, args.scratch, args.endpoint,
                 json.loads(args.keys))
@@ -422,7 +433,7 @@ def main():
             for kind, rs in runs.items():
                 results[(name, kind)] = median_run(rs)
 
-        print(f"\nworkers={args.workers} batch={args.batch}; samples/s (epoch 1 cold, epoch 2 warm)")
+        print(f"\nworkers={args.workers} batch={args.batch} touch={args.touch}; samples/s (epoch 1 cold, epoch 2 warm)")
         print(f"{'dataset':<7} {'loader':<17} {'cold/s':>9} {'warm/s':>9} {'first(s)':>9} {'RSS main':>9} "
               f"{'(+data)':>8} {'RSS wrk':>8} {'agent':>7} {'origin CPU':>10}")
         for (name, kind), r in results.items():

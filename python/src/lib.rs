@@ -522,7 +522,8 @@ fn value_to_py<'py>(
 /// Read-only bytes of a sample, shared with Strata's buffers instead of copied (`zero_copy=True`).
 ///
 /// Supports the buffer protocol (`memoryview`, `numpy.frombuffer`, `io.BytesIO`, `torch.frombuffer`, `hashlib`,
-/// `pickle.loads`), `len()`, `bytes()`, comparison with bytes-like objects; `pickle` writes it as `bytes`.
+/// `pickle.loads`), `len()`, `bytes()`, `decode()`, indexing and slicing (a slice shares the memory too),
+/// comparison with bytes-like objects; `pickle` writes it as `bytes`.
 /// Made by a DataLoader worker, it lives in a shared-memory region of the process that opened the dataset,
 /// and crosses multiprocessing queues as a small handle to it (no copy); elsewhere it crosses as bytes. It
 /// keeps the memory it shares alive: in-process that can be a whole cache block, so copy (`bytes(x)`) what
@@ -563,6 +564,59 @@ impl Buffer {
 
     fn __len__(&self) -> usize {
         self.data.len()
+    }
+
+    /// `b[i]` is an int, `b[a:b]` a Buffer over the same memory (a step other than 1 gives bytes).
+    fn __getitem__<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let n = self.data.len() as isize;
+        if let Ok(slice) = key.cast::<pyo3::types::PySlice>() {
+            let ind = slice.indices(n)?;
+            let (start, stop, step) = (ind.start, ind.stop, ind.step);
+            if step == 1 {
+                let (a, b) = (start.max(0) as usize, stop.max(start).max(0) as usize);
+                return Ok(Bound::new(
+                    py,
+                    Buffer {
+                        data: self.data.slice(a..b),
+                    },
+                )?
+                .into_any());
+            }
+            let picked: Vec<u8> = (0..ind.slicelength as isize)
+                .map(|k| self.data[(start + k * step) as usize])
+                .collect();
+            return Ok(PyBytes::new(py, &picked).into_any());
+        }
+        let i: isize = key.extract().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err("Buffer indices must be integers or slices")
+        })?;
+        let j = if i < 0 { i + n } else { i };
+        if !(0..n).contains(&j) {
+            return Err(pyo3::exceptions::PyIndexError::new_err(
+                "Buffer index out of range",
+            ));
+        }
+        Ok(self.data[j as usize].into_pyobject(py)?.into_any())
+    }
+
+    /// The bytes decoded as text, as `bytes.decode`.
+    #[pyo3(signature = (encoding="utf-8", errors="strict"))]
+    fn decode<'py>(
+        &self,
+        py: Python<'py>,
+        encoding: &str,
+        errors: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if matches!(encoding, "utf-8" | "utf8" | "UTF-8")
+            && let Ok(s) = std::str::from_utf8(&self.data)
+        {
+            return Ok(pyo3::types::PyString::new(py, s).into_any());
+        }
+        PyBytes::new(py, &self.data).call_method1("decode", (encoding, errors))
     }
 
     fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {

@@ -64,6 +64,14 @@ def keys(samples):
     return [s["__key__"] for s in samples]
 
 
+def _is_utf8(b):
+    try:
+        b.decode()
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def same_value(a, b):
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.array_equal(np.asarray(a), np.asarray(b)) and np.asarray(a).dtype == np.asarray(b).dtype
@@ -559,6 +567,21 @@ def test_zero_copy_samples_equal_the_copied_ones_and_behave_as_bytes(wds_dir, md
     assert io.BytesIO(buf).read() == want
     back = pickle.loads(pickle.dumps(buf))
     assert type(back) is bytes and back == want
+    # Indexing, slicing (a slice shares the memory), decode, as bytes do.
+    assert buf[0] == want[0] and buf[-1] == want[-1] and buf[3:9] == want[3:9] and buf[::3] == want[::3]
+    assert isinstance(buf[3:9], strata.Buffer) and buf[9:3] == b"" and buf[-4:] == want[-4:]
+    with pytest.raises(IndexError):
+        buf[len(want)]
+    with pytest.raises(TypeError):
+        buf["x"]
+    wds_zc = list(strata.StreamingDataset(wds_dir, zero_copy=True))
+    text = wds_zc[5]["txt"]
+    assert text.decode() == bytes(text).decode() and text.decode("latin-1") == bytes(text).decode("latin-1")
+    binary = next(s["jpg"] for s in wds_zc if not _is_utf8(bytes(s["jpg"])))
+    with pytest.raises(UnicodeDecodeError):
+        binary.decode()
+    assert binary.decode("utf-8", "replace") == bytes(binary).decode("utf-8", "replace")
+    del wds_zc, text, binary
     # The memory stays valid while a Buffer (or a view of it) lives, whatever happened to the dataset.
     del plain, zc
     gc.collect()

@@ -930,7 +930,7 @@ impl BlockCache {
         let mut written = Vec::new();
         let block_len =
             |i: usize| (((keys[i].0.index + 1) * bs).min(end) - keys[i].0.index * bs) as usize;
-        let mut cur = BytesMut::with_capacity(block_len(0));
+        let mut cur = strata_types::mem::prefaulted(block_len(0));
         // Warm-ups stream each received chunk straight to its block file while it is hot in the CPU cache
         // (writing blocks later, from memory gone cold, cost several times the CPU on the machines we measured).
         let streamer = self.inner.disk.as_ref().map(|disk| {
@@ -981,7 +981,7 @@ impl BlockCache {
                     streaming = false;
                     out.push(block);
                     if i + 1 < keys.len() {
-                        cur = BytesMut::with_capacity(block_len(i + 1));
+                        cur = strata_types::mem::prefaulted(block_len(i + 1));
                     }
                 }
             }

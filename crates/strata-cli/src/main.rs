@@ -325,12 +325,16 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc options baked into the binary. `oversize_threshold:0` keeps 8 MiB+ allocations (cache blocks, fill
 /// buffers) in the normal arenas, which recycle freed memory, instead of the oversize arena, which returns it to
 /// the kernel at once so that the next fill pays a page fault per 4 KiB again; freed memory goes back to the
-/// kernel after a second (`dirty_decay_ms:1000`) so the agent's RSS follows its working set. Overrides
-/// work through the `_RJEM_MALLOC_CONF` environment variable.
+/// kernel after a second (`dirty_decay_ms:1000`) so the agent's RSS follows its working set.
+/// `cache_oblivious:false` keeps large allocations page-aligned (jemalloc otherwise offsets them by a random
+/// cache line), so a cache block assembled in its own buffer is written to its block file with `O_DIRECT`
+/// straight from that memory, without a copy through an aligned staging buffer. Overrides work through the
+/// `_RJEM_MALLOC_CONF` environment variable.
 #[cfg(all(target_os = "linux", not(target_env = "musl")))]
 #[allow(unsafe_code)] // the symbol name is jemalloc's documented configuration hook
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static MALLOC_CONF: &[u8; 58] = b"oversize_threshold:0,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+pub static MALLOC_CONF: &[u8; 80] =
+    b"oversize_threshold:0,dirty_decay_ms:1000,muzzy_decay_ms:0,cache_oblivious:false\0";
 
 fn main() {
     let cli = Cli::parse();

@@ -543,7 +543,20 @@ impl Backend {
                             .await?;
                         let meta = convert_meta(r.meta.clone());
                         let want = len.min(meta.size);
-                        let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
+                        // Into a buffer mapped in one call, not faulted in page by page.
+                        let mut buf = strata_types::mem::prefaulted(want as usize);
+                        let mut chunks = r.into_stream();
+                        while let Some(c) = chunks.next().await {
+                            let c = c.map_err(|e| classify(e, &what))?;
+                            if (buf.len() + c.len()) as u64 > want {
+                                return Err(Error::new(
+                                    ErrorKind::Unavailable,
+                                    format!("{what}: more than the {want} bytes asked"),
+                                ));
+                            }
+                            buf.extend_from_slice(&c);
+                        }
+                        let bytes = buf.freeze();
                         if bytes.len() as u64 != want {
                             return Err(Error::new(
                                 ErrorKind::Unavailable,

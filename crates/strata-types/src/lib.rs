@@ -11,6 +11,7 @@
 mod error;
 mod event;
 mod ids;
+pub mod mem;
 mod size;
 
 pub use error::{Error, ErrorKind, Result};

@@ -89,7 +89,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         skip_corrupt: skip samples that fail to decode (counted in ``stats()["skipped"]``) instead of raising.
         job: job id recorded with the I/O (default ``SLURM_JOB_ID``).
         zero_copy: binary fields come as :class:`strata.Buffer` (read-only, shares Strata's memory: the buffer
-            protocol, ``len``, ``bytes()``, ``==``; it pickles as ``bytes``) instead of ``bytes``, and numpy fields
+            protocol, ``len``, ``bytes()``, ``decode()``, indexing and slicing, ``==``; it pickles as ``bytes``) instead of ``bytes``, and numpy fields
             share it too where aligned. It saves one copy of every sample (for large samples in the training
             process, most of the loader's CPU). A buffer keeps the memory it shares alive (in the training
             process, possibly a whole cache block), so copy what you keep. ``default_collate`` keeps a batch of
