@@ -175,9 +175,14 @@ struct Dataset {
 }
 
 impl Dataset {
-    /// A loader on this process's source; in a forked worker with `zero_copy`, its reads land in the shared
-    /// region (samples then cross to the opener as handles, not pickled bytes).
-    fn loader(&self, zero_copy: bool) -> PyResult<(Arc<tokio::runtime::Runtime>, Loader)> {
+    /// A loader on this process's source; in a forked DataLoader worker with `zero_copy`, its sample reads land
+    /// in the shared region (samples then cross to the opener as handles, not pickled bytes). Only DataLoader
+    /// workers: their handles are all adopted or dead with the iteration (see `strata_loader::shm`).
+    fn loader(
+        &self,
+        zero_copy: bool,
+        dataloader_worker: bool,
+    ) -> PyResult<(Arc<tokio::runtime::Runtime>, Loader)> {
         let (rt, telemetry) = proc()?;
         let pid = std::process::id();
         let mut g = self.source.lock();
@@ -195,7 +200,7 @@ impl Dataset {
         let mut src =
             g.1.clone()
                 .ok_or_else(|| StrataError::new_err("dataset source missing"))?;
-        if zero_copy && pid != self.opener {
+        if zero_copy && dataloader_worker && pid != self.opener {
             src = match src {
                 Source::Shared(c) => Source::Shared(c.with_region(self.region.clone())),
                 Source::Agent(a) => Source::Agent(a.with_region(self.region.clone())),
@@ -351,10 +356,14 @@ impl Dataset {
         self.region.as_ref().map_or(0, |r| r.capacity())
     }
 
-    /// Bytes of that region in use now (samples held anywhere: workers, queues, the training loop).
+    /// Bytes of that region in use now (samples held anywhere: workers, queues, the training loop), after
+    /// reclaiming what DataLoader workers that are gone left behind.
     #[getter]
     fn shared_memory_in_use(&self) -> u64 {
-        self.region.as_ref().map_or(0, |r| r.in_use())
+        self.region.as_ref().map_or(0, |r| {
+            r.reclaim();
+            r.in_use()
+        })
     }
 
     /// Samples in the dataset.
@@ -447,7 +456,8 @@ impl Dataset {
 
     /// Stream this consumer's samples of `epoch` from global position `start`. With `zero_copy`, binary
     /// fields are `Buffer`s and aligned arrays share Strata's memory instead of copies.
-    #[pyo3(signature = (epoch, start, rank, world, worker, workers, batch_size, zero_copy=false))]
+    #[pyo3(signature = (epoch, start, rank, world, worker, workers, batch_size, zero_copy=false,
+        dataloader_worker=false))]
     #[allow(clippy::too_many_arguments)]
     fn iter(
         &self,
@@ -459,8 +469,9 @@ impl Dataset {
         workers: u32,
         batch_size: u32,
         zero_copy: bool,
+        dataloader_worker: bool,
     ) -> PyResult<SampleIter> {
-        let (rt, loader) = self.loader(zero_copy)?;
+        let (rt, loader) = self.loader(zero_copy, dataloader_worker)?;
         let part = Partition {
             rank,
             world,
@@ -650,18 +661,28 @@ impl Buffer {
     /// A handle `(token, offset, length, slot)` to this buffer's bytes when they are in a shared sample
     /// region, taking a reference for the message that carries it; `None` otherwise. For the multiprocessing
     /// pickler only: every handle must be adopted exactly once.
-    fn _share(&self) -> Option<(u64, u64, u64, u32)> {
-        SharedRegion::share(&self.data).map(|h| (h.token, h.offset, h.len, h.slot))
+    fn _share(&self) -> Option<(u64, u64, u64, u32, u32, bool)> {
+        SharedRegion::share(&self.data)
+            .map(|h| (h.token, h.offset, h.len, h.slot, h.generation, h.adopted))
     }
 
     /// The buffer a handle from `_share` names, in a process that maps the same region.
     #[staticmethod]
-    fn _adopt(token: u64, offset: u64, length: u64, slot: u32) -> PyResult<Self> {
+    fn _adopt(
+        token: u64,
+        offset: u64,
+        length: u64,
+        slot: u32,
+        generation: u32,
+        adopted: bool,
+    ) -> PyResult<Self> {
         let data = SharedRegion::adopt(Handle {
             token,
             offset,
             len: length,
             slot,
+            generation,
+            adopted,
         })
         .map_err(to_py)?;
         Ok(Self { data })

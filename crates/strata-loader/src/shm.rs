@@ -4,25 +4,31 @@
 //! read and unpickled, four copies after the worker's own, from memory no cache has seen. For large samples
 //! that is most of the CPU of an epoch. A [`SharedRegion`] is a `MAP_SHARED` anonymous mapping created by the
 //! process that opens the dataset, before the DataLoader forks, so every worker has it at the same address.
-//! A worker reads a sample into a slot of it (the rank's share server writes there with `process_vm_writev`,
-//! one copy from its cache); the sample's `Bytes` are owned by the slot; sending one through a
-//! multiprocessing queue sends a [`Handle`] (token, offset, length, slot), and the receiving process
-//! [`adopt`](SharedRegion::adopt)s it as `Bytes` over the same memory.
+//! A worker (the slot's *producer*) reads a sample into a slot of it (the rank's share server writes there
+//! with `process_vm_writev`, one copy from its cache); the sample's `Bytes` are owned by the slot; sending one
+//! through a multiprocessing queue sends a [`Handle`], and the receiving process [`adopt`](SharedRegion::adopt)s
+//! it as `Bytes` over the same memory.
 //!
-//! Slots are runs of [`GRANULE`]-byte granules. The region's header holds, as atomics any process may use:
-//! a lock (held for a bitmap scan only: bounded spinning, and a lock whose holder died is taken over), the
-//! allocation bitmap, and per slot its length, its reference count and, for every granule, the slot it belongs
-//! to (so a sub-slice of a sample finds its slot). A reference is held by each `Bytes` owner and by each
-//! handle in flight; the last one released frees the slot (or, if the lock is busy, leaves it for the next
-//! allocation's sweep). Allocation is first-fit, so the memory touched stays about the peak in use.
+//! Slots are runs of [`GRANULE`]-byte granules. The region's header holds, as atomics any process may use: a
+//! lock (held for a bitmap scan only: bounded spinning, and a lock whose holder died is taken over), the
+//! allocation bitmap, and per slot its length, its producer's pid, a generation (bumped at every allocation, so
+//! a handle names one allocation, never a later one in the same place), two reference counts and, for every
+//! granule, the slot it belongs to (so a sub-slice of a sample finds its slot). References are counted in two
+//! classes: the producer's (its own `Bytes`, and handles it sent that nobody adopted yet) and adopted ones
+//! (held by processes that adopted a handle, and handles they sent on). The last reference frees the slot (or,
+//! if the lock is busy, leaves it to the next sweep). Allocation is first-fit, so the memory touched stays
+//! about the peak in use.
 //!
-//! What can go wrong and what happens: the region is full (samples held for long, or references leaked by
-//! handles that were never adopted: a DataLoader iterator abandoned mid-epoch, a killed worker) → allocation
-//! fails and the read lands in private memory, pickled as bytes (slower, never wrong or blocked); a handle
-//! adopted twice (the same pickle unpickled twice) releases one reference too many, so only the
-//! multiprocessing pickler may make handles (the Python package registers it with `ForkingPickler` alone).
-//! Memory safety never depends on the counts: the mapping lives as long as any `Bytes` over it, and a slot
-//! freed early is reused, not unmapped.
+//! Leaks, and how they end: a DataLoader worker exits only when its iterator is shut down (exhausted, abandoned
+//! mid-epoch, or failed), and then the handles it sent that were not adopted never will be (its queue is
+//! discarded), and reads it had in flight never land. So when an allocation finds no room, the sweep drops the
+//! producer references of slots whose producer no longer exists (or is a zombie), and frees those nobody
+//! adopted. That is why only DataLoader workers produce (the Python layer attaches the region to them alone):
+//! a generic `multiprocessing` worker may exit while its results wait in a queue. A reference copied into a
+//! forked child (a parent's `Bytes` inherited at fork) is never released by the child: each owner remembers
+//! the pid that took it. A full region makes reads land in private memory, pickled as bytes: slower, never
+//! wrong, never blocked. Memory safety never depends on the counts: the mapping lives as long as any `Bytes`
+//! over it, and a slot freed early is reused, not unmapped.
 
 #![allow(unsafe_code)] // a shared mapping and atomics placed in it; see the SAFETY notes
 
@@ -42,11 +48,43 @@ const MAGIC: u64 = u64::from_le_bytes(*b"STRATASH");
 const PAGE: usize = 4096;
 /// How long a lock is waited for before giving up (allocation falls back to private memory).
 const LOCK_WAIT: Duration = Duration::from_millis(20);
-/// Header: magic u64 | token u64 | lock u32 | lock holder pid u32 | granules u64 | bitmap | refs | span | owner.
+/// Header: magic u64 | token u64 | lock u32 | lock holder pid u32 | granules u64 | bitmap u64s | refs u64s |
+/// span, owner, producer, generation u32s.
 const FIXED: usize = 32;
+/// Per-granule header bytes after the bitmap.
+const PER_GRANULE: usize = 8 + 4 * 4;
+/// A reference count word: producer references in the low half, adopted ones in the high half.
+const PRODUCER: u64 = 1;
+const ADOPTED: u64 = 1 << 32;
+const LOW: u64 = 0xffff_ffff;
 
 /// Regions of this process (inherited by forked children, like the mappings themselves).
 static REGIONS: Mutex<Vec<Weak<SharedRegion>>> = Mutex::new(Vec::new());
+
+/// Which class of reference a holder or a handle has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// The producer's own, or sent by it and not adopted yet.
+    Producer,
+    /// Taken by adopting a handle (or sent on by such a holder).
+    Adopted,
+}
+
+impl Class {
+    fn unit(self) -> u64 {
+        match self {
+            Class::Producer => PRODUCER,
+            Class::Adopted => ADOPTED,
+        }
+    }
+
+    fn count(self, r: u64) -> u64 {
+        match self {
+            Class::Producer => r & LOW,
+            Class::Adopted => r >> 32,
+        }
+    }
+}
 
 /// What a process sends instead of a sample's bytes: where they are in which region, and the slot whose
 /// reference the message carries.
@@ -60,6 +98,10 @@ pub struct Handle {
     pub len: u64,
     /// First granule of the slot holding them.
     pub slot: u32,
+    /// The slot's generation when the handle was made.
+    pub generation: u32,
+    /// The reference is an adopted one (sent on by a process that adopted it), not the producer's.
+    pub adopted: bool,
 }
 
 /// A shared anonymous mapping with a slot allocator and reference counts in its header.
@@ -79,6 +121,29 @@ unsafe impl Send for SharedRegion {}
 // SAFETY: as above.
 unsafe impl Sync for SharedRegion {}
 
+fn pid() -> u32 {
+    std::process::id()
+}
+
+/// Whether process `pid` is gone: no such process, or one that exited and was not reaped yet.
+fn gone(pid: u32) -> bool {
+    if pid == 0 || pid == self::pid() {
+        return false;
+    }
+    // SAFETY: kill with signal 0 sends nothing; it only asks whether the pid exists.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
 impl SharedRegion {
     /// Map a region for `bytes` of samples (rounded down to granules, at least one). The memory is reserved,
     /// not touched: resident memory grows with what is in use at once.
@@ -87,7 +152,7 @@ impl SharedRegion {
             .unwrap_or(usize::MAX)
             .clamp(1, u32::MAX as usize / 2);
         let words = granules.div_ceil(64);
-        let header = FIXED + 8 * words + 12 * granules;
+        let header = FIXED + 8 * words + PER_GRANULE * granules;
         let data_off = header.div_ceil(PAGE) * PAGE;
         let map_len = granules
             .checked_mul(GRANULE)
@@ -118,7 +183,7 @@ impl SharedRegion {
             use std::hash::{BuildHasher, Hasher};
             let mut h = std::collections::hash_map::RandomState::new().build_hasher();
             h.write_usize(p as usize);
-            h.write_u32(std::process::id());
+            h.write_u32(pid());
             h.finish() | 1
         };
         let r = Self {
@@ -157,6 +222,18 @@ impl SharedRegion {
         set * GRANULE as u64
     }
 
+    /// Free what is left of processes that are gone (see the module notes); false if the lock was busy.
+    /// Allocation does this by itself when it finds no room.
+    pub fn reclaim(&self) -> bool {
+        match self.lock() {
+            Some(_guard) => {
+                self.sweep();
+                true
+            }
+            None => false,
+        }
+    }
+
     // -- header access ----------------------------------------------------------------------------------
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
@@ -184,16 +261,29 @@ impl SharedRegion {
         self.u64_at(FIXED + 8 * w)
     }
 
-    fn refs(&self, g: usize) -> &AtomicU32 {
-        self.u32_at(FIXED + 8 * self.words + 4 * g)
+    fn refs(&self, g: usize) -> &AtomicU64 {
+        self.u64_at(FIXED + 8 * self.words + 8 * g)
+    }
+
+    /// The `i`th u32 array after the reference counts.
+    fn u32_array(&self, i: usize, g: usize) -> &AtomicU32 {
+        self.u32_at(FIXED + 8 * self.words + 8 * self.granules + 4 * (i * self.granules + g))
     }
 
     fn span(&self, g: usize) -> &AtomicU32 {
-        self.u32_at(FIXED + 8 * self.words + 4 * (self.granules + g))
+        self.u32_array(0, g)
     }
 
     fn owner(&self, g: usize) -> &AtomicU32 {
-        self.u32_at(FIXED + 8 * self.words + 4 * (2 * self.granules + g))
+        self.u32_array(1, g)
+    }
+
+    fn producer(&self, g: usize) -> &AtomicU32 {
+        self.u32_array(2, g)
+    }
+
+    fn generation(&self, g: usize) -> &AtomicU32 {
+        self.u32_array(3, g)
     }
 
     fn data(&self) -> *mut u8 {
@@ -216,6 +306,10 @@ impl SharedRegion {
         }
     }
 
+    fn span_of(&self, first: usize) -> usize {
+        (self.span(first).load(Ordering::Relaxed) as usize).clamp(1, self.granules - first)
+    }
+
     // -- the lock ---------------------------------------------------------------------------------------
 
     /// Take the region's lock, or give up after [`LOCK_WAIT`]. A lock held that long by a process that no
@@ -229,7 +323,7 @@ impl SharedRegion {
                 .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                self.lock_pid().store(std::process::id(), Ordering::Relaxed);
+                self.lock_pid().store(pid(), Ordering::Relaxed);
                 return Some(LockGuard(self));
             }
             spins += 1;
@@ -242,11 +336,7 @@ impl SharedRegion {
                 continue;
             }
             let holder = self.lock_pid().load(Ordering::Relaxed);
-            // SAFETY: kill with signal 0 sends nothing; it only asks whether the pid exists.
-            let gone = holder != 0
-                && unsafe { libc::kill(holder as libc::pid_t, 0) } == -1
-                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-            if gone {
+            if gone(holder) {
                 tracing::warn!(
                     pid = holder,
                     "shared sample memory: taking over the lock of a process that died"
@@ -261,8 +351,8 @@ impl SharedRegion {
 
     // -- slots ------------------------------------------------------------------------------------------
 
-    /// A slot of at least `len` bytes (one reference, the caller's), or `None` when the region has no room
-    /// (or is busy): the caller uses private memory instead.
+    /// A slot of at least `len` bytes produced by this process (one producer reference, the caller's), or
+    /// `None` when the region has no room (or is busy): the caller uses private memory instead.
     pub fn alloc(self: &Arc<Self>, len: usize) -> Option<SlotMut> {
         let n = len.div_ceil(GRANULE);
         if n == 0 || n > self.granules {
@@ -281,11 +371,14 @@ impl SharedRegion {
         for g in first..first + n {
             self.owner(g).store(first as u32, Ordering::Relaxed);
         }
-        self.refs(first).store(1, Ordering::Release);
+        self.producer(first).store(pid(), Ordering::Relaxed);
+        self.generation(first).fetch_add(1, Ordering::Relaxed);
+        self.refs(first).store(PRODUCER, Ordering::Release);
         Some(SlotMut {
             region: self.clone(),
             first: first as u32,
             cap: n * GRANULE,
+            pid: pid(),
         })
     }
 
@@ -321,46 +414,75 @@ impl SharedRegion {
         None
     }
 
-    /// Free the slots whose last reference was released while the lock was busy. Under the lock.
+    /// Free the slots nobody holds: released while the lock was busy, or held only by producer references of
+    /// a producer that is gone. Under the lock.
     fn sweep(&self) {
+        let mut dead: Vec<(u32, bool)> = Vec::new();
         let mut g = 0;
         while g < self.granules {
             if !self.bit(g) {
                 g += 1;
                 continue;
             }
-            let n = (self.span(g).load(Ordering::Relaxed) as usize).clamp(1, self.granules - g);
-            if self.refs(g).load(Ordering::Acquire) == 0 {
+            let n = self.span_of(g);
+            let refs = self.refs(g);
+            let mut r = refs.load(Ordering::Acquire);
+            if r & LOW != 0 {
+                let p = self.producer(g).load(Ordering::Relaxed);
+                let is_gone = match dead.iter().find(|(q, _)| *q == p) {
+                    Some(&(_, d)) => d,
+                    None => {
+                        let d = gone(p);
+                        dead.push((p, d));
+                        d
+                    }
+                };
+                if is_gone {
+                    // Its handles that nobody adopted never will be; its own references died with it.
+                    while r & LOW != 0 {
+                        match refs.compare_exchange(
+                            r,
+                            r & !LOW,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        ) {
+                            Ok(_) => r &= !LOW,
+                            Err(x) => r = x,
+                        }
+                    }
+                }
+            }
+            if r == 0 {
                 self.set_bits(g, n, false);
             }
             g += n;
         }
     }
 
-    /// Drop one reference to the slot at `first`; the last one frees it.
-    fn release(&self, first: usize) {
+    /// Drop one reference of `class` to the slot at `first`; the last one frees it.
+    fn release(&self, first: usize, class: Class) {
         let refs = self.refs(first);
+        let unit = class.unit();
         loop {
             let r = refs.load(Ordering::Acquire);
-            if r == 0 {
-                // Never taken (a corrupt handle): nothing to give back.
+            if class.count(r) == 0 {
+                // Already dropped for it (a producer that was taken for gone), or a corrupt handle.
                 return;
             }
-            if r == 1 {
+            let left = r - unit;
+            if left == 0 {
                 // The only holder: nobody else can change the count now.
                 match self.lock() {
                     Some(_guard) => {
                         refs.store(0, Ordering::Release);
-                        let n = (self.span(first).load(Ordering::Relaxed) as usize)
-                            .clamp(1, self.granules - first);
-                        self.set_bits(first, n, false);
+                        self.set_bits(first, self.span_of(first), false);
                     }
                     None => refs.store(0, Ordering::Release),
                 }
                 return;
             }
             if refs
-                .compare_exchange(r, r - 1, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(r, left, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 return;
@@ -383,7 +505,7 @@ impl SharedRegion {
             && self.bit(first)
             && self.owner(g0).load(Ordering::Relaxed) as usize == first
             && self.owner(g1).load(Ordering::Relaxed) as usize == first
-            && self.refs(first).load(Ordering::Acquire) > 0
+            && self.refs(first).load(Ordering::Acquire) != 0
     }
 
     /// A handle for `data` if it lies in a slot of one of this process's regions, taking a reference for it
@@ -401,16 +523,23 @@ impl SharedRegion {
             }
             let offset = p - start;
             let first = r.owner(offset / GRANULE).load(Ordering::Relaxed) as usize;
-            // `data` is held (by a slot owner), so its slot is live and its count is at least 1.
+            // `data` is held (by a slot owner), so its slot is live.
             if !r.check(first, offset, data.len()) {
                 return None;
             }
-            r.refs(first).fetch_add(1, Ordering::AcqRel);
+            let class = if r.producer(first).load(Ordering::Relaxed) == pid() {
+                Class::Producer
+            } else {
+                Class::Adopted
+            };
+            r.refs(first).fetch_add(class.unit(), Ordering::AcqRel);
             return Some(Handle {
                 token: r.token,
                 offset: offset as u64,
                 len: data.len() as u64,
                 slot: first as u32,
+                generation: r.generation(first).load(Ordering::Relaxed),
+                adopted: class == Class::Adopted,
             });
         }
         None
@@ -431,14 +560,38 @@ impl SharedRegion {
                      the one that opened the dataset share it; send bytes(sample) to others)",
                 )
             })?;
+        let stale = || {
+            Error::invalid_input(format!(
+                "shared sample handle {h:?} does not name live bytes"
+            ))
+        };
         let (Ok(offset), Ok(len)) = (usize::try_from(h.offset), usize::try_from(h.len)) else {
-            return Err(Error::invalid_input("shared sample handle out of range"));
+            return Err(stale());
         };
         let first = h.slot as usize;
-        if !region.check(first, offset, len) {
-            return Err(Error::invalid_input(format!(
-                "shared sample handle {h:?} does not name live bytes"
-            )));
+        if !region.check(first, offset, len)
+            || region.generation(first).load(Ordering::Relaxed) != h.generation
+        {
+            return Err(stale());
+        }
+        // Take the message's reference over, as an adopted one.
+        if !h.adopted {
+            let refs = region.refs(first);
+            let mut r = refs.load(Ordering::Acquire);
+            loop {
+                if r & LOW == 0 {
+                    return Err(stale());
+                }
+                match refs.compare_exchange(
+                    r,
+                    r - PRODUCER + ADOPTED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => break,
+                    Err(x) => r = x,
+                }
+            }
         }
         // SAFETY: `offset..offset + len` is inside the data area (checked), which lives as long as the
         // `region` Arc the owner holds.
@@ -446,6 +599,8 @@ impl SharedRegion {
         Ok(Bytes::from_owner(SlotRef {
             region,
             first: h.slot,
+            class: Class::Adopted,
+            pid: pid(),
             ptr,
             len,
         }))
@@ -471,13 +626,15 @@ impl Drop for LockGuard<'_> {
     }
 }
 
-/// A slot being filled: the holder's reference and its memory. Dropped, it is freed; frozen, it becomes
+/// A slot being filled: the producer's reference and its memory. Dropped, it is freed; frozen, it becomes
 /// `Bytes`.
 #[derive(Debug)]
 pub struct SlotMut {
     region: Arc<SharedRegion>,
     first: u32,
     cap: usize,
+    /// The process the reference belongs to (a copy inherited by a forked child releases nothing).
+    pid: u32,
 }
 
 impl SlotMut {
@@ -512,13 +669,15 @@ impl SlotMut {
         Bytes::from_owner(SlotRef {
             region,
             first: me.first,
+            class: Class::Producer,
+            pid: me.pid,
             ptr,
             len: len.min(me.cap),
         })
     }
 
-    /// Give up the slot without freeing it: another process may still be writing into it (a read cancelled
-    /// before its reply). The granules stay allocated for the region's life.
+    /// Give up the slot without releasing it: another process may still be writing into it (a read cancelled
+    /// before its reply). The reference is dropped by a sweep once this process is gone.
     pub fn leak(self) {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: as in `freeze`; the Arc is dropped, the reference count is not.
@@ -528,14 +687,18 @@ impl SlotMut {
 
 impl Drop for SlotMut {
     fn drop(&mut self) {
-        self.region.release(self.first as usize);
+        if self.pid == pid() {
+            self.region.release(self.first as usize, Class::Producer);
+        }
     }
 }
 
-/// The owner behind `Bytes` in a slot: one reference, given back on drop.
+/// The owner behind `Bytes` in a slot: one reference, given back on drop by the process that took it.
 struct SlotRef {
     region: Arc<SharedRegion>,
     first: u32,
+    class: Class,
+    pid: u32,
     ptr: *const u8,
     len: usize,
 }
@@ -553,7 +716,10 @@ impl AsRef<[u8]> for SlotRef {
 
 impl Drop for SlotRef {
     fn drop(&mut self) {
-        self.region.release(self.first as usize);
+        // A copy inherited by a forked child (a parent's object collected there) is the parent's reference.
+        if self.pid == pid() {
+            self.region.release(self.first as usize, self.class);
+        }
     }
 }
 
@@ -576,6 +742,7 @@ mod tests {
         let part = b.slice(GRANULE + 7..2 * GRANULE + 100);
         let h = SharedRegion::share(&part).unwrap();
         assert_eq!(h.token, r.token());
+        assert!(!h.adopted, "made by the producer");
         drop(b);
         drop(part);
         assert_eq!(r.in_use(), 3 * GRANULE as u64, "the handle keeps the slot");
@@ -585,16 +752,26 @@ mod tests {
         assert_eq!(r.in_use(), 0, "the last reference freed it");
         // Adopting again (a handle used twice) is refused: the slot is no longer live.
         assert!(SharedRegion::adopt(h).is_err());
-        // Foreign handles are refused.
-        let bad = Handle {
-            token: r.token() ^ 2,
-            ..h
-        };
-        assert!(SharedRegion::adopt(bad).is_err());
+        // The same place allocated again is another generation: the old handle does not name it.
+        let again = r.alloc(10).unwrap().freeze(10);
+        assert!(
+            SharedRegion::adopt(Handle {
+                len: 10,
+                offset: 0,
+                ..h
+            })
+            .is_err()
+        );
+        drop(again);
+        // Foreign or malformed handles are refused.
         let s = r.alloc(10).unwrap();
         let b = s.freeze(10);
         let h = SharedRegion::share(&b).unwrap();
         for bad in [
+            Handle {
+                token: r.token() ^ 2,
+                ..h
+            },
             Handle { len: 0, ..h },
             Handle {
                 offset: u64::MAX - 2,
@@ -612,11 +789,21 @@ mod tests {
                 slot: u32::MAX,
                 ..h
             },
+            Handle {
+                generation: h.generation + 1,
+                ..h
+            },
         ] {
             assert!(SharedRegion::adopt(bad).is_err(), "{bad:?}");
         }
-        drop(SharedRegion::adopt(h).unwrap());
+        // An adopted holder sends on adopted references.
+        let a = SharedRegion::adopt(h).unwrap();
         drop(b);
+        let h2 = SharedRegion::share(&a).unwrap();
+        drop(a);
+        let a2 = SharedRegion::adopt(h2).unwrap();
+        assert_eq!(a2.len(), 10);
+        drop(a2);
         assert_eq!(r.in_use(), 0);
         // Memory that is not in a region is not shared.
         assert!(SharedRegion::share(b"plain").is_none());
@@ -637,8 +824,9 @@ mod tests {
         assert!(r.alloc(9 * GRANULE).is_none(), "larger than the region");
         drop((b, c, d));
         assert_eq!(r.in_use(), 0);
-        // A leaked slot stays allocated.
+        // A leaked slot stays allocated while its producer (this process) lives.
         r.alloc(GRANULE).unwrap().leak();
+        assert!(r.reclaim());
         assert_eq!(r.in_use(), GRANULE as u64);
     }
 
@@ -673,55 +861,87 @@ mod tests {
         assert!(r.alloc(GRANULE).is_none());
     }
 
-    #[test]
-    fn a_forked_process_writes_and_the_parent_reads_the_same_slot() {
-        let r = SharedRegion::create(16 * GRANULE as u64).unwrap();
-        // SAFETY: the child only touches the region and exits with _exit (no destructors, no allocator use).
+    /// Run `f` in a forked child (which must not allocate through locks another test thread may hold) and
+    /// wait for it; its exit status.
+    fn in_child(f: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: the child runs `f` and leaves with _exit (no destructors of the parent's state).
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
-            // No allocation in the child (another test thread may hold the allocator's lock at fork time).
-            let code = match r.alloc(GRANULE + 1) {
-                Some(mut s) => {
-                    s.as_mut_slice()[..GRANULE + 1].fill(0xAB);
-                    let at = r.data() as usize + 15 * GRANULE;
-                    // SAFETY: the last granule is not allocated in this test; 8-aligned. The handle goes
-                    // through the region itself.
-                    unsafe {
-                        let p = at as *mut u64;
-                        p.write((s.first as usize * GRANULE) as u64);
-                        p.add(1).write((GRANULE + 1) as u64);
-                        p.add(2).write(u64::from(s.first));
-                    }
-                    // The slot's reference is the message's: the child exits without releasing it.
-                    std::mem::forget(s);
-                    0
-                }
-                None => 1,
-            };
-            // SAFETY: leaving the forked child without running the parent's destructors.
+            let code = f();
+            // SAFETY: leaving the forked child.
             unsafe { libc::_exit(code) };
         }
+        // What `f` holds stays the parent's, unreleased (the child had its own copy).
+        std::mem::forget(f);
         let mut status = 0;
-        // SAFETY: waiting for our own child.
+        // SAFETY: waiting for (and reaping) our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
-        assert_eq!(libc::WEXITSTATUS(status), 0);
-        let at = r.data() as usize + 15 * GRANULE;
+        libc::WEXITSTATUS(status)
+    }
+
+    #[test]
+    fn a_gone_producers_unadopted_slots_are_reclaimed_and_adopted_ones_kept() {
+        let r = SharedRegion::create(16 * GRANULE as u64).unwrap();
+        let report = r.data() as usize + 15 * GRANULE;
+        // The child produces three slots: one it sends (a handle, adopted below), one it sends that nobody
+        // adopts, and one whose read it abandoned. Then it dies holding its own references.
+        let code = in_child(|| {
+            let mut out = [0u64; 6];
+            for (i, n) in [GRANULE + 1, 100, 200].into_iter().enumerate() {
+                let Some(mut s) = r.alloc(n) else { return 1 };
+                s.as_mut_slice()[..n].fill(0xA0 + i as u8);
+                let first = s.first as usize;
+                if i < 2 {
+                    // share(), without its registry lookup: one more producer reference for the message.
+                    r.refs(first).fetch_add(PRODUCER, Ordering::AcqRel);
+                }
+                out[2 * i] = (first * GRANULE) as u64;
+                out[2 * i + 1] = u64::from(r.generation(first).load(Ordering::Relaxed));
+                std::mem::forget(s);
+            }
+            // SAFETY: the last granule is not allocated in this test; 8-aligned.
+            unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), report as *mut u64, 6) };
+            0
+        });
+        assert_eq!(code, 0);
         // SAFETY: written by the child above.
-        let (offset, len, slot) = unsafe {
-            let p = at as *const u64;
-            (p.read(), p.add(1).read(), p.add(2).read() as u32)
-        };
-        let b = SharedRegion::adopt(Handle {
+        let out: [u64; 6] = unsafe { std::ptr::read(report as *const [u64; 6]) };
+        let handle = |i: usize, len: u64| Handle {
             token: r.token(),
-            offset,
+            offset: out[2 * i],
             len,
-            slot,
-        })
-        .unwrap();
-        assert_eq!(b.len(), GRANULE + 1);
-        assert!(b.iter().all(|&x| x == 0xAB));
+            slot: (out[2 * i] / GRANULE as u64) as u32,
+            generation: out[2 * i + 1] as u32,
+            adopted: false,
+        };
+        let b = SharedRegion::adopt(handle(0, GRANULE as u64 + 1)).unwrap();
+        assert!(b.iter().all(|&x| x == 0xA0));
+        assert_eq!(r.in_use(), 4 * GRANULE as u64);
+        // The producer is gone: what only it held is freed, what was adopted stays.
+        assert!(r.reclaim());
+        assert_eq!(r.in_use(), 2 * GRANULE as u64);
+        assert!(b.iter().all(|&x| x == 0xA0), "untouched");
+        assert!(
+            SharedRegion::adopt(handle(1, 100)).is_err(),
+            "reclaimed: its handle no longer names it"
+        );
         drop(b);
         assert_eq!(r.in_use(), 0, "the adopted reference was the last");
+    }
+
+    #[test]
+    fn a_reference_inherited_by_a_forked_child_is_not_released_there() {
+        let r = SharedRegion::create(4 * GRANULE as u64).unwrap();
+        let b = r.alloc(100).unwrap().freeze(100);
+        let first = SharedRegion::share(&b).unwrap().slot as usize;
+        r.release(first, Class::Producer); // the handle above, never sent
+        let code = in_child(move || {
+            drop(b); // the parent's reference, copied by fork: the child must not release it
+            0
+        });
+        assert_eq!(code, 0);
+        assert_eq!(r.refs(first).load(Ordering::Acquire), PRODUCER);
+        assert_eq!(r.in_use(), GRANULE as u64);
     }
 }

@@ -29,8 +29,8 @@ except ImportError:  # pragma: no cover - torch absent or too old to have the ma
 try:  # Buffers made by DataLoader workers cross the result queue as handles to shared memory, not bytes.
     from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 
-    def _adopt_buffer(token: int, offset: int, length: int, slot: int) -> Any:
-        return _native.Buffer._adopt(token, offset, length, slot)
+    def _adopt_buffer(*handle: Any) -> Any:
+        return _native.Buffer._adopt(*handle)
 
     def _reduce_buffer(b: Any) -> Any:
         handle = b._share()
@@ -99,9 +99,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             were most of the CPU of an epoch with workers).
         shared_memory_bytes: size of that region (reserved, not touched: resident memory grows with the
             samples held at once by workers, the DataLoader's queues and the loop). When it is full (or 0),
-            workers' samples are pickled as bytes, as without ``zero_copy``. Samples whose handles are never
-            unpickled (an iteration abandoned mid-epoch, a killed worker) keep their space until the dataset is
-            gone; ``shared_memory_in_use`` tells how much is held.
+            workers' samples are pickled as bytes, as without ``zero_copy``. Space held by samples that never
+            reached the training process (an iteration abandoned mid-epoch, a killed worker) is reclaimed once
+            their worker has exited; ``shared_memory_in_use`` tells how much is held.
 
     Resumption: ``state_dict(consumed)`` records the epoch and the global position reached when every rank has
     consumed ``consumed`` samples this epoch (in-process iteration counts by itself). ``load_state_dict``
@@ -227,13 +227,21 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     # -- iteration -----------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
-        worker, workers = 0, 1
+        worker, workers, info = 0, 1, None
         if _tud is not None:
             info = _tud.get_worker_info()
             if info is not None:
                 worker, workers = info.id, info.num_workers
         it = self._native.iter(
-            self.epoch, self._start, self.rank, self.world_size, worker, workers, self.batch_size, self.zero_copy
+            self.epoch,
+            self._start,
+            self.rank,
+            self.world_size,
+            worker,
+            workers,
+            self.batch_size,
+            self.zero_copy,
+            dataloader_worker=info is not None,
         )
         self._iter = it
         in_process = workers == 1 and worker == 0
