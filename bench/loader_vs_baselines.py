@@ -9,7 +9,10 @@ size, shuffled, each loader caching on local disk:
 - Strata on the WebDataset tars and on the MDS shards (in-process cache), also with ``zero_copy=True``
   (``-zc``: binary fields as ``strata.Buffer`` instead of a copy into ``bytes``) and through a node agent;
 - mosaicml-streaming on the MDS shards (downloads shards to its local dir);
-- webdataset on the tars (presigned HTTP URLs through curl, with its shard cache_dir).
+- webdataset on the tars (presigned HTTP URLs through curl, with its shard cache_dir);
+- litdata, when installed (`pip install litdata`; it is not part of the test tools), on the same samples
+  written in its own chunk format by its `optimize` (same count and sizes, 64 MiB / 32 MiB chunks), through
+  boto3 (its obstore path refuses plain-HTTP endpoints: uninstall obstore to bench against moto).
 
 It prints samples/s per cell, Strata's ratio to the best baseline (target 1.5x), time to first sample, peak RSS
 of the training process (and what the data added: the peak minus the RSS with torch and the loader imported)
@@ -86,6 +89,27 @@ def write_datasets(out, n, sample_bytes, shard_bytes, seed):
     return wdir, mdir
 
 
+def litdata_sample(args):
+    """One sample of the litdata copy: the same sizes as the others (its bytes drawn per index)."""
+    import numpy as np
+
+    i, size, seed = args
+    p = np.random.default_rng((seed, i)).integers(0, 256, size, dtype=np.uint8).tobytes()
+    return {"bin": p, "cls": i % 1000}
+
+
+def write_litdata(out, n, sample_bytes, shard_bytes, seed):
+    """The same samples in litdata's chunk format (its `optimize`), or None when litdata is not installed."""
+    try:
+        from litdata import optimize
+    except ImportError:
+        return None
+    d = os.path.join(out, "litdata")
+    optimize(fn=litdata_sample, inputs=[(i, sample_bytes, seed) for i in range(n)], output_dir=d,
+             chunk_bytes=shard_bytes, num_workers=1, verbose=False, start_method="fork")
+    return d
+
+
 def upload(s3, d, prefix):
     for f in sorted(os.listdir(d)):
         s3.upload_file(os.path.join(d, f), BUCKET, f"{prefix}/{f}")
@@ -108,6 +132,8 @@ def run_one(kind, url, workers, batch, scratch, endpoint, prefix_keys):
         import strata  # noqa: F401
     elif kind == "mosaic":
         import streaming  # noqa: F401
+    elif kind == "litdata":
+        import litdata  # noqa: F401
     else:
         import boto3  # noqa: F401
         import webdataset  # noqa: F401
@@ -124,6 +150,12 @@ def run_one(kind, url, workers, batch, scratch, endpoint, prefix_keys):
             opts["zero_copy"] = True
         opts.update(json.loads(os.environ.get("STRATA_BENCH_OPTS", "{}")))
         ds = strata.StreamingDataset(url, shuffle=True, seed=0, batch_size=batch, **opts)
+        set_epoch = ds.set_epoch
+    elif kind == "litdata":
+        import litdata
+
+        ds = litdata.StreamingDataset(url, cache_dir=os.path.join(scratch, "litdata-cache"), shuffle=True,
+                                      seed=0, storage_options={"endpoint_url": endpoint})
         set_epoch = ds.set_epoch
     elif kind == "mosaic":
         from streaming import StreamingDataset
@@ -370,7 +402,8 @@ def main():
     ap.add_argument("--touch", action="store_true",
                     help="the training loop reads one byte of every page of each sample (default: len() only)")
     ap.add_argument("--resume-samples", type=int, default=1_000_000)
-    ap.add_argument("--only", default="", help="comma list of loaders to run (strata-wds,strata-mds,mosaic,webdataset)")
+    ap.add_argument("--only", default="",
+                    help="comma list of loaders to run (strata-wds,strata-mds,mosaic,webdataset,litdata,...)")
     ap.add_argument("--run", nargs=2, metavar=("KIND", "URL"), help=argparse.SUPPRESS)
     ap.add_argument("--scratch", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -410,11 +443,16 @@ def main():
             wdir, mdir = write_datasets(os.path.join(out, name), n, size, shard, seed=1)
             upload(s3, wdir, f"{name}/wds")
             upload(s3, mdir, f"{name}/mds")
+            ldir = None if only and "litdata" not in only else write_litdata(os.path.join(out, name), n, size,
+                                                                              shard, seed=1)
+            if ldir:
+                upload(s3, ldir, f"{name}/litdata")
             strata.index_dataset(f"s3://{BUCKET}/{name}/wds")
             tar_keys = [f"{name}/wds/{f}" for f in sorted(os.listdir(wdir))]
             shutil.rmtree(os.path.join(out, name))
             cells = [("strata-wds", f"s3://{BUCKET}/{name}/wds"), ("webdataset", f"s3://{BUCKET}/{name}/wds"),
                      ("strata-mds", f"s3://{BUCKET}/{name}/mds"), ("mosaic", f"s3://{BUCKET}/{name}/mds"),
+                     *([("litdata", f"s3://{BUCKET}/{name}/litdata")] if ldir else []),
                      ("strata-wds-zc", f"s3://{BUCKET}/{name}/wds"), ("strata-mds-zc", f"s3://{BUCKET}/{name}/mds"),
                      ("strata-wds-agent", f"s3://{BUCKET}/{name}/wds"),
                      ("strata-mds-agent", f"s3://{BUCKET}/{name}/mds"),
@@ -450,13 +488,13 @@ def main():
                 def rate(kind):
                     r = results.get((name, kind))
                     return r["epochs"][ep]["samples"] / r["epochs"][ep]["seconds"] if r else None
-                base = [x for x in (rate("mosaic"), rate("webdataset")) if x]
+                base = [x for x in (rate("mosaic"), rate("webdataset"), rate("litdata")) if x]
                 for kind in ("strata-wds", "strata-mds", "strata-wds-zc", "strata-mds-zc", "strata-wds-agent",
                              "strata-mds-agent", "strata-wds-agent-zc", "strata-mds-agent-zc"):
                     if rate(kind) and base:
-                        print(f"  {name:<6} {label:<5} {kind:<19} {rate(kind) / max(base):5.2f}x "
-                              f"(mosaic {rate(kind) / rate('mosaic') if rate('mosaic') else float('nan'):.2f}x, "
-                              f"webdataset {rate(kind) / rate('webdataset') if rate('webdataset') else float('nan'):.2f}x)")
+                        per = ", ".join(f"{b} {rate(kind) / rate(b):.2f}x" for b in ("mosaic", "webdataset", "litdata")
+                                        if rate(b))
+                        print(f"  {name:<6} {label:<5} {kind:<19} {rate(kind) / max(base):5.2f}x ({per})")
         if args.resume_samples > 0:
             res = resume_bench(args.resume_samples, out)
             print(f"\nresume on a {args.resume_samples}-sample dataset (median of 3, fresh process, open + load "
