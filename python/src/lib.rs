@@ -175,14 +175,10 @@ struct Dataset {
 }
 
 impl Dataset {
-    /// A loader on this process's source; in a forked DataLoader worker with `zero_copy`, its sample reads land
-    /// in the shared region (samples then cross to the opener as handles, not pickled bytes). Only DataLoader
-    /// workers: their handles are all adopted or dead with the iteration (see `strata_loader::shm`).
-    fn loader(
-        &self,
-        zero_copy: bool,
-        dataloader_worker: bool,
-    ) -> PyResult<(Arc<tokio::runtime::Runtime>, Loader)> {
+    /// A loader on this process's source; in a forked DataLoader worker, its sample reads land in the shared
+    /// region (samples then cross to the opener as handles, not pickled bytes). Only DataLoader workers: their
+    /// handles are all adopted or dead with the iteration (see `strata_loader::shm`).
+    fn loader(&self, dataloader_worker: bool) -> PyResult<(Arc<tokio::runtime::Runtime>, Loader)> {
         let (rt, telemetry) = proc()?;
         let pid = std::process::id();
         let mut g = self.source.lock();
@@ -200,7 +196,7 @@ impl Dataset {
         let mut src =
             g.1.clone()
                 .ok_or_else(|| StrataError::new_err("dataset source missing"))?;
-        if zero_copy && dataloader_worker && pid != self.opener {
+        if dataloader_worker && pid != self.opener {
             src = match src {
                 Source::Shared(c) => Source::Shared(c.with_region(self.region.clone())),
                 Source::Agent(a) => Source::Agent(a.with_region(self.region.clone())),
@@ -471,7 +467,11 @@ impl Dataset {
         zero_copy: bool,
         dataloader_worker: bool,
     ) -> PyResult<SampleIter> {
-        let (rt, loader) = self.loader(zero_copy, dataloader_worker)?;
+        let (rt, loader) = self.loader(dataloader_worker)?;
+        let shared_copies = !zero_copy
+            && dataloader_worker
+            && std::process::id() != self.opener
+            && self.region.is_some();
         let part = Partition {
             rank,
             world,
@@ -486,6 +486,7 @@ impl Dataset {
             stream: Mutex::new(Some(stream)),
             _rt: rt,
             zero_copy,
+            shared_copies,
         })
     }
 }
@@ -496,6 +497,9 @@ struct SampleIter {
     stream: Mutex<Option<SampleStream>>,
     _rt: Arc<tokio::runtime::Runtime>,
     zero_copy: bool,
+    /// A DataLoader worker's copying iterator: each sample comes with the shared-memory Buffers its bytes
+    /// fields were copied from (see `shared_copies`).
+    shared_copies: bool,
 }
 
 fn value_to_py<'py>(
@@ -706,7 +710,9 @@ impl SampleIter {
         slf
     }
 
-    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    /// The next sample as a dict; in a `shared_copies` iterator, `(dict, shared)` where `shared` maps each bytes
+    /// field read into shared memory to `(the bytes object, the Buffer it was copied from)`.
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let next = py.detach(|| {
             let mut g = self.stream.lock();
             g.as_mut().and_then(|s| s.next_blocking())
@@ -722,10 +728,29 @@ impl SampleIter {
         let d = PyDict::new(py);
         d.set_item("__key__", &fetched.sample.key)?;
         let mut np = None;
+        let shared = self.shared_copies.then(|| PyDict::new(py));
         for (name, v) in fetched.sample.fields {
+            if let (Some(shared), Value::Bytes(b)) = (&shared, &v)
+                && SharedRegion::holds(b)
+            {
+                let copy = PyBytes::new(py, b);
+                let buf = Bound::new(py, Buffer { data: b.clone() })?;
+                shared.set_item(&name, (&copy, buf))?;
+                d.set_item(name, copy)?;
+                continue;
+            }
             d.set_item(name, value_to_py(py, v, &mut np, self.zero_copy)?)?;
         }
-        Ok(Some(d))
+        Ok(Some(match shared {
+            Some(shared) => (d, shared).into_pyobject(py)?.into_any(),
+            None => d.into_any(),
+        }))
+    }
+
+    /// Whether samples come as `(dict, shared)` (a DataLoader worker's copying iterator over shared memory).
+    #[getter]
+    fn shared_copies(&self) -> bool {
+        self.shared_copies
     }
 
     /// Counters of this stream: samples, bytes, stall_seconds (time waited for data), skipped.

@@ -659,6 +659,64 @@ def test_zero_copy_samples_cross_workers_in_shared_memory(wds_dir, mds_dir):
     assert all(isinstance(v, (bytes, strata.Buffer)) for s in got for k, v in s.items() if k != "__key__")
 
 
+def test_copied_samples_cross_workers_in_shared_memory_too(wds_dir, mds_dir, tmp_path):
+    """Without zero_copy, DataLoader workers' bytes fields cross the queue as handles as well, and the training
+    process gets plain dicts of bytes copied out of shared memory, equal to the in-process ones, with a list
+    collate and with default_collate; nothing is left held afterwards."""
+    torch = pytest.importorskip("torch")
+    import gc
+
+    from multiprocessing.reduction import ForkingPickler
+
+    def by_key(samples):
+        return {s["__key__"]: s for s in samples}
+
+    for d in (wds_dir, mds_dir):
+        plain = list(strata.StreamingDataset(d, shuffle=True, seed=3))
+        assert all(type(s) is dict for s in plain), "in-process samples are plain dicts"
+        want = by_key(plain)
+        for collate in ("list", "default"):
+            if collate == "default" and d == mds_dir:
+                continue  # default_collate turns MDS numbers into tensors; the list collate covers MDS
+            ds = strata.StreamingDataset(d, shuffle=True, seed=3, batch_size=4)
+            kw = {"collate_fn": (lambda b: b)} if collate == "list" else {}
+            dl = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, **kw)
+            got = []
+            for batch in dl:
+                if collate == "list":
+                    got.extend(batch)
+                else:
+                    assert type(batch) is dict
+                    got.extend({k: batch[k][i] for k in batch} for i in range(len(batch["__key__"])))
+            assert sorted(s["__key__"] for s in got) == sorted(want)
+            for s in got:
+                assert type(s) is dict
+                w = want[s["__key__"]]
+                assert s.keys() == w.keys()
+                for k in s:
+                    assert type(s[k]) is type(w[k]) and same_value(s[k], w[k]), (d, collate, k)
+            del got, batch
+            gc.collect()
+            assert ds.shared_memory_in_use == 0, (d, collate)
+
+    # What a worker sends is handles, not the bytes: 64 KiB samples, four to a batch, pickled in the worker
+    # by the multiprocessing pickler (those handles are never adopted: reclaimed when the workers exit).
+    big = str(tmp_path / "big")
+    os.makedirs(big)
+    with wds.ShardWriter(os.path.join(big, "shard-%05d.tar"), maxcount=8, verbose=0) as sink:
+        for i in range(16):
+            sink.write({"__key__": f"b{i:04d}", "bin": bytes([i]) * 65536})
+    ds = strata.StreamingDataset(big, batch_size=4)
+    dl = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=2,
+        collate_fn=lambda b: (sum(len(s["bin"]) for s in b), len(ForkingPickler.dumps(b))))
+    sizes = list(dl)
+    assert sizes and all(payload == 4 * 65536 and message < 2048 for payload, message in sizes), sizes
+    del dl
+    gc.collect()
+    assert ds.shared_memory_in_use == 0, "the workers are gone: their unadopted handles were reclaimed"
+
+
 def test_zero_copy_with_default_collate_in_process_and_through_workers(wds_dir):
     torch = pytest.importorskip("torch")
     want = sorted(keys(strata.StreamingDataset(wds_dir)))

@@ -121,6 +121,23 @@ unsafe impl Send for SharedRegion {}
 // SAFETY: as above.
 unsafe impl Sync for SharedRegion {}
 
+/// Map the pages of `ptr..ptr + len` into this process in one call: another process wrote them, and reading
+/// them here would otherwise fault once per 4 KiB. Best effort (before Linux 5.14 the pages fault in as read).
+fn populate_read(ptr: *const u8, len: usize) {
+    if len < 64 * 1024 {
+        return;
+    }
+    let (lo, hi) = (
+        (ptr as usize) / PAGE * PAGE,
+        (ptr as usize + len).next_multiple_of(PAGE),
+    );
+    // SAFETY: the range covers pages of the region's data area, mapped for the region's life; populating
+    // only maps them (no contents change).
+    unsafe {
+        libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_POPULATE_READ);
+    }
+}
+
 fn pid() -> u32 {
     std::process::id()
 }
@@ -508,6 +525,16 @@ impl SharedRegion {
             && self.refs(first).load(Ordering::Acquire) != 0
     }
 
+    /// Whether `data` lies in one of this process's regions (the bytes of a sample read into a slot).
+    pub fn holds(data: &[u8]) -> bool {
+        let p = data.as_ptr() as usize;
+        !data.is_empty()
+            && REGIONS.lock().iter().filter_map(Weak::upgrade).any(|r| {
+                let start = r.data() as usize;
+                p >= start && p + data.len() <= start + r.granules * GRANULE
+            })
+    }
+
     /// A handle for `data` if it lies in a slot of one of this process's regions, taking a reference for it
     /// (the receiver's [`adopt`](Self::adopt) takes it over). `None`: not shared memory; send the bytes.
     pub fn share(data: &[u8]) -> Option<Handle> {
@@ -596,6 +623,7 @@ impl SharedRegion {
         // SAFETY: `offset..offset + len` is inside the data area (checked), which lives as long as the
         // `region` Arc the owner holds.
         let ptr = unsafe { region.data().add(offset) };
+        populate_read(ptr, len);
         Ok(Bytes::from_owner(SlotRef {
             region,
             first: h.slot,

@@ -16,21 +16,106 @@ except ImportError:  # pragma: no cover - exercised where torch is absent
     _tud = None
     _Base = object
 
+class _SharedSample(dict):
+    """A DataLoader worker's sample (copying mode) whose bytes fields were copied out of shared memory.
+
+    It is the dict the training loop would get. Only the multiprocessing pickler treats it differently: a field
+    still holding the very bytes object the loader made crosses as a handle to the shared copy, and the
+    training process copies it into a new ``bytes`` there (one copy, where pickling the bytes through the
+    DataLoader's pipe costs four). A field the worker replaced (a decoded image, a new dict) is pickled as it is.
+    """
+
+    __slots__ = ("_shared",)
+
+    def __reduce__(self) -> Any:  # plain pickle: a plain dict
+        return (dict, (dict(self),))
+
+
+class _SharedBatch(dict):
+    """A batch of :class:`_SharedSample` made by ``default_collate`` (fields as lists), pickled likewise."""
+
+    __slots__ = ("_shared",)
+
+    def __reduce__(self) -> Any:
+        return (dict, (dict(self),))
+
+
+def _adopt_buffer(*handle: Any) -> Any:
+    return _native.Buffer._adopt(*handle)
+
+
+def _adopt_copy(handle: Any) -> bytes:
+    # The copy into bytes; the Buffer (and its reference to the slot) is gone right after.
+    return bytes(_native.Buffer._adopt(*handle))
+
+
+def _handle_for(value: Any, entry: Any) -> Any:
+    """A handle for `value` when it is still the loader's bytes object recorded in `entry`, else None."""
+    if entry is not None and entry[0] is value:
+        return entry[1]._share()
+    return None
+
+
+def _reduce_shared_sample(s: _SharedSample) -> Any:
+    shared = s._shared
+    items = []
+    for k, v in dict.items(s):
+        h = _handle_for(v, shared.get(k))
+        items.append((k, h, None if h is not None else v))
+    return (_rebuild_shared_sample, (items,))
+
+
+def _rebuild_shared_sample(items: list) -> dict:
+    return {k: (_adopt_copy(h) if h is not None else v) for k, h, v in items}
+
+
+def _reduce_shared_batch(b: _SharedBatch) -> Any:
+    shared = b._shared
+    items = []
+    for k, v in dict.items(b):
+        entries = shared.get(k)
+        if entries is not None and isinstance(v, list) and len(v) == len(entries):
+            hs = [_handle_for(x, e) for x, e in zip(v, entries)]
+            items.append((k, True, [(h, None if h is not None else x) for h, x in zip(hs, v)]))
+        else:
+            items.append((k, False, v))
+    return (_rebuild_shared_batch, (items,))
+
+
+def _rebuild_shared_batch(items: list) -> dict:
+    out = {}
+    for k, listed, v in items:
+        out[k] = [(_adopt_copy(h) if h is not None else x) for h, x in v] if listed else v
+    return out
+
+
 try:  # default_collate keeps a batch of Buffers as a list, as it does for bytes.
+    from torch.utils.data._utils.collate import collate as _collate
     from torch.utils.data._utils.collate import default_collate_fn_map as _collate_map
 
     def _collate_buffers(batch: Any, *, collate_fn_map: Any = None) -> Any:
         return batch
 
+    def _collate_shared(batch: Any, *, collate_fn_map: Any = None) -> Any:
+        # As default_collate collates a dict, remembering which lists still hold the loader's bytes.
+        out = _SharedBatch()
+        shared = {}
+        for key in batch[0]:
+            values = [d[key] for d in batch]
+            out[key] = _collate(values, collate_fn_map=collate_fn_map)
+            entries = [getattr(d, "_shared", {}).get(key) for d in batch]
+            if isinstance(out[key], list) and any(e is not None for e in entries):
+                shared[key] = entries
+        out._shared = shared
+        return out
+
     _collate_map.setdefault(_native.Buffer, _collate_buffers)
+    _collate_map.setdefault(_SharedSample, _collate_shared)
 except ImportError:  # pragma: no cover - torch absent or too old to have the map
     pass
 
-try:  # Buffers made by DataLoader workers cross the result queue as handles to shared memory, not bytes.
+try:  # What DataLoader workers send crosses the result queue as handles to shared memory, not bytes.
     from multiprocessing.reduction import ForkingPickler as _ForkingPickler
-
-    def _adopt_buffer(*handle: Any) -> Any:
-        return _native.Buffer._adopt(*handle)
 
     def _reduce_buffer(b: Any) -> Any:
         handle = b._share()
@@ -41,6 +126,8 @@ try:  # Buffers made by DataLoader workers cross the result queue as handles to 
     # Only the multiprocessing pickler: a handle carries one reference and must be unpickled exactly once,
     # which a queue guarantees and a file written with pickle.dump does not.
     _ForkingPickler.register(_native.Buffer, _reduce_buffer)
+    _ForkingPickler.register(_SharedSample, _reduce_shared_sample)
+    _ForkingPickler.register(_SharedBatch, _reduce_shared_batch)
 except ImportError:  # pragma: no cover - multiprocessing is part of the standard library
     pass
 
@@ -89,19 +176,20 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         skip_corrupt: skip samples that fail to decode (counted in ``stats()["skipped"]``) instead of raising.
         job: job id recorded with the I/O (default ``SLURM_JOB_ID``).
         zero_copy: binary fields come as :class:`strata.Buffer` (read-only, shares Strata's memory: the buffer
-            protocol, ``len``, ``bytes()``, ``decode()``, indexing and slicing, ``==``; it pickles as ``bytes``) instead of ``bytes``, and numpy fields
-            share it too where aligned. It saves one copy of every sample (for large samples in the training
-            process, most of the loader's CPU). A buffer keeps the memory it shares alive (in the training
-            process, possibly a whole cache block), so copy what you keep. ``default_collate`` keeps a batch of
-            Buffers as a list, as it does for bytes. From DataLoader workers (forked) they arrive as Buffers
-            too: a worker reads each sample into a shared-memory region made with the dataset, and the
-            DataLoader's queue carries a handle to it instead of pickled bytes (the copies through the pipe
-            were most of the CPU of an epoch with workers).
-        shared_memory_bytes: size of that region (reserved, not touched: resident memory grows with the
-            samples held at once by workers, the DataLoader's queues and the loop). When it is full (or 0),
-            workers' samples are pickled as bytes, as without ``zero_copy``. Space held by samples that never
-            reached the training process (an iteration abandoned mid-epoch, a killed worker) is reclaimed once
-            their worker has exited; ``shared_memory_in_use`` tells how much is held.
+            protocol, ``len``, ``bytes()``, ``decode()``, indexing and slicing, ``==``; it pickles as ``bytes``)
+            instead of ``bytes``, and numpy fields share it too where aligned. It saves one copy of every sample
+            (for large samples in the training process, most of the loader's CPU). A buffer keeps the memory it
+            shares alive (in the training process, possibly a whole cache block), so copy what you keep.
+            ``default_collate`` keeps a batch of Buffers as a list, as it does for bytes.
+        shared_memory_bytes: DataLoader workers (forked) read samples into a shared-memory region made with the
+            dataset, and the DataLoader's queue carries handles to it instead of pickled bytes (the copies
+            through the pipe were most of the CPU of an epoch with workers): with ``zero_copy`` the training
+            process gets Buffers over the same memory; without it, ``bytes`` copied there once (a field a worker
+            replaced, e.g. by a decoded image, is pickled as usual). This is the region's size (reserved, not
+            touched: resident memory grows with the samples held at once by workers, the DataLoader's queues and
+            the loop). When it is full (or 0), workers' samples are pickled as bytes. Space held by samples that
+            never reached the training process (an iteration abandoned mid-epoch, a killed worker) is reclaimed
+            once their worker has exited; ``shared_memory_in_use`` tells how much is held.
 
     Resumption: ``state_dict(consumed)`` records the epoch and the global position reached when every rank has
     consumed ``consumed`` samples this epoch (in-process iteration counts by itself). ``load_state_dict``
@@ -163,7 +251,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             prefetch_samples=prefetch_samples,
             skip_corrupt=skip_corrupt,
             job=job if job is not None else os.environ.get("SLURM_JOB_ID"),
-            shared_memory_bytes=max(0, int(shared_memory_bytes)) if zero_copy else 0,
+            shared_memory_bytes=max(0, int(shared_memory_bytes)),
         )
         self.shuffle_window = self._native.window
         span = (self.shuffle_window or 1) * self._native.avg_sample_bytes
@@ -245,10 +333,15 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         )
         self._iter = it
         in_process = workers == 1 and worker == 0
+        shared_copies = it.shared_copies
         try:
             for sample in it:
                 if in_process:
                     self._consumed += 1
+                if shared_copies:
+                    d, shared = sample
+                    sample = _SharedSample(d)
+                    sample._shared = shared
                 yield sample
         finally:
             self._last_stats = dict(it.stats())
