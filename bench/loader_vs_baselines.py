@@ -154,8 +154,12 @@ def run_one(kind, url, workers, batch, scratch, endpoint, prefix_keys):
     elif kind == "litdata":
         import litdata
 
+        # litdata hands out memoryviews over its chunks, which a DataLoader worker cannot pickle: bytes, as
+        # its users must.
         ds = litdata.StreamingDataset(url, cache_dir=os.path.join(scratch, "litdata-cache"), shuffle=True,
-                                      seed=0, storage_options={"endpoint_url": endpoint})
+                                      seed=0, storage_options={"endpoint_url": endpoint},
+                                      transform=lambda s: {k: bytes(v) if isinstance(v, memoryview) else v
+                                                           for k, v in s.items()})
         set_epoch = ds.set_epoch
     elif kind == "mosaic":
         from streaming import StreamingDataset
@@ -268,13 +272,18 @@ def child(kind, url, args, endpoint, keys):
         pass
     cpu0 = cpu_seconds(ORIGIN_PID)
     try:
-        r = subprocess.run([sys.executable, __file__, "--run", kind, url, "--workers", str(args.workers),
-                            "--batch", str(args.batch), "--scratch", scratch, "--endpoint", endpoint,
-                            "--keys", json.dumps(keys)],
-                           env=env, capture_output=True, text=True, timeout=3600)
+        try:
+            r = subprocess.run([sys.executable, __file__, "--run", kind, url, "--workers", str(args.workers),
+                                "--batch", str(args.batch), "--scratch", scratch, "--endpoint", endpoint,
+                                "--keys", json.dumps(keys)],
+                               env=env, capture_output=True, text=True, timeout=1200)
+        except subprocess.TimeoutExpired as e:
+            print(f"    {kind} timed out; left out of this round: {str(e.stderr)[-2000:]}", file=sys.stderr)
+            return None
         if r.returncode != 0:
             print(r.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"{kind} failed")
+            print(f"    {kind} failed; left out of this round", file=sys.stderr)
+            return None
         out = json.loads(r.stdout.strip().splitlines()[-1])
         out["origin_cpu_s"] = cpu_seconds(ORIGIN_PID) - cpu0
         if agent is not None:
@@ -466,6 +475,8 @@ def main():
                         continue
                     print(f"[{name}] {kind} (round {rnd + 1}/{args.rounds}) ...", flush=True)
                     r = child(kind, url, args, endpoint, tar_keys)
+                    if r is None:
+                        continue
                     runs.setdefault(kind, []).append(r)
                     print(f"    {json.dumps(r)}", flush=True)
             for kind, rs in runs.items():
