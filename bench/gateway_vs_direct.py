@@ -8,7 +8,8 @@
    fetched by wrk at the same concurrency (16).
 Peak RSS of `strata serve` is reported against RAM tier + in-flight budget + 150 MiB.
 
-    python3 bench/gateway_vs_direct.py [--large-mib 2048] [--small-count 20000] [--rounds 3]
+    python3 bench/gateway_vs_direct.py [--large-mib 2048] [--small-count 20000] [--rounds 3] [--sets large,small]
+        [--skip-nginx] [--pin-origin]
 
 Needs .venv (scripts/test.sh), a release build (cargo build --release -p strata-cli) and, for part 3, nginx
 and wrk (apt-get install -y nginx wrk).
@@ -32,11 +33,15 @@ from warm_vs_s5cmd import cpu_seconds, free_port, peak_rss_mib, settle, start_se
 
 RAM_MIB, INFLIGHT_MIB = 1024, 512
 AK, SK = "benchkey", "bench-secret-key"
+# --pin-origin: the CPUs s5cmd and the gateway run on (the origin gets the last one), else None.
+PIN_CLIENT = None
 
 
 def s5(endpoint, *args, workers=16):
     env = dict(os.environ, AWS_ACCESS_KEY_ID=AK, AWS_SECRET_ACCESS_KEY=SK, AWS_REGION="us-east-1")
     cmd = [os.path.join(VENV, "s5cmd"), "--endpoint-url", endpoint]
+    if PIN_CLIENT:
+        cmd = ["taskset", "-c", PIN_CLIENT] + cmd
     if workers:
         cmd += ["--numworkers", str(workers)]
     t0 = time.perf_counter()
@@ -70,6 +75,9 @@ access_key_id = "{AK}"
 secret_access_key = "{SK}"
 """)
         self.proc, self.endpoint = start_serve(cfg, self.data, addr="s3.addr")
+        if PIN_CLIENT:  # every thread of the gateway (later ones inherit it)
+            subprocess.run(["taskset", "-a", "-p", "-c", PIN_CLIENT, str(self.proc.pid)], check=True,
+                           stdout=subprocess.DEVNULL)
 
     def stop(self):
         rss, cpu = peak_rss_mib(self.proc.pid), cpu_seconds(self.proc.pid)
@@ -146,11 +154,24 @@ def main():
     ap.add_argument("--small-count", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-nginx", action="store_true")
+    ap.add_argument("--pin-origin", action="store_true",
+                    help="give the origin (moto) a CPU of its own and run s5cmd and the gateway on the others, in "
+                         "every phase: the origin no longer competes with them for cores, as a remote S3 would not")
+    ap.add_argument("--sets", default="large,small,small-ttl1",
+                    help="s5cmd data sets to run: large (64 MiB, 60 s metadata TTL), small (16 KiB, 60 s), "
+                         "small-ttl1 (16 KiB, 1 s)")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="strata-gwbench-")
     port = free_port()
-    moto = subprocess.Popen([os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    origin_cmd = [os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+    if a.pin_origin:
+        global PIN_CLIENT
+        last = os.cpu_count() - 1
+        if last < 1:
+            raise SystemExit("--pin-origin needs at least two CPUs")
+        PIN_CLIENT = f"0-{last - 1}" if last > 1 else "0"
+        origin_cmd = ["taskset", "-c", str(last)] + origin_cmd
+    moto = subprocess.Popen(origin_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = {}
     try:
         wait_port(port)
@@ -169,7 +190,8 @@ def main():
         s5(origin, "cp", src + "/small/*", "s3://bench/small/")
         print(f"data: {a.large_mib // 64} x 64 MiB and {a.small_count} x 16 KiB on moto at {origin}")
 
-        for ds, ttl in (("large", 60000), ("small", 60000), ("small", 1000)):
+        sets = {"large": ("large", 60000), "small": ("small", 60000), "small-ttl1": ("small", 1000)}
+        for ds, ttl in (sets[x] for x in a.sets.split(",") if x):
             times = {"direct": [], "cold": [], "hot": []}
             rss, cpu = [], []
             for r in range(a.rounds):
