@@ -699,6 +699,16 @@ def test_copied_samples_cross_workers_in_shared_memory_too(wds_dir, mds_dir, tmp
             gc.collect()
             assert ds.shared_memory_in_use == 0, (d, collate)
 
+    # Unbatched (batch_size=None: torch rebuilds each mapping with default_convert): still equal dicts.
+    ds = strata.StreamingDataset(wds_dir, shuffle=True, seed=3)
+    got = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+    want = by_key(strata.StreamingDataset(wds_dir, shuffle=True, seed=3))
+    assert sorted(s["__key__"] for s in got) == sorted(want)
+    assert all(s[k] == want[s["__key__"]][k] for s in got for k in s)
+    del got
+    gc.collect()
+    assert ds.shared_memory_in_use == 0
+
     # What a worker sends is handles, not the bytes: 64 KiB samples, four to a batch, pickled in the worker
     # by the multiprocessing pickler (those handles are never adopted: reclaimed when the workers exit).
     big = str(tmp_path / "big")

@@ -57,7 +57,8 @@ def _handle_for(value: Any, entry: Any) -> Any:
 
 
 def _reduce_shared_sample(s: _SharedSample) -> Any:
-    shared = s._shared
+    # A copy made by torch (default_convert rebuilds a mapping with its type) has no record: all pickled.
+    shared = getattr(s, "_shared", None) or {}
     items = []
     for k, v in dict.items(s):
         h = _handle_for(v, shared.get(k))
@@ -70,7 +71,7 @@ def _rebuild_shared_sample(items: list) -> dict:
 
 
 def _reduce_shared_batch(b: _SharedBatch) -> Any:
-    shared = b._shared
+    shared = getattr(b, "_shared", None) or {}
     items = []
     for k, v in dict.items(b):
         entries = shared.get(k)
