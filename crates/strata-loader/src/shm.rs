@@ -121,23 +121,6 @@ unsafe impl Send for SharedRegion {}
 // SAFETY: as above.
 unsafe impl Sync for SharedRegion {}
 
-/// Map the pages of `ptr..ptr + len` into this process in one call: another process wrote them, and reading
-/// them here would otherwise fault once per 4 KiB. Best effort (before Linux 5.14 the pages fault in as read).
-fn populate_read(ptr: *const u8, len: usize) {
-    if len < 64 * 1024 {
-        return;
-    }
-    let (lo, hi) = (
-        (ptr as usize) / PAGE * PAGE,
-        (ptr as usize + len).next_multiple_of(PAGE),
-    );
-    // SAFETY: the range covers pages of the region's data area, mapped for the region's life; populating
-    // only maps them (no contents change).
-    unsafe {
-        libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_POPULATE_READ);
-    }
-}
-
 fn pid() -> u32 {
     std::process::id()
 }
@@ -525,14 +508,20 @@ impl SharedRegion {
             && self.refs(first).load(Ordering::Acquire) != 0
     }
 
+    /// Offset of `data` in this region's data area, if it lies there.
+    fn offset_of(&self, data: &[u8]) -> Option<usize> {
+        let (p, start) = (data.as_ptr() as usize, self.data() as usize);
+        (p >= start && p + data.len() <= start + self.granules * GRANULE).then(|| p - start)
+    }
+
     /// Whether `data` lies in one of this process's regions (the bytes of a sample read into a slot).
     pub fn holds(data: &[u8]) -> bool {
-        let p = data.as_ptr() as usize;
         !data.is_empty()
-            && REGIONS.lock().iter().filter_map(Weak::upgrade).any(|r| {
-                let start = r.data() as usize;
-                p >= start && p + data.len() <= start + r.granules * GRANULE
-            })
+            && REGIONS
+                .lock()
+                .iter()
+                .filter_map(Weak::upgrade)
+                .any(|r| r.offset_of(data).is_some())
     }
 
     /// A handle for `data` if it lies in a slot of one of this process's regions, taking a reference for it
@@ -541,14 +530,11 @@ impl SharedRegion {
         if data.is_empty() {
             return None;
         }
-        let p = data.as_ptr() as usize;
         let regions: Vec<Arc<Self>> = REGIONS.lock().iter().filter_map(Weak::upgrade).collect();
         for r in regions {
-            let start = r.data() as usize;
-            if p < start || p + data.len() > start + r.granules * GRANULE {
+            let Some(offset) = r.offset_of(data) else {
                 continue;
-            }
-            let offset = p - start;
+            };
             let first = r.owner(offset / GRANULE).load(Ordering::Relaxed) as usize;
             // `data` is held (by a slot owner), so its slot is live.
             if !r.check(first, offset, data.len()) {
@@ -623,15 +609,17 @@ impl SharedRegion {
         // SAFETY: `offset..offset + len` is inside the data area (checked), which lives as long as the
         // `region` Arc the owner holds.
         let ptr = unsafe { region.data().add(offset) };
-        populate_read(ptr, len);
-        Ok(Bytes::from_owner(SlotRef {
+        let owner = SlotRef {
             region,
             first: h.slot,
             class: Class::Adopted,
             pid: pid(),
             ptr,
             len,
-        }))
+        };
+        // Another process wrote these pages: map them in one call rather than a fault per 4 KiB on reading.
+        strata_types::mem::populate_read(owner.as_ref());
+        Ok(Bytes::from_owner(owner))
     }
 }
 

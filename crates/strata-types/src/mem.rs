@@ -1,6 +1,6 @@
 //! Buffers for bytes about to arrive.
 
-#![allow(unsafe_code)] // madvise on memory this module just allocated; see the SAFETY note
+#![allow(unsafe_code)] // madvise on memory the caller owns or borrows; see the SAFETY note
 
 use bytes::BytesMut;
 
@@ -18,23 +18,44 @@ pub fn prefaulted(len: usize) -> BytesMut {
     let mut b = BytesMut::with_capacity(len);
     if len >= MIN_POPULATE {
         let spare = b.spare_capacity_mut();
-        let start = spare.as_mut_ptr() as usize;
-        let page = 4096;
-        let (lo, hi) = (
-            start.next_multiple_of(page),
-            (start + spare.len()) / page * page,
-        );
-        if hi > lo {
-            // SAFETY: `lo..hi` lies inside the buffer's allocation, which this function owns; populating only
-            // maps its pages (contents and ownership unchanged). The result is ignored: without the call the
-            // pages are faulted in on first write, as usual.
-            #[cfg(target_os = "linux")]
-            unsafe {
-                libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_POPULATE_WRITE);
-            }
-        }
+        madvise_inside(spare.as_mut_ptr() as usize, spare.len(), POPULATE_WRITE);
     }
     b
+}
+
+/// Map the pages inside `mem` into this process in one call, for reading: memory another process wrote (a
+/// shared mapping) otherwise faults once per 4 KiB as it is read. Best effort, like [`prefaulted`]; short
+/// ranges are left alone.
+pub fn populate_read(mem: &[u8]) {
+    if mem.len() < MIN_POPULATE / 4 {
+        return;
+    }
+    madvise_inside(mem.as_ptr() as usize, mem.len(), POPULATE_READ);
+}
+
+#[cfg(target_os = "linux")]
+const POPULATE_READ: libc::c_int = libc::MADV_POPULATE_READ;
+#[cfg(target_os = "linux")]
+const POPULATE_WRITE: libc::c_int = libc::MADV_POPULATE_WRITE;
+#[cfg(not(target_os = "linux"))]
+const POPULATE_READ: i32 = 0;
+#[cfg(not(target_os = "linux"))]
+const POPULATE_WRITE: i32 = 0;
+
+/// `madvise(advice)` on the whole pages inside `start..start + len` (none if it spans no whole page).
+#[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+fn madvise_inside(start: usize, len: usize, advice: i32) {
+    let page = 4096;
+    let (lo, hi) = (start.next_multiple_of(page), (start + len) / page * page);
+    if hi > lo {
+        // SAFETY: `lo..hi` lies inside memory the caller owns or borrows; populating only maps its pages
+        // (contents and ownership unchanged). The result is ignored: without the call the pages are faulted in
+        // on first access, as usual.
+        #[cfg(target_os = "linux")]
+        unsafe {
+            libc::madvise(lo as *mut libc::c_void, hi - lo, advice);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -49,6 +70,8 @@ mod tests {
             b.extend_from_slice(&vec![7u8; len]);
             assert_eq!(b.len(), len);
             assert!(b.iter().all(|&x| x == 7));
+            populate_read(&b);
+            assert!(b.iter().all(|&x| x == 7), "populating changes nothing");
         }
     }
 }
