@@ -21,7 +21,6 @@
 //! error (EIO, ENOSPC, a file deleted underneath us) is a miss plus a counter, never a failed read: the disk
 //! tier is advisory.
 
-use std::collections::HashMap;
 use std::fs;
 use std::io::{Read, Seek};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -33,7 +32,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use strata_types::{BlockKey, Error, ErrorKind, Result};
 
-use crate::policy::{Admission, Digest, Policy, PolicyKind};
+use crate::policy::{Admission, Digest, DigestMap, Policy, PolicyKind};
 
 const MAGIC: &[u8; 8] = b"STRATAB3";
 /// Alignment of direct I/O (offsets, lengths, buffer addresses): the logical block size of common devices
@@ -78,7 +77,7 @@ pub(crate) struct DiskTier {
 #[derive(Debug)]
 struct State {
     policy: Policy,
-    index: HashMap<Digest, DiskEntry>,
+    index: DigestMap<DiskEntry>,
 }
 
 fn hex(d: &Digest) -> String {
@@ -179,7 +178,7 @@ impl DiskTier {
         }
         let hint = (capacity / block_size.max(1)).max(16) as usize;
         let mut policy = Policy::new(kind, capacity, pinned_cap, hint);
-        let mut index = HashMap::new();
+        let mut index = DigestMap::default();
         let mut found = Vec::new();
         for sub in fs::read_dir(&blocks)
             .map_err(|e| Error::from_io(e, format!("reading {}", blocks.display())))?

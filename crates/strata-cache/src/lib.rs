@@ -50,7 +50,7 @@ pub use config::{CacheConfig, DiskConfig, LOCAL_METADATA_TTL_MAX_MS};
 pub use policy::PolicyKind;
 
 use disk::DiskTier;
-use policy::{Digest, Policy};
+use policy::{Digest, DigestMap, Policy};
 
 /// Budget accounting unit (the semaphore counts KiB so that a terabyte budget fits in `u32` permits).
 const UNIT: u64 = 1024;
@@ -201,7 +201,7 @@ struct Counters {
 #[derive(Debug)]
 struct RamTier {
     policy: Policy,
-    map: HashMap<Digest, (BlockKey, Bytes)>,
+    map: DigestMap<(BlockKey, Bytes)>,
 }
 
 #[derive(Debug)]
@@ -228,7 +228,7 @@ struct Inner {
     telemetry: Arc<Telemetry>,
     ram: Mutex<RamTier>,
     disk: Option<Arc<DiskTier>>,
-    inflight: Mutex<HashMap<Digest, SharedFetch>>,
+    inflight: Mutex<DigestMap<SharedFetch>>,
     budget: Arc<Semaphore>,
     budget_units: u64,
     pins: RwLock<Vec<PinSpec>>,
@@ -241,12 +241,52 @@ struct Inner {
     refreshes: Arc<Semaphore>,
 }
 
-/// Object metadata by (backend id, key).
-type MetaMap = HashMap<(Arc<str>, String), MetaEntry>;
+/// Object metadata by backend id, then key: looked up by `&str`, so a hit allocates nothing.
+#[derive(Default)]
+struct MetaMap {
+    by_backend: HashMap<Arc<str>, HashMap<String, MetaEntry>>,
+    len: usize,
+}
 
-/// What is known of an object's version, and when it was learned.
+impl MetaMap {
+    fn get_mut(&mut self, backend: &str, key: &str) -> Option<&mut MetaEntry> {
+        self.by_backend.get_mut(backend)?.get_mut(key)
+    }
+
+    fn contains(&self, backend: &str, key: &str) -> bool {
+        self.by_backend
+            .get(backend)
+            .is_some_and(|m| m.contains_key(key))
+    }
+
+    fn remove(&mut self, backend: &str, key: &str) {
+        if let Some(m) = self.by_backend.get_mut(backend)
+            && m.remove(key).is_some()
+        {
+            self.len -= 1;
+        }
+    }
+
+    fn insert(&mut self, backend: &Arc<str>, key: &str, e: MetaEntry) {
+        if self.len >= META_MAX {
+            // A bound, not a policy.
+            *self = Self::default();
+        }
+        let m = match self.by_backend.get_mut(&**backend) {
+            Some(m) => m,
+            None => self.by_backend.entry(backend.clone()).or_default(),
+        };
+        if m.insert(key.to_string(), e).is_none() {
+            self.len += 1;
+        }
+    }
+}
+
+/// What is known of an object's version, and when it was learned. The version's [`ObjState`] is kept with
+/// it, so that opening an object whose metadata is fresh builds nothing (and its first block's digest is
+/// computed once per version, not per read).
 struct MetaEntry {
-    meta: ObjectMeta,
+    obj: Arc<ObjState>,
     at: Instant,
     /// A background refresh of this entry is running.
     refreshing: bool,
@@ -255,7 +295,7 @@ struct MetaEntry {
 /// Background metadata refreshes running at once, at most (past this, entries simply expire).
 const META_REFRESH_MAX: usize = 16;
 
-/// Most metadata entries kept (the map is cleared when it fills: a bound, not a policy).
+/// Most metadata entries kept (the map is cleared when it fills).
 const META_MAX: usize = 100_000;
 
 /// The tiered block cache. Cheap to clone; all clones share one cache.
@@ -309,7 +349,7 @@ impl BlockCache {
                 ram_pin_cap,
                 (cfg.ram_capacity.bytes() / bs).max(16) as usize,
             ),
-            map: HashMap::new(),
+            map: DigestMap::default(),
         };
         let budget_units = cfg.inflight_budget.bytes() / UNIT;
         let pins_path = cfg.disk.as_ref().map(|d| d.dir.join("pins.json"));
@@ -331,14 +371,14 @@ impl BlockCache {
             telemetry,
             ram: Mutex::new(ram),
             disk,
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(DigestMap::default()),
             pins: RwLock::new(pins.clone()),
             pins_path,
             counters: Counters::default(),
             disk_tx: Mutex::new(None),
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
-            meta: Mutex::new(HashMap::new()),
+            meta: Mutex::new(MetaMap::default()),
             refreshes: Arc::new(Semaphore::new(META_REFRESH_MAX)),
         });
         if let Some(disk) = &inner.disk {
@@ -386,12 +426,13 @@ impl BlockCache {
         backend: &Backend,
         key: &str,
     ) -> Result<CachedObject> {
-        if let Some(meta) = self.cached_meta(ctx, backend, key) {
-            return Ok(self.object_from_meta(ctx, backend, meta));
+        if let Some(obj) = self.cached_state(ctx, backend, key) {
+            return Ok(self.object_from_state(ctx, obj));
         }
         let meta = backend.head(ctx, key).await?;
-        self.remember_meta(backend, &meta);
-        Ok(self.object_from_meta(ctx, backend, meta))
+        let obj = Arc::new(ObjState::new(backend, meta));
+        self.remember(&obj);
+        Ok(self.object_from_state(ctx, obj))
     }
 
     /// Like [`Self::open_object`], but a cold open reads the start of the object with the same request that
@@ -405,8 +446,8 @@ impl BlockCache {
         key: &str,
         upto: u64,
     ) -> Result<CachedObject> {
-        if let Some(meta) = self.cached_meta(ctx, backend, key) {
-            return Ok(self.object_from_meta(ctx, backend, meta));
+        if let Some(obj) = self.cached_state(ctx, backend, key) {
+            return Ok(self.object_from_state(ctx, obj));
         }
         // Known before but expired: the blocks are probably cached, so revalidate with a HEAD instead of
         // reading the data again.
@@ -432,8 +473,9 @@ impl BlockCache {
             }
             Err(e) => return Err(e),
         };
-        self.remember_meta(backend, &meta);
-        let obj = self.object_from_meta(ctx, backend, meta);
+        let state = Arc::new(ObjState::new(backend, meta));
+        self.remember(&state);
+        let obj = self.object_from_state(ctx, state);
         let size = obj.meta().size;
         let c = &self.inner.counters;
         c.fill_requests.fetch_add(1, Ordering::Relaxed);
@@ -479,23 +521,28 @@ impl BlockCache {
         std::time::Duration::from_millis(ms)
     }
 
-    /// The object's metadata if it is still trusted. Refresh-ahead: once an entry is past half its TTL, the
-    /// first open that uses it starts a HEAD in the background, so an object read over and over keeps fresh
-    /// metadata without any open waiting for the backend (and changes made at the backend are still seen
+    /// The object's version if its metadata is still trusted. Refresh-ahead: once an entry is past half its
+    /// TTL, the first open that uses it starts a HEAD in the background, so an object read over and over keeps
+    /// fresh metadata without any open waiting for the backend (and changes made at the backend are still seen
     /// within the TTL).
-    fn cached_meta(&self, ctx: &IoContext, backend: &Backend, key: &str) -> Option<ObjectMeta> {
+    fn cached_state(&self, ctx: &IoContext, backend: &Backend, key: &str) -> Option<Arc<ObjState>> {
         let ttl = self.metadata_ttl(backend);
         if ttl.is_zero() {
             return None;
         }
-        let k = (backend.id().clone(), key.to_string());
         let mut m = self.inner.meta.lock();
-        let e = m.get_mut(&k)?;
+        let e = m.get_mut(backend.id(), key)?;
         let age = e.at.elapsed();
         if age >= ttl {
             return None;
         }
-        let meta = e.meta.clone();
+        // Learned through another `Backend` with the same id (other credentials, say): read through the
+        // caller's own.
+        let obj = if e.obj.backend.same(backend) {
+            e.obj.clone()
+        } else {
+            Arc::new(ObjState::new(backend, e.obj.meta.clone()))
+        };
         if age >= ttl / 2
             && !e.refreshing
             && let Ok(permit) = self.inner.refreshes.clone().try_acquire_owned()
@@ -503,18 +550,18 @@ impl BlockCache {
             e.refreshing = true;
             let from = e.at;
             drop(m);
-            self.refresh_meta(ctx.clone(), backend.clone(), k, from, permit);
+            self.refresh_meta(ctx.clone(), backend.clone(), key.to_string(), from, permit);
         }
-        Some(meta)
+        Some(obj)
     }
 
-    /// HEAD `k` in the background and renew its entry, unless the entry changed meanwhile (invalidated by a
+    /// HEAD `key` in the background and renew its entry, unless the entry changed meanwhile (invalidated by a
     /// write, or replaced by a newer lookup): a HEAD sent before a write must not bring the old version back.
     fn refresh_meta(
         &self,
         ctx: IoContext,
         backend: Backend,
-        k: (Arc<str>, String),
+        key: String,
         from: Instant,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) {
@@ -523,28 +570,26 @@ impl BlockCache {
             let _permit = permit;
             let got = tokio::select! {
                 _ = inner.cancel.cancelled() => return,
-                r = backend.head(&ctx, &k.1) => r,
+                r = backend.head(&ctx, &key) => r,
             };
             inner
                 .counters
                 .meta_refreshes
                 .fetch_add(1, Ordering::Relaxed);
             let mut m = inner.meta.lock();
-            let Some(e) = m.get_mut(&k).filter(|e| e.at == from) else {
+            let Some(e) = m.get_mut(backend.id(), &key).filter(|e| e.at == from) else {
                 return;
             };
             match got {
                 Ok(meta) => {
                     *e = MetaEntry {
-                        meta,
+                        obj: Arc::new(ObjState::new(&backend, meta)),
                         at: Instant::now(),
                         refreshing: false,
                     }
                 }
                 // Deleted at the backend: forget it now rather than at the end of the TTL.
-                Err(err) if err.kind() == ErrorKind::NotFound => {
-                    m.remove(&k);
-                }
+                Err(err) if err.kind() == ErrorKind::NotFound => m.remove(backend.id(), &key),
                 // Any other failure: the entry expires as usual and the next open asks again.
                 Err(_) => e.refreshing = false,
             }
@@ -553,26 +598,18 @@ impl BlockCache {
 
     /// Whether metadata of `key` was learned before, fresh or not.
     fn known_meta(&self, backend: &Backend, key: &str) -> bool {
-        self.inner.cfg.metadata_ttl_ms > 0
-            && self
-                .inner
-                .meta
-                .lock()
-                .contains_key(&(backend.id().clone(), key.to_string()))
+        self.inner.cfg.metadata_ttl_ms > 0 && self.inner.meta.lock().contains(backend.id(), key)
     }
 
-    fn remember_meta(&self, backend: &Backend, meta: &ObjectMeta) {
+    fn remember(&self, obj: &Arc<ObjState>) {
         if self.inner.cfg.metadata_ttl_ms == 0 {
             return;
         }
-        let mut m = self.inner.meta.lock();
-        if m.len() >= META_MAX {
-            m.clear();
-        }
-        m.insert(
-            (backend.id().clone(), meta.key.clone()),
+        self.inner.meta.lock().insert(
+            obj.backend.id(),
+            &obj.meta.key,
             MetaEntry {
-                meta: meta.clone(),
+                obj: obj.clone(),
                 at: Instant::now(),
                 refreshing: false,
             },
@@ -582,10 +619,7 @@ impl BlockCache {
     /// Forget what is known of `key`'s version: call after writing or deleting it, so the next open sees the
     /// change even with a metadata TTL.
     pub fn invalidate(&self, backend: &Backend, key: &str) {
-        self.inner
-            .meta
-            .lock()
-            .remove(&(backend.id().clone(), key.to_string()));
+        self.inner.meta.lock().remove(backend.id(), key);
     }
 
     /// A reader for an object whose metadata the caller already has (from a listing, say).
@@ -595,14 +629,13 @@ impl BlockCache {
         backend: &Backend,
         meta: ObjectMeta,
     ) -> CachedObject {
-        let id = ObjectId::new(backend.id().clone(), meta.key.as_str(), meta.version_tag());
+        self.object_from_state(ctx, Arc::new(ObjState::new(backend, meta)))
+    }
+
+    fn object_from_state(&self, ctx: &IoContext, obj: Arc<ObjState>) -> CachedObject {
         CachedObject {
             cache: self.clone(),
-            obj: Arc::new(ObjState {
-                backend: backend.clone(),
-                meta,
-                id,
-            }),
+            obj,
             ctx: ctx.clone(),
             ra: Mutex::new(Readahead::default()),
         }
@@ -619,12 +652,12 @@ impl BlockCache {
         self.open_object(ctx, backend, key).await?.read(range).await
     }
 
-    fn emit_lookup(&self, ctx: &IoContext, key: &BlockKey, tier: Tier, bytes: u64, start: Instant) {
+    fn emit_lookup(&self, ctx: &IoContext, id: &ObjectId, tier: Tier, bytes: u64, start: Instant) {
         self.inner.telemetry.emit(IoEvent {
             at: SystemTime::now(),
             op: Op::CacheLookup,
-            backend: key.object.backend.clone(),
-            key: key.object.key.clone(),
+            backend: id.backend.clone(),
+            key: id.key.clone(),
             bytes,
             latency: start.elapsed(),
             tier,
@@ -633,24 +666,31 @@ impl BlockCache {
         });
     }
 
+    /// The block if the RAM tier holds it, recorded as a request in both tiers' policies; on a miss nothing
+    /// is recorded.
+    fn ram_hit(&self, ctx: &IoContext, id: &ObjectId, d: &Digest, start: Instant) -> Option<Bytes> {
+        let b = {
+            let mut ram = self.inner.ram.lock();
+            let b = ram.map.get(d)?.1.clone();
+            ram.policy.record_request(d);
+            b
+        };
+        self.inner.counters.ram_hits.fetch_add(1, Ordering::Relaxed);
+        if let Some(disk) = &self.inner.disk {
+            disk.record_request(d);
+        }
+        self.emit_lookup(ctx, id, Tier::Ram, b.len() as u64, start);
+        Some(b)
+    }
+
     /// Look a block up in RAM, then disk. Records the request in both tiers' policies.
     async fn lookup(&self, ctx: &IoContext, key: &BlockKey, d: &Digest) -> Option<Bytes> {
         let start = Instant::now();
-        let c = &self.inner.counters;
-        {
-            let mut ram = self.inner.ram.lock();
-            ram.policy.record_request(d);
-            if let Some((_, b)) = ram.map.get(d) {
-                let b = b.clone();
-                drop(ram);
-                c.ram_hits.fetch_add(1, Ordering::Relaxed);
-                if let Some(disk) = &self.inner.disk {
-                    disk.record_request(d);
-                }
-                self.emit_lookup(ctx, key, Tier::Ram, b.len() as u64, start);
-                return Some(b);
-            }
+        if let Some(b) = self.ram_hit(ctx, &key.object, d, start) {
+            return Some(b);
         }
+        self.inner.ram.lock().policy.record_request(d);
+        let c = &self.inner.counters;
         if let Some(disk) = &self.inner.disk {
             disk.record_request(d);
             if disk.contains(d) {
@@ -662,13 +702,13 @@ impl BlockCache {
                 if let Some(b) = got {
                     c.disk_hits.fetch_add(1, Ordering::Relaxed);
                     self.insert_ram(key, *d, &b, false);
-                    self.emit_lookup(ctx, key, Tier::Disk, b.len() as u64, start);
+                    self.emit_lookup(ctx, &key.object, Tier::Disk, b.len() as u64, start);
                     return Some(b);
                 }
             }
         }
         c.misses.fetch_add(1, Ordering::Relaxed);
-        self.emit_lookup(ctx, key, Tier::Miss, 0, start);
+        self.emit_lookup(ctx, &key.object, Tier::Miss, 0, start);
         None
     }
 
@@ -1012,7 +1052,7 @@ impl BlockCache {
     /// beyond it.
     async fn block(&self, ctx: &IoContext, obj: &Arc<ObjState>, index: u64) -> Result<Bytes> {
         let key = BlockKey::new(obj.id.clone(), index);
-        let d = key.digest();
+        let d = obj.digest(index);
         if let Some(b) = self.lookup(ctx, &key, &d).await {
             return Ok(b);
         }
@@ -1083,16 +1123,11 @@ impl BlockCache {
         let run_max = self.run_blocks();
         let mut work = Vec::new();
         for meta in objects {
-            let obj = Arc::new(ObjState {
-                id: ObjectId::new(backend.id().clone(), meta.key.as_str(), meta.version_tag()),
-                backend: backend.clone(),
-                meta,
-            });
+            let obj = Arc::new(ObjState::new(backend, meta));
             let nblocks = obj.meta.size.div_ceil(bs);
             let mut run_start: Option<u64> = None;
             for i in 0..=nblocks {
-                let held =
-                    i < nblocks && self.warm_holds(&BlockKey::new(obj.id.clone(), i).digest());
+                let held = i < nblocks && self.warm_holds(&obj.digest(i));
                 if held {
                     p.cached_blocks += 1;
                     p.done_bytes += (obj.meta.size - i * bs).min(bs);
@@ -1481,6 +1516,28 @@ struct ObjState {
     backend: Backend,
     meta: ObjectMeta,
     id: ObjectId,
+    /// The digest of block 0, once computed (most objects read small are one block).
+    first_digest: std::sync::OnceLock<Digest>,
+}
+
+impl ObjState {
+    fn new(backend: &Backend, meta: ObjectMeta) -> Self {
+        Self {
+            id: ObjectId::new(backend.id().clone(), meta.key.as_str(), meta.version_tag()),
+            backend: backend.clone(),
+            meta,
+            first_digest: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The cache index key of block `index` of this version.
+    fn digest(&self, index: u64) -> Digest {
+        let compute = || BlockKey::new(self.id.clone(), index).digest();
+        match index {
+            0 => *self.first_digest.get_or_init(compute),
+            _ => compute(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -1573,6 +1630,27 @@ impl CachedObject {
         Ok((b.slice(lo as usize..hi as usize), share))
     }
 
+    /// Bytes `range` if they lie in one block the RAM tier holds now, else `None` (read them with
+    /// [`Self::read_block`] then). The hot path of a small read: one lookup, none of the readahead
+    /// bookkeeping; the request is recorded and the lookup emitted as for any read. An invalid range is
+    /// `None` too, and [`Self::read_block`] then says what is wrong with it.
+    pub fn read_cached(&self, range: Range<u64>) -> Option<Bytes> {
+        let bs = self.cache.inner.cfg.block_size.bytes();
+        let end = range.end.min(self.obj.meta.size);
+        if range.start >= end {
+            return None;
+        }
+        let i = range.start / bs;
+        if (end - 1) / bs != i {
+            return None;
+        }
+        let b = self
+            .cache
+            .ram_hit(&self.ctx, &self.obj.id, &self.obj.digest(i), Instant::now())?;
+        let (lo, hi) = ((range.start - i * bs) as usize, (end - i * bs) as usize);
+        (hi <= b.len()).then(|| b.slice(lo..hi))
+    }
+
     /// Bytes `range`; the end is clamped to the object's size. A start past the end is an error.
     pub async fn read(&self, range: Range<u64>) -> Result<Bytes> {
         let size = self.obj.meta.size;
@@ -1648,9 +1726,7 @@ impl CachedObject {
             for i in first..=last + 1 {
                 let missing = i <= last
                     && !ra.prefetched.contains_key(&i)
-                    && !self
-                        .cache
-                        .holds(&BlockKey::new(self.obj.id.clone(), i).digest());
+                    && !self.cache.holds(&self.obj.digest(i));
                 match (&mut run, missing) {
                     (Some((_, n)), true) if *n < cap => *n += 1,
                     (Some(r), _) => {
@@ -1763,7 +1839,7 @@ impl CachedObject {
             if ra.prefetched.contains_key(&i) {
                 continue;
             }
-            let d = BlockKey::new(self.obj.id.clone(), i).digest();
+            let d = self.obj.digest(i);
             if self.cache.holds(&d) {
                 continue;
             }

@@ -261,6 +261,11 @@ impl Backend {
         &self.inner.id
     }
 
+    /// Whether `other` is this very backend (a clone of it), not just one with the same id.
+    pub fn same(&self, other: &Backend) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The URL scheme (`s3`, `file`, `memory`, ...).
     pub fn scheme(&self) -> &'static str {
         self.inner.scheme

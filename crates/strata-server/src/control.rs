@@ -80,10 +80,18 @@ pub async fn bootstrap_admin(catalog: &Catalog, data_dir: &Path) -> Result<()> {
 /// Shared state of the control plane inside the agent.
 #[derive(Debug, Default)]
 pub struct AccessLog {
-    reads: Mutex<HashMap<(String, String), i64>>,
+    reads: Mutex<PendingReads>,
     dropped: std::sync::atomic::AtomicU64,
     forecasts: Mutex<Vec<ForecastLine>>,
     tokens: Mutex<HashMap<String, (std::time::Instant, Principal)>>,
+}
+
+/// Last read time of each object read since the last flush, by backend then key (looked up by `&str`: a read
+/// of an object already pending allocates nothing).
+#[derive(Debug, Default)]
+struct PendingReads {
+    by_backend: HashMap<String, HashMap<String, i64>>,
+    len: usize,
 }
 
 /// Most distinct objects whose read times wait for the next flush; more are dropped (and counted).
@@ -95,25 +103,35 @@ impl AccessLog {
     /// Note a read of `key` on the backend named `backend`.
     pub fn record(&self, backend: &str, key: &str, at: i64) {
         let mut r = self.reads.lock();
-        if r.len() >= MAX_PENDING_READS && !r.contains_key(&(backend.to_string(), key.to_string()))
-        {
+        if let Some(e) = r.by_backend.get_mut(backend).and_then(|m| m.get_mut(key)) {
+            *e = (*e).max(at);
+            return;
+        }
+        if r.len >= MAX_PENDING_READS {
             self.dropped
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return;
         }
-        let e = r
-            .entry((backend.to_string(), key.to_string()))
-            .or_insert(at);
-        *e = (*e).max(at);
+        r.len += 1;
+        match r.by_backend.get_mut(backend) {
+            Some(m) => {
+                m.insert(key.to_string(), at);
+            }
+            None => {
+                r.by_backend
+                    .insert(backend.to_string(), HashMap::from([(key.to_string(), at)]));
+            }
+        }
     }
 
     /// Write pending reads to the catalog.
     pub async fn flush(&self, catalog: &Catalog) -> Result<()> {
         let pending = std::mem::take(&mut *self.reads.lock());
-        let mut by_backend: BTreeMap<String, Vec<(String, i64)>> = BTreeMap::new();
-        for ((b, k), at) in pending {
-            by_backend.entry(b).or_default().push((k, at));
-        }
+        let by_backend: BTreeMap<String, Vec<(String, i64)>> = pending
+            .by_backend
+            .into_iter()
+            .map(|(b, m)| (b, m.into_iter().collect()))
+            .collect();
         for (b, list) in by_backend {
             catalog.touch(&b, &list).await?;
         }

@@ -10,8 +10,8 @@
 //!
 //! Later analytics (heat maps, stall attribution, placement) subscribe with [`Telemetry::subscribe`].
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 use prometheus::{
@@ -43,6 +43,44 @@ pub struct Metrics {
     loader_samples: IntCounterVec,
     loader_stall: prometheus::CounterVec,
     loader_skipped: IntCounterVec,
+    /// The children of `requests`, `bytes`, `latency` and `cache_hits` for each (op, tier, outcome), resolved
+    /// on first use: `with_label_values` hashes its labels and takes a lock, too much for every cache hit.
+    handles: Arc<[OnceLock<Handles>; HANDLES]>,
+}
+
+/// The metric children one kind of successful or failed event updates.
+#[derive(Debug)]
+struct Handles {
+    requests: IntCounter,
+    bytes: IntCounter,
+    latency: prometheus::Histogram,
+    /// `cache_hits{tier}` for a cache lookup served by a tier, else `None`.
+    hit: Option<IntCounter>,
+}
+
+const OPS: usize = 7;
+const TIERS: usize = 5;
+const HANDLES: usize = OPS * TIERS * 2;
+
+/// Index of an event kind in [`Metrics::handles`] (exhaustive matches: a new variant must be placed here).
+fn handle_index(op: Op, tier: Tier, ok: bool) -> usize {
+    let o = match op {
+        Op::Get => 0,
+        Op::Head => 1,
+        Op::Put => 2,
+        Op::List => 3,
+        Op::Delete => 4,
+        Op::Copy => 5,
+        Op::CacheLookup => 6,
+    };
+    let t = match tier {
+        Tier::Ram => 0,
+        Tier::Disk => 1,
+        Tier::Peer => 2,
+        Tier::Backend => 3,
+        Tier::Miss => 4,
+    };
+    (o * TIERS + t) * 2 + usize::from(ok)
 }
 
 impl Metrics {
@@ -170,6 +208,7 @@ impl Metrics {
             loader_samples,
             loader_stall,
             loader_skipped,
+            handles: Arc::new(std::array::from_fn(|_| OnceLock::new())),
         }
     }
 
@@ -193,27 +232,31 @@ impl Metrics {
     }
 
     fn record(&self, ev: &IoEvent) {
-        let op = ev.op.as_str();
-        let tier = ev.tier.as_str();
-        let outcome = match ev.outcome {
-            Outcome::Ok => "ok",
-            Outcome::Err(_) => "error",
-        };
-        self.requests.with_label_values(&[op, tier, outcome]).inc();
+        let ok = ev.outcome == Outcome::Ok;
+        let h = self.handles[handle_index(ev.op, ev.tier, ok)].get_or_init(|| {
+            let (op, tier) = (ev.op.as_str(), ev.tier.as_str());
+            let outcome = if ok { "ok" } else { "error" };
+            Handles {
+                requests: self.requests.with_label_values(&[op, tier, outcome]),
+                bytes: self.bytes.with_label_values(&[op, tier]),
+                latency: self.latency.with_label_values(&[op, tier]),
+                hit: (ev.op == Op::CacheLookup && ev.tier != Tier::Miss)
+                    .then(|| self.cache_hits.with_label_values(&[tier])),
+            }
+        });
+        h.requests.inc();
         if ev.bytes > 0 {
-            self.bytes.with_label_values(&[op, tier]).inc_by(ev.bytes);
+            h.bytes.inc_by(ev.bytes);
         }
-        self.latency
-            .with_label_values(&[op, tier])
-            .observe(ev.latency.as_secs_f64());
+        h.latency.observe(ev.latency.as_secs_f64());
         if ev.op == Op::CacheLookup {
-            match ev.tier {
-                Tier::Miss => self.cache_misses.inc(),
-                t => self.cache_hits.with_label_values(&[t.as_str()]).inc(),
+            match &h.hit {
+                Some(hit) => hit.inc(),
+                None => self.cache_misses.inc(),
             }
         } else if let Outcome::Err(kind) = ev.outcome {
             self.backend_errors
-                .with_label_values(&[op, kind.as_str()])
+                .with_label_values(&[ev.op.as_str(), kind.as_str()])
                 .inc();
         }
     }

@@ -822,9 +822,19 @@ impl S3 for Gateway {
         let size = meta.size;
         let (range, content_range) = resolve_range(input.range.as_ref(), size)?;
         let len = range.end - range.start;
-        // One backend request for the client's whole range when it is cold, not one per block.
-        obj.prefetch(range.clone(), true).await;
-        let body = self.body_of(obj, range).await?;
+        let body = match obj.read_cached(range.clone()) {
+            // Hot and inside one block (most small objects): no readahead bookkeeping.
+            Some(b) => {
+                StreamingBlob::wrap(futures::stream::once(
+                    async move { Ok::<_, std::io::Error>(b) },
+                ))
+            }
+            None => {
+                // One backend request for the client's whole range when it is cold, not one per block.
+                obj.prefetch(range.clone(), true).await;
+                self.body_of(obj, range).await?
+            }
+        };
         self.agent
             .access_log()
             .record(&input.bucket, &input.key, self.agent.catalog().now());
