@@ -32,8 +32,9 @@ pub struct CacheConfig {
     /// default) looks the version up on every open, so changes made at the backend by others are seen at once;
     /// a few seconds saves a HEAD per open of hot small objects. Writes through Strata invalidate it either way.
     /// Local-directory backends (`file://`) trust it at most [`LOCAL_METADATA_TTL_MAX_MS`]: asking them again
-    /// is a `stat`, and their files are the ones most often changed behind Strata's back. Past half the TTL,
-    /// an open that uses an entry refreshes it in the background (refresh-ahead).
+    /// is a `stat`, and their files are the ones most often changed behind Strata's back. Past a point between
+    /// half and three quarters of the TTL (random per entry, so that objects learned together are not all
+    /// revalidated at once), an open that uses an entry refreshes it in the background (refresh-ahead).
     #[serde(default)]
     pub metadata_ttl_ms: u64,
     /// Blocks waiting to be written to the disk tier; past this, new blocks are not written (lossy, counted).

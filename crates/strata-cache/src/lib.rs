@@ -288,8 +288,22 @@ impl MetaMap {
 struct MetaEntry {
     obj: Arc<ObjState>,
     at: Instant,
+    /// Where in the TTL an open starts a background refresh: a random point of [1/2, 3/4), so that objects
+    /// learned together (a listing, a burst of first reads) are not all revalidated at the same moment.
+    refresh_at: f32,
     /// A background refresh of this entry is running.
     refreshing: bool,
+}
+
+impl MetaEntry {
+    fn new(obj: Arc<ObjState>) -> Self {
+        Self {
+            obj,
+            at: Instant::now(),
+            refresh_at: 0.5 + rand::random::<f32>() / 4.0,
+            refreshing: false,
+        }
+    }
 }
 
 /// Background metadata refreshes running at once, at most (past this, entries simply expire).
@@ -521,8 +535,8 @@ impl BlockCache {
         std::time::Duration::from_millis(ms)
     }
 
-    /// The object's version if its metadata is still trusted. Refresh-ahead: once an entry is past half its
-    /// TTL, the first open that uses it starts a HEAD in the background, so an object read over and over keeps
+    /// The object's version if its metadata is still trusted. Refresh-ahead: once an entry is past its refresh
+    /// point (between half and three quarters of the TTL), the first open that uses it starts a HEAD in the background, so an object read over and over keeps
     /// fresh metadata without any open waiting for the backend (and changes made at the backend are still seen
     /// within the TTL).
     fn cached_state(&self, ctx: &IoContext, backend: &Backend, key: &str) -> Option<Arc<ObjState>> {
@@ -543,7 +557,7 @@ impl BlockCache {
         } else {
             Arc::new(ObjState::new(backend, e.obj.meta.clone()))
         };
-        if age >= ttl / 2
+        if age >= ttl.mul_f32(e.refresh_at)
             && !e.refreshing
             && let Ok(permit) = self.inner.refreshes.clone().try_acquire_owned()
         {
@@ -581,13 +595,7 @@ impl BlockCache {
                 return;
             };
             match got {
-                Ok(meta) => {
-                    *e = MetaEntry {
-                        obj: Arc::new(ObjState::new(&backend, meta)),
-                        at: Instant::now(),
-                        refreshing: false,
-                    }
-                }
+                Ok(meta) => *e = MetaEntry::new(Arc::new(ObjState::new(&backend, meta))),
                 // Deleted at the backend: forget it now rather than at the end of the TTL.
                 Err(err) if err.kind() == ErrorKind::NotFound => m.remove(backend.id(), &key),
                 // Any other failure: the entry expires as usual and the next open asks again.
@@ -605,15 +613,10 @@ impl BlockCache {
         if self.inner.cfg.metadata_ttl_ms == 0 {
             return;
         }
-        self.inner.meta.lock().insert(
-            obj.backend.id(),
-            &obj.meta.key,
-            MetaEntry {
-                obj: obj.clone(),
-                at: Instant::now(),
-                refreshing: false,
-            },
-        );
+        self.inner
+            .meta
+            .lock()
+            .insert(obj.backend.id(), &obj.meta.key, MetaEntry::new(obj.clone()));
     }
 
     /// Forget what is known of `key`'s version: call after writing or deleting it, so the next open sees the
@@ -1518,6 +1521,8 @@ struct ObjState {
     id: ObjectId,
     /// The digest of block 0, once computed (most objects read small are one block).
     first_digest: std::sync::OnceLock<Digest>,
+    /// When a read of this version was last noted ([`CachedObject::mark_read`]), `i64::MIN` if never.
+    read_at: std::sync::atomic::AtomicI64,
 }
 
 impl ObjState {
@@ -1527,6 +1532,7 @@ impl ObjState {
             backend: backend.clone(),
             meta,
             first_digest: std::sync::OnceLock::new(),
+            read_at: std::sync::atomic::AtomicI64::new(i64::MIN),
         }
     }
 
@@ -1628,6 +1634,20 @@ impl CachedObject {
             ));
         }
         Ok((b.slice(lo as usize..hi as usize), share))
+    }
+
+    /// Note a read of this version at `at` (seconds): true if none was noted in the `resolution` seconds
+    /// before, so the caller should record it. The mark is shared by every reader of the version while its
+    /// metadata is cached; for a hot object, at most one reader per `resolution` sees true.
+    pub fn mark_read(&self, at: i64, resolution: i64) -> bool {
+        let last = self.obj.read_at.load(Ordering::Relaxed);
+        if last != i64::MIN && at >= last && at - last < resolution {
+            return false;
+        }
+        self.obj
+            .read_at
+            .compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// Bytes `range` if they lie in one block the RAM tier holds now, else `None` (read them with

@@ -535,6 +535,54 @@ mod reference_model {
 }
 
 #[tokio::test]
+async fn hot_one_block_reads_and_read_marks_are_shared_by_a_version() {
+    let backend = memory_backend();
+    let mut cfg = config(None, 64, 32, 0, PolicyKind::Tinylfu);
+    cfg.metadata_ttl_ms = 60_000;
+    let t = Telemetry::new();
+    let cache = open(cfg, t.clone());
+    let v1 = pattern(100_000, 1); // two blocks of 64 KiB
+    put(&backend, "h", &v1).await;
+    let obj = cache.open_object(&ctx(), &backend, "h").await.unwrap();
+    assert!(obj.read_cached(0..10).is_none(), "cold: not in RAM yet");
+    assert!(obj.read_all().await.unwrap() == v1);
+    let hits = cache.stats().ram.hits;
+    assert_eq!(obj.read_cached(10..20).unwrap(), v1.slice(10..20));
+    assert_eq!(
+        obj.read_cached(70_000..100_000).unwrap(),
+        v1.slice(70_000..100_000)
+    );
+    assert_eq!(
+        obj.read_cached(70_000..200_000).unwrap(),
+        v1.slice(70_000..100_000),
+        "the end is clamped to the object"
+    );
+    assert_eq!(cache.stats().ram.hits, hits + 3, "counted as hits");
+    assert!(obj.read_cached(60_000..70_000).is_none(), "two blocks");
+    assert!(obj.read_cached(100_000..100_001).is_none(), "past the end");
+    assert!(obj.read_cached(5..5).is_none(), "empty");
+    // Read marks: one per resolution window, shared by every open of the version while its metadata is
+    // cached, and a new version starts afresh.
+    assert!(obj.mark_read(1_000, 30));
+    let again = cache.open_object(&ctx(), &backend, "h").await.unwrap();
+    assert!(
+        !again.mark_read(1_010, 30),
+        "another open of the same version"
+    );
+    assert!(!obj.mark_read(1_029, 30));
+    assert!(again.mark_read(1_030, 30), "a window later");
+    assert!(
+        again.mark_read(900, 30),
+        "a clock that went back is recorded"
+    );
+    put(&backend, "h", &pattern(10, 2)).await;
+    cache.invalidate(&backend, "h");
+    let v2 = cache.open_object(&ctx(), &backend, "h").await.unwrap();
+    assert!(v2.mark_read(905, 30), "a new version");
+    cache.shutdown().await;
+}
+
+#[tokio::test]
 async fn metadata_ttl_saves_lookups_and_invalidate_ends_it() {
     let backend = memory_backend();
     let mut cfg = config(None, 64, 32, 0, PolicyKind::Tinylfu);
@@ -598,8 +646,9 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
             .size,
         1_000
     );
-    // Past half the TTL, an open still answers from the entry and refreshes it in the background.
-    tokio::time::sleep(Duration::from_millis(4_200)).await;
+    // Past three quarters of the TTL (refresh points are spread over [1/2, 3/4)), an open still answers from
+    // the entry and refreshes it in the background.
+    tokio::time::sleep(Duration::from_millis(6_100)).await;
     put(&backend, "m", &v2).await;
     let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
     assert_eq!(
@@ -620,7 +669,7 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
         "the refresh brought the new version"
     );
     // A refresh that learned a version before a write must not bring it back after the write invalidated it.
-    tokio::time::sleep(Duration::from_millis(4_200)).await;
+    tokio::time::sleep(Duration::from_millis(6_100)).await;
     let _ = cache.open_object(&ctx(), &backend, "m").await.unwrap(); // starts refresh #2 (not yet run)
     cache.invalidate(&backend, "m");
     for _ in 0..1_000 {
@@ -634,7 +683,7 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
     let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
     assert!(o.read_all().await.unwrap() == v3, "read-after-write holds");
     // Deleted at the backend: a refresh forgets the entry.
-    tokio::time::sleep(Duration::from_millis(4_200)).await;
+    tokio::time::sleep(Duration::from_millis(6_100)).await;
     let _ = cache.open_object(&ctx(), &backend, "m").await.unwrap();
     backend.delete(&ctx(), "m").await.unwrap();
     for _ in 0..1_000 {

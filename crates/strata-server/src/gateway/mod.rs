@@ -40,6 +40,9 @@ use tenancy::{Caller, Tenancy};
 const SINGLE_PUT_MAX: usize = 8 * 1024 * 1024;
 /// Part size of backend multipart uploads made by the gateway.
 const BACKEND_PART: usize = 8 * 1024 * 1024;
+/// Reads of one object version within this many seconds of the last recorded one are not recorded again
+/// (access times are kept for lifecycle rules, whose unit is the day).
+const ACCESS_RESOLUTION_SECS: i64 = 30;
 /// The S3 minimum size of every part but the last.
 const MIN_PART: u64 = 5 * 1024 * 1024;
 
@@ -811,17 +814,25 @@ impl S3 for Gateway {
             Some(_) => cache.open_object(&ctx, &backend, &input.key).await,
         };
         let obj = opened.map_err(s3err)?;
-        let meta = obj.meta().clone();
+        let meta = obj.meta();
         check_read_conditions(
-            &meta,
+            meta,
             input.if_match.as_ref(),
             input.if_none_match.as_ref(),
             input.if_modified_since.as_ref(),
             input.if_unmodified_since.as_ref(),
         )?;
-        let size = meta.size;
-        let (range, content_range) = resolve_range(input.range.as_ref(), size)?;
+        let (e_tag, last_modified) = (etag_of(meta), timestamp(meta.last_modified_unix));
+        let (range, content_range) = resolve_range(input.range.as_ref(), meta.size)?;
         let len = range.end - range.start;
+        let now = self.agent.catalog().now();
+        // Access times serve lifecycle rules counted in days: one record per object version and
+        // ACCESS_RESOLUTION_SECS is plenty, and a hot object read thousands of times a second costs no lock.
+        if obj.mark_read(now, ACCESS_RESOLUTION_SECS) {
+            self.agent
+                .access_log()
+                .record(&input.bucket, &input.key, now);
+        }
         let body = match obj.read_cached(range.clone()) {
             // Hot and inside one block (most small objects): no readahead bookkeeping.
             Some(b) => {
@@ -835,16 +846,13 @@ impl S3 for Gateway {
                 self.body_of(obj, range).await?
             }
         };
-        self.agent
-            .access_log()
-            .record(&input.bucket, &input.key, self.agent.catalog().now());
         Ok(S3Response::new(GetObjectOutput {
             body: Some(body),
             content_length: Some(len as i64),
             content_range,
             accept_ranges: Some("bytes".into()),
-            e_tag: etag_of(&meta),
-            last_modified: Some(timestamp(meta.last_modified_unix)),
+            e_tag,
+            last_modified: Some(last_modified),
             ..Default::default()
         }))
     }
