@@ -40,9 +40,11 @@ use tenancy::{Caller, Tenancy};
 const SINGLE_PUT_MAX: usize = 8 * 1024 * 1024;
 /// Part size of backend multipart uploads made by the gateway.
 const BACKEND_PART: usize = 8 * 1024 * 1024;
-/// Reads of one object version within this many seconds of the last recorded one are not recorded again
-/// (access times are kept for lifecycle rules, whose unit is the day).
-const ACCESS_RESOLUTION_SECS: i64 = 30;
+/// Reads of one object version within this many seconds of the last recorded one are not recorded again.
+/// One second is the catalog's own resolution (a clean-up skips an object read *after* its plan, compared in
+/// whole seconds), so nothing it decides on is lost, and a hot object costs one record a second, not one per
+/// read.
+const ACCESS_RESOLUTION_SECS: i64 = 1;
 /// The S3 minimum size of every part but the last.
 const MIN_PART: u64 = 5 * 1024 * 1024;
 
@@ -826,8 +828,8 @@ impl S3 for Gateway {
         let (range, content_range) = resolve_range(input.range.as_ref(), meta.size)?;
         let len = range.end - range.start;
         let now = self.agent.catalog().now();
-        // Access times serve lifecycle rules counted in days: one record per object version and
-        // ACCESS_RESOLUTION_SECS is plenty, and a hot object read thousands of times a second costs no lock.
+        // One access-time record per object version and second: a hot object read thousands of times a
+        // second takes the access log's lock once.
         if obj.mark_read(now, ACCESS_RESOLUTION_SECS) {
             self.agent
                 .access_log()
