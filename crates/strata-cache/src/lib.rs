@@ -244,9 +244,12 @@ struct Inner {
 /// Object metadata by backend id, then key: looked up by `&str`, so a hit allocates nothing.
 #[derive(Default)]
 struct MetaMap {
-    by_backend: HashMap<Arc<str>, HashMap<String, MetaEntry>>,
+    by_backend: FastMap<Arc<str>, FastMap<String, MetaEntry>>,
     len: usize,
 }
+
+/// A map keyed by strings on a hot path: foldhash (seeded per process) instead of SipHash.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 impl MetaMap {
     fn get_mut(&mut self, backend: &str, key: &str) -> Option<&mut MetaEntry> {

@@ -1674,7 +1674,9 @@ pub fn spawn_background(
 ) -> tokio::task::JoinHandle<()> {
     // Access times come from the I/O events (see `drain_access`). Drained on a short tick rather than awaited one by one: waking this task for every event costs a
     // context switch per GET on a busy gateway. The channel holds a tick's worth at about 150k events/s.
-    let mut events = agent.telemetry().subscribe(ACCESS_EVENTS_CAPACITY);
+    let mut events = agent
+        .telemetry()
+        .subscribe_ops(ACCESS_EVENTS_CAPACITY, &[strata_types::Op::Get]);
     let names: HashMap<String, String> = agent
         .backends()
         .iter()

@@ -62,9 +62,9 @@ const OPS: usize = 7;
 const TIERS: usize = 5;
 const HANDLES: usize = OPS * TIERS * 2;
 
-/// Index of an event kind in [`Metrics::handles`] (exhaustive matches: a new variant must be placed here).
-fn handle_index(op: Op, tier: Tier, ok: bool) -> usize {
-    let o = match op {
+/// The number of `op` (exhaustive matches: a new variant must be numbered here).
+fn op_number(op: Op) -> usize {
+    match op {
         Op::Get => 0,
         Op::Head => 1,
         Op::Put => 2,
@@ -72,7 +72,11 @@ fn handle_index(op: Op, tier: Tier, ok: bool) -> usize {
         Op::Delete => 4,
         Op::Copy => 5,
         Op::CacheLookup => 6,
-    };
+    }
+}
+
+/// Index of an event kind in [`Metrics::handles`].
+fn handle_index(op: Op, tier: Tier, ok: bool) -> usize {
     let t = match tier {
         Tier::Ram => 0,
         Tier::Disk => 1,
@@ -80,7 +84,7 @@ fn handle_index(op: Op, tier: Tier, ok: bool) -> usize {
         Tier::Backend => 3,
         Tier::Miss => 4,
     };
-    (o * TIERS + t) * 2 + usize::from(ok)
+    (op_number(op) * TIERS + t) * 2 + usize::from(ok)
 }
 
 impl Metrics {
@@ -307,8 +311,14 @@ fn sum_counter_vec(v: &IntCounterVec) -> u64 {
 #[derive(Debug)]
 pub struct Telemetry {
     metrics: Metrics,
-    subscribers: RwLock<Vec<mpsc::Sender<IoEvent>>>,
+    /// Each subscriber's channel and the ops it asked for ([`op_bit`]).
+    subscribers: RwLock<Vec<(mpsc::Sender<IoEvent>, u8)>>,
     emitted: AtomicU64,
+}
+
+/// Bit of `op` in a subscriber's op mask.
+fn op_bit(op: Op) -> u8 {
+    1 << op_number(op)
 }
 
 impl Default for Telemetry {
@@ -333,7 +343,8 @@ impl Telemetry {
         self.emitted.fetch_add(1, Ordering::Relaxed);
         let subs = self.subscribers.read();
         let mut closed = false;
-        for tx in subs.iter() {
+        let bit = op_bit(ev.op);
+        for (tx, _) in subs.iter().filter(|(_, mask)| mask & bit != 0) {
             match tx.try_send(ev.clone()) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(_)) => self.metrics.events_dropped.inc(),
@@ -342,7 +353,7 @@ impl Telemetry {
         }
         drop(subs);
         if closed {
-            self.subscribers.write().retain(|tx| !tx.is_closed());
+            self.subscribers.write().retain(|(tx, _)| !tx.is_closed());
         }
     }
 
@@ -358,7 +369,17 @@ impl Telemetry {
     /// channel full are dropped and counted. Dropping the receiver unsubscribes.
     pub fn subscribe(&self, capacity: usize) -> mpsc::Receiver<IoEvent> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        self.subscribers.write().push(tx);
+        self.subscribers.write().push((tx, u8::MAX));
+        rx
+    }
+
+    /// Like [`Self::subscribe`], for the events of `ops` only: the others are neither cloned nor queued for
+    /// this subscriber (a cache hit emits an event; a subscriber that wants backend reads should not pay for
+    /// every hit).
+    pub fn subscribe_ops(&self, capacity: usize, ops: &[Op]) -> mpsc::Receiver<IoEvent> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let mask = ops.iter().fold(0u8, |m, &op| m | op_bit(op));
+        self.subscribers.write().push((tx, mask));
         rx
     }
 
@@ -418,6 +439,27 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("strata_io_latency_seconds_bucket"));
+    }
+
+    #[tokio::test]
+    async fn op_subscribers_get_only_their_ops() {
+        let t = Telemetry::new();
+        let mut gets = t.subscribe_ops(8, &[Op::Get, Op::Put]);
+        let mut all = t.subscribe(8);
+        for op in [Op::CacheLookup, Op::Get, Op::Head, Op::Put, Op::CacheLookup] {
+            t.emit(ev(op, Tier::Backend, Outcome::Ok));
+        }
+        let mut got = Vec::new();
+        while let Ok(e) = gets.try_recv() {
+            got.push(e.op);
+        }
+        assert_eq!(got, vec![Op::Get, Op::Put]);
+        let mut n = 0;
+        while all.try_recv().is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, 5);
+        assert_eq!(t.dropped(), 0);
     }
 
     #[tokio::test]
