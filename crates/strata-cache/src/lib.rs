@@ -539,9 +539,9 @@ impl BlockCache {
     }
 
     /// The object's version if its metadata is still trusted. Refresh-ahead: once an entry is past its refresh
-    /// point (between half and three quarters of the TTL), the first open that uses it starts a HEAD in the background, so an object read over and over keeps
-    /// fresh metadata without any open waiting for the backend (and changes made at the backend are still seen
-    /// within the TTL).
+    /// point (between half and three quarters of the TTL), the first open that uses it starts a HEAD in the
+    /// background, so an object read over and over keeps fresh metadata without any open waiting for the
+    /// backend (and changes made at the backend are still seen within the TTL).
     fn cached_state(&self, ctx: &IoContext, backend: &Backend, key: &str) -> Option<Arc<ObjState>> {
         let ttl = self.metadata_ttl(backend);
         if ttl.is_zero() {
