@@ -9,7 +9,7 @@
 Peak RSS of `strata serve` is reported against RAM tier + in-flight budget + 150 MiB.
 
     python3 bench/gateway_vs_direct.py [--large-mib 2048] [--small-count 20000] [--rounds 3] [--sets large,small]
-        [--skip-nginx] [--pin-origin] [--wrk-rounds 5]
+        [--skip-nginx] [--pin-origin] [--pin-wrk] [--wrk-rounds 5] [--hot-ttl-ms 60000]
 
 Needs .venv (scripts/test.sh), a release build (cargo build --release -p strata-cli) and, for part 3, nginx
 and wrk (apt-get install -y nginx wrk).
@@ -35,6 +35,8 @@ RAM_MIB, INFLIGHT_MIB = 1024, 512
 AK, SK = "benchkey", "bench-secret-key"
 # --pin-origin: the CPUs s5cmd and the gateway run on (the origin gets the last one), else None.
 PIN_CLIENT = None
+# --pin-wrk: (the CPUs of the server under test, the CPU of wrk), else None.
+PIN_WRK = None
 
 
 def s5(endpoint, *args, workers=16):
@@ -136,7 +138,10 @@ request = function()
 end
 """)
     u = urllib.parse.urlsplit(urls[0])
-    out = subprocess.run(["wrk", "-t", "2", "-c", str(conns), "-d", f"{seconds}s", "-s", script,
+    cmd = ["wrk", "-t", "2"]
+    if PIN_WRK:
+        cmd = ["taskset", "-c", PIN_WRK[1], "wrk", "-t", "1"]
+    out = subprocess.run(cmd + ["-c", str(conns), "-d", f"{seconds}s", "-s", script,
                           f"http://{u.hostname}:{u.port}"], capture_output=True, text=True, check=True).stdout
     rps = float(next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec")))
     tr = next(line.split()[1] for line in out.splitlines() if line.startswith("Transfer/sec"))
@@ -161,6 +166,10 @@ def main():
                     help="metadata TTL of the gateway in the latency and wrk phases (the default config: 60 s). Past "
                          "half of it every hot object is revalidated with a HEAD at the origin in the background, "
                          "which a co-located moto pays for on the cores the gateway, nginx and wrk share")
+    ap.add_argument("--pin-wrk", action="store_true",
+                    help="in the wrk phases, run wrk on the last CPU and the server under test (nginx, then the "
+                         "gateway) on the others: the ratio then compares what each server does per CPU, without "
+                         "the load generator taking its share of the same cores")
     ap.add_argument("--wrk-rounds", type=int, default=1,
                     help="wrk phases per object size, nginx and gateway alternating; the median ratio is reported")
     ap.add_argument("--sets", default="large,small,small-ttl1",
@@ -232,6 +241,14 @@ def main():
         # latency of one 16 KiB GET, hot gateway vs origin
         keys = [f"small/s-{i:06}.bin" for i in range(min(2000, a.small_count))]
         agent = Agent(work, origin, a.hot_ttl_ms)
+        if a.pin_wrk:
+            global PIN_WRK
+            last = os.cpu_count() - 1
+            if last < 1:
+                raise SystemExit("--pin-wrk needs at least two CPUs")
+            PIN_WRK = (f"0-{last - 1}" if last > 1 else "0", str(last))
+            subprocess.run(["taskset", "-a", "-p", "-c", PIN_WRK[0], str(agent.proc.pid)], check=True,
+                           stdout=subprocess.DEVNULL)
         gw_urls = presigned(agent.endpoint, keys)
         latencies(gw_urls, rounds=1)  # warm the cache
         gw = latencies(gw_urls)
@@ -250,7 +267,7 @@ def main():
             with open(conf, "w") as f:
                 f.write(f"""
 user root;
-worker_processes 2;
+worker_processes {len(os.sched_getaffinity(0)) if not PIN_WRK else os.cpu_count() - 1};
 pid {work}/nginx.pid;
 error_log {work}/nginx-error.log;
 events {{ worker_connections 1024; }}
@@ -262,7 +279,7 @@ http {{
   server {{ listen 127.0.0.1:{nport}; root {src}; }}
 }}
 """)
-            subprocess.run(["nginx", "-c", conf], check=True)
+            subprocess.run((["taskset", "-c", PIN_WRK[0]] if PIN_WRK else []) + ["nginx", "-c", conf], check=True)
             try:
                 wait_port(nport)
                 large_keys = [f"large/obj-{i:04}.bin" for i in range(a.large_mib // 64)]
