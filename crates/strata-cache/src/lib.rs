@@ -1653,8 +1653,8 @@ impl CachedObject {
             .is_ok()
     }
 
-    /// Bytes `range` if they lie in one block the RAM tier holds now, else `None` (read them with
-    /// [`Self::read_block`] then). The hot path of a small read: one lookup, none of the readahead
+    /// Bytes `range` if they lie in one block the RAM tier holds now and that was not fetched for this reader,
+    /// else `None` (read them with [`Self::read_block`] then). The hot path of a small read: one lookup, none of the readahead
     /// bookkeeping; the request is recorded and the lookup emitted as for any read. An invalid range is
     /// `None` too, and [`Self::read_block`] then says what is wrong with it.
     pub fn read_cached(&self, range: Range<u64>) -> Option<Bytes> {
@@ -1665,6 +1665,11 @@ impl CachedObject {
         }
         let i = range.start / bs;
         if (end - 1) / bs != i {
+            return None;
+        }
+        // Fetched for this reader (a cold open that read the start of the object): `read_block` takes it with
+        // its budget share, and the fill is not counted as a hit.
+        if self.ra.lock().prefetched.contains_key(&i) {
             return None;
         }
         let b = self

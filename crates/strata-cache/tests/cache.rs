@@ -561,6 +561,16 @@ async fn hot_one_block_reads_and_read_marks_are_shared_by_a_version() {
     assert!(obj.read_cached(60_000..70_000).is_none(), "two blocks");
     assert!(obj.read_cached(100_000..100_001).is_none(), "past the end");
     assert!(obj.read_cached(5..5).is_none(), "empty");
+    // A cold open that read the first block for its reader leaves it to `read_block` (budget share, no hit).
+    put(&backend, "cold", &v1).await;
+    let cold = cache
+        .open_object_reading(&ctx(), &backend, "cold", 1)
+        .await
+        .unwrap();
+    let hits = cache.stats().ram.hits;
+    assert!(cold.read_cached(0..10).is_none(), "fetched for this reader");
+    assert_eq!(cold.read_block(0..10).await.unwrap().0, v1.slice(0..10));
+    assert_eq!(cache.stats().ram.hits, hits, "the fill is not a hit");
     // Read marks: one per resolution window, shared by every open of the version while its metadata is
     // cached, and a new version starts afresh.
     assert!(obj.mark_read(1_000, 30));
