@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
@@ -81,7 +82,28 @@ secret_access_key = "{SK}"
             subprocess.run(["taskset", "-a", "-p", "-c", PIN_CLIENT, str(self.proc.pid)], check=True,
                            stdout=subprocess.DEVNULL)
 
+    def refreshes(self):
+        """The gateway's metadata refresh counters (HEADs and directory listings), from its /metrics."""
+        try:
+            api = open(os.path.join(self.data, "api.addr")).read().strip()
+            base = api if api.startswith("http") else f"http://{api}"
+            token = open(os.path.join(self.data, "admin-token")).read().strip()
+            req = urllib.request.Request(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(req, timeout=5) as r:
+                text = r.read().decode()
+        except OSError as e:
+            return f"unavailable ({e})"
+        found = {}
+        for line in text.splitlines():
+            for name in ("strata_cache_metadata_refreshes_total", "strata_cache_metadata_refresh_lists_total"):
+                if line.startswith(name + " "):
+                    found[name] = int(float(line.split()[-1]))
+        return (f"{found.get('strata_cache_metadata_refreshes_total', 0)} entries refreshed with "
+                f"{found.get('strata_cache_metadata_refresh_lists_total', 0)} directory listings and a HEAD each "
+                f"for the rest")
+
     def stop(self):
+        print(f"metadata refresh-ahead of the gateway: {self.refreshes()}")
         rss, cpu = peak_rss_mib(self.proc.pid), cpu_seconds(self.proc.pid)
         self.proc.terminate()
         self.proc.wait(timeout=30)

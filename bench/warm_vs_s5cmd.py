@@ -23,7 +23,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
-STRATA = os.path.join(ROOT, "target", "release", "strata")
+# STRATA_BENCH_BIN: another build of `strata` to measure (an A/B of two commits in one sitting).
+STRATA = os.environ.get("STRATA_BENCH_BIN") or os.path.join(ROOT, "target", "release", "strata")
 RAM_MIB, INFLIGHT_MIB = 256, 256
 ORIGIN_PIN, CLIENT_PIN = [], []
 

@@ -707,6 +707,81 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
     cache.shutdown().await;
 }
 
+/// Refresh-ahead of a directory with many cached keys is one listing (at a real S3 server) that renews every
+/// key it confirms and drops the ones it contradicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_ahead_of_a_busy_directory_is_one_listing() {
+    let server = S3Server::start();
+    server.create_bucket("refresh-list").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let backend = s3_backend(&proxy.endpoint(), "refresh-list", Telemetry::new());
+    let mut cfg = config(None, 64, 256, 0, PolicyKind::Tinylfu);
+    cfg.metadata_ttl_ms = 8_000; // generous: the opens below must land within it on a busy machine
+    let cache = open(cfg, Telemetry::new());
+    let keys: Vec<String> = (0..40).map(|i| format!("d/k{i:02}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put(&backend, k, &pattern(1_000, i as u64)).await;
+    }
+    put(&backend, "d/sub/deep", &pattern(10, 99)).await;
+    put(&backend, "e/other", &pattern(10, 98)).await;
+    for k in &keys {
+        cache.open_object(&ctx(), &backend, k).await.unwrap();
+    }
+    cache
+        .open_object(&ctx(), &backend, "e/other")
+        .await
+        .unwrap();
+    // Changed and deleted behind the cache's back.
+    put(&backend, "d/k05", &pattern(2_000, 5)).await;
+    backend.delete(&ctx(), "d/k07").await.unwrap();
+    // Past three quarters of the TTL, one open starts the refresh of the whole directory.
+    tokio::time::sleep(Duration::from_millis(6_100)).await;
+    proxy.clear();
+    let o = cache.open_object(&ctx(), &backend, "d/k00").await.unwrap();
+    assert_eq!(o.meta().size, 1_000);
+    for _ in 0..1_000 {
+        if cache.stats().metadata_refresh_lists == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = cache.stats();
+    assert_eq!(stats.metadata_refresh_lists, 1);
+    assert_eq!(
+        stats.metadata_refreshes, 38,
+        "all but the changed and the deleted key"
+    );
+    let sent = proxy.requests();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(sent[0].method == "GET" && sent[0].path.contains("list-type=2"));
+    // The changed key was dropped by the listing: the next open learns the new version.
+    let o = cache.open_object(&ctx(), &backend, "d/k05").await.unwrap();
+    assert_eq!(o.meta().size, 2_000);
+    // Past the TTL the renewed keys are still trusted: opening them asks the backend nothing.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    proxy.clear();
+    for k in keys
+        .iter()
+        .filter(|k| !k.ends_with("05") && !k.ends_with("07"))
+    {
+        let o = cache.open_object(&ctx(), &backend, k).await.unwrap();
+        assert_eq!(o.meta().size, 1_000);
+    }
+    assert!(proxy.requests().is_empty(), "{:?}", proxy.requests());
+    // Outside the directory nothing was renewed; the deleted key's entry ran out and the open finds it gone.
+    cache
+        .open_object(&ctx(), &backend, "e/other")
+        .await
+        .unwrap();
+    let e = cache
+        .open_object(&ctx(), &backend, "d/k07")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    assert_eq!(proxy.requests().len(), 2, "{:?}", proxy.requests());
+    cache.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_block_sent_block_by_block_keeps_its_budget_until_released() {
     let backend = memory_backend();

@@ -93,6 +93,15 @@ pub struct ListPage {
     pub next_start_after: Option<String>,
 }
 
+/// Objects of a key range, from [`Backend::list_span`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListSpan {
+    /// Objects in key order.
+    pub objects: Vec<ObjectMeta>,
+    /// Whether the listing reached the end of the range (else it stopped at its limit).
+    pub complete: bool,
+}
+
 /// A storage backend named by URL. Cheap to clone.
 #[derive(Clone)]
 pub struct Backend {
@@ -725,10 +734,27 @@ impl Backend {
         start_after: &str,
         end_before: Option<&str>,
     ) -> Result<Vec<ObjectMeta>> {
+        Ok(self
+            .list_span(ctx, start_after, end_before, usize::MAX)
+            .await?
+            .objects)
+    }
+
+    /// Like [`Backend::list_range`], but stops once `limit` objects are listed: `complete` says whether the
+    /// listing reached `end_before`. Only backends that list in key order ([`Backend::lists_in_order`]) stop
+    /// early; the others are read to the end and the first `limit` keys kept.
+    pub async fn list_span(
+        &self,
+        ctx: &IoContext,
+        start_after: &str,
+        end_before: Option<&str>,
+        limit: usize,
+    ) -> Result<ListSpan> {
         let what = format!("LIST {} after {start_after:?}", self.inner.id);
         if start_after.contains('\0') || end_before.is_some_and(|e| e.contains('\0')) {
             return Err(Error::invalid_input("listing bounds contain a NUL byte"));
         }
+        let ordered = self.lists_in_order();
         self.observe(ctx, Op::List, start_after, |_| 0, async {
             self.inner
                 .retry
@@ -739,6 +765,7 @@ impl Backend {
                         .list_with_offset(None, &Path::from(start_after))
                         .map_err(|e| classify(e, &what));
                     let mut objects = Vec::new();
+                    let mut complete = true;
                     while let Some(m) = stream.next().await {
                         let m = convert_meta(m?);
                         if m.key.as_str() <= start_after {
@@ -746,19 +773,33 @@ impl Backend {
                         }
                         // Backends that do not list in key order (local directories) are read to the end.
                         if end_before.is_some_and(|e| m.key.as_str() >= e) {
-                            if self.inner.scheme == "s3" {
+                            if ordered {
                                 break;
                             }
                             continue;
                         }
+                        if ordered && objects.len() == limit {
+                            complete = false;
+                            break;
+                        }
                         objects.push(m);
                     }
                     objects.sort_by(|a, b| a.key.cmp(&b.key));
-                    Ok(objects)
+                    if objects.len() > limit {
+                        objects.truncate(limit);
+                        complete = false;
+                    }
+                    Ok(ListSpan { objects, complete })
                 })
                 .await
         })
         .await
+    }
+
+    /// Whether listings of this backend come in key order, so that a listing of a key range can stop at its
+    /// end (object stores and the in-memory store do; local directories do not).
+    pub fn lists_in_order(&self) -> bool {
+        matches!(self.inner.scheme, "s3" | "gs" | "az" | "memory")
     }
 
     /// Everything directly under `prefix` with `/` as the delimiter: objects plus common prefixes.

@@ -15,6 +15,8 @@ mod backend;
 mod classify;
 mod retry;
 
-pub use backend::{Backend, BackendOptions, ListPage, MultipartUpload, PutMode, PutOutcome};
+pub use backend::{
+    Backend, BackendOptions, ListPage, ListSpan, MultipartUpload, PutMode, PutOutcome,
+};
 pub use classify::classify;
 pub use retry::RetryPolicy;

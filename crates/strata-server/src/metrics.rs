@@ -133,6 +133,13 @@ pub(crate) fn render_cache(s: &CacheStats) -> String {
     );
     family(
         &mut o,
+        "strata_cache_metadata_refresh_lists_total",
+        "counter",
+        "Directory listings sent to refresh the metadata of many cached objects at once",
+        &[("", s.metadata_refresh_lists)],
+    );
+    family(
+        &mut o,
         "strata_cache_inflight_bytes",
         "gauge",
         "Bytes being fetched from backends",
