@@ -20,6 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 STRATA = os.environ.get("STRATA_BIN", os.path.join(ROOT, "target", "debug", "strata"))
 ACCESS_KEY, SECRET_KEY = "gwtest-key", "gwtest-secret-0123456789"
+# A key issued to one job (its `job` tag attributes its requests).
+JOB_KEY, JOB_SECRET = "gwtest-job-key", "gwtest-job-secret-0123456789"
 # Every agent route but /healthz needs a bearer token. Agents started by the tests share this administrator
 # token (STRATA_ADMIN_TOKEN); clients (the strata package, the CLI) present it (STRATA_TOKEN).
 ADMIN_TOKEN = "strata-test-admin-token-0123456789"
@@ -107,6 +109,12 @@ access_key = "{ACCESS_KEY}"
 secret_key = "{SECRET_KEY}"
 principal = "alice"
 team = "vision"
+[[gateway.keys]]
+access_key = "{JOB_KEY}"
+secret_key = "{JOB_SECRET}"
+principal = "nightly"
+team = "vision"
+job = "nightly-eval"
 
 [[backends]]
 name = "default"

@@ -12,7 +12,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from conftest import ADMIN_TOKEN, STRATA, VENV_BIN, Gateway, api_get
+from conftest import ADMIN_TOKEN, JOB_KEY, JOB_SECRET, STRATA, VENV_BIN, Gateway, api_get
 
 MIB = 1024 * 1024
 
@@ -185,6 +185,14 @@ def test_owned_prefixes_keep_teams_apart_and_usage_is_attributed(tenancy):
     scan = cli_json(gw, "usage", "reconcile", "default", "--posix")
     assert scan["teams"]["vision"] == [2000, 4], scan
     assert used(gw, "vision")["used_bytes"] == 2000
+    # A key issued to one job: its writes count for the job; an x-strata-job header still takes precedence.
+    j = s3_for(gw, {"access_key": JOB_KEY, "secret_key": JOB_SECRET})
+    j.put_object(Bucket="default", Key="vision/eval/out", Body=b"e" * 700)
+    j.meta.events.register("before-sign.s3.PutObject", tag_job("job-43"))
+    j.put_object(Bucket="default", Key="vision/eval/out2", Body=b"f" * 300)
+    by_job = {l["group"]: l for l in cli_json(gw, "usage", "--by", "job")}
+    assert by_job["nightly-eval"]["bytes"] == 700 and by_job["nightly-eval"]["team"] == "vision", by_job
+    assert by_job["job-43"]["bytes"] == 300, by_job
     assert gw.canary_intact()
 
 

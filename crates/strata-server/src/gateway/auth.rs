@@ -21,6 +21,10 @@ pub struct AccessKey {
     /// Team the principal acts for.
     #[serde(default)]
     pub team: Option<String>,
+    /// Job the key stands for (a key issued to one job): requests signed with it are attributed to this job
+    /// unless they send an `x-strata-job` header.
+    #[serde(default)]
+    pub job: Option<String>,
 }
 
 impl std::fmt::Debug for AccessKey {
@@ -30,6 +34,7 @@ impl std::fmt::Debug for AccessKey {
             .field("secret_key", &"<redacted>")
             .field("principal", &self.principal)
             .field("team", &self.team)
+            .field("job", &self.job)
             .finish()
     }
 }
@@ -64,6 +69,7 @@ pub fn resolve_keys(
             secret_key: sk,
             principal: Some("root".into()),
             team: None,
+            job: None,
         });
     }
     let mut seen = HashMap::new();
@@ -104,6 +110,7 @@ pub fn resolve_keys(
         secret_key: hex(20),
         principal: Some("root".into()),
         team: None,
+        job: None,
     };
     let body = serde_json::to_vec_pretty(&key).map_err(|e| Error::internal(e.to_string()))?;
     write_private(&path, &body)?;

@@ -460,11 +460,13 @@ impl Gateway {
             ));
         }
         let key = self.keys.get(&creds.access_key);
+        // The job: the request's `x-strata-job` header, else the access key's job tag.
         let job = req
             .headers
             .get("x-strata-job")
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty() && v.len() <= 256)
+            .or_else(|| key.and_then(|k| k.job.as_deref()))
             .map(Arc::from);
         Ok(IoContext {
             principal: Some(Arc::from(
