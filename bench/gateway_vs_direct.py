@@ -194,10 +194,14 @@ def main():
                          "the load generator taking its share of the same cores")
     ap.add_argument("--wrk-rounds", type=int, default=1,
                     help="wrk phases per object size, nginx and gateway alternating; the median ratio is reported")
+    ap.add_argument("--cache-extra", default="",
+                    help="more [cache] settings for the gateway, TOML lines separated by ';' (an experiment: "
+                         "\"disk_write_queue = 8; readahead_blocks = 2\")")
     ap.add_argument("--sets", default="large,small,small-ttl1",
                     help="s5cmd data sets to run: large (64 MiB, 60 s metadata TTL), small (16 KiB, 60 s), "
                          "small-ttl1 (16 KiB, 1 s)")
     a = ap.parse_args()
+    extra = "\n".join(l.strip() for l in a.cache_extra.split(";") if l.strip())
     work = tempfile.mkdtemp(prefix="strata-gwbench-")
     port = free_port()
     origin_cmd = [os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
@@ -238,7 +242,7 @@ def main():
                 settle()
                 times["direct"].append(s5(origin, "cp", f"s3://bench/{ds}/*", dst + "/"))
                 shutil.rmtree(dst, ignore_errors=True)
-                agent = Agent(work, origin, ttl)
+                agent = Agent(work, origin, ttl, extra=extra)
                 for phase in ("cold", "hot"):
                     settle()
                     times[phase].append(s5(agent.endpoint, "cp", f"s3://bench/{ds}/*", dst + "/"))
@@ -262,7 +266,7 @@ def main():
 
         # latency of one 16 KiB GET, hot gateway vs origin
         keys = [f"small/s-{i:06}.bin" for i in range(min(2000, a.small_count))]
-        agent = Agent(work, origin, a.hot_ttl_ms)
+        agent = Agent(work, origin, a.hot_ttl_ms, extra=extra)
         if a.pin_wrk:
             global PIN_WRK
             last = os.cpu_count() - 1

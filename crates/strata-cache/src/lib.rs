@@ -1273,6 +1273,12 @@ impl BlockCache {
     }
 
     /// Whether a block is held by any tier (no policy side effects).
+    /// Whether the disk tier holds the block and the RAM tier does not.
+    fn disk_only(&self, d: &Digest) -> bool {
+        self.inner.disk.as_ref().is_some_and(|t| t.contains(d))
+            && !self.inner.ram.lock().map.contains_key(d)
+    }
+
     fn holds(&self, d: &Digest) -> bool {
         self.inner.ram.lock().map.contains_key(d)
             || self.inner.disk.as_ref().is_some_and(|t| t.contains(d))
@@ -1753,8 +1759,8 @@ pub struct CachedObject {
     ra: Mutex<Readahead>,
 }
 
-/// A block's share of the in-flight budget, handed out with bytes that were fetched ahead for their reader
-/// ([`CachedObject::read_block`]): hold it until the bytes have left (a response body drops it when the
+/// A block's share of the in-flight budget, handed out with bytes that were fetched ahead for their reader or
+/// read from the disk tier ([`CachedObject::read_block`]): hold it until the bytes have left (a response body drops it when the
 /// connection asks for the next chunk), so that bytes on their way out stay inside the budget.
 #[derive(Debug)]
 pub struct BudgetShare(#[allow(dead_code)] OwnedSemaphorePermit);
@@ -1779,7 +1785,8 @@ impl CachedObject {
     }
 
     /// Bytes `range`, which must lie inside one block, with the block's share of the in-flight budget when it
-    /// was fetched ahead for this reader (see [`BudgetShare`]). For senders that stream block by block.
+    /// was fetched ahead for this reader or read from the disk tier (see [`BudgetShare`]). For senders that
+    /// stream block by block.
     pub async fn read_block(&self, range: Range<u64>) -> Result<(Bytes, Option<BudgetShare>)> {
         let size = self.obj.meta.size;
         let bs = self.cache.inner.cfg.block_size.bytes();
@@ -1808,7 +1815,10 @@ impl CachedObject {
                 Ok(b) => (b, permit.map(BudgetShare)),
                 Err(_) => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
             },
-            None => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
+            None => {
+                let share = self.disk_read_share(i).await;
+                (self.cache.block(&self.ctx, &self.obj, i).await?, share)
+            }
         };
         let (lo, hi) = (range.start - i * bs, end - i * bs);
         if hi > b.len() as u64 {
@@ -1821,6 +1831,26 @@ impl CachedObject {
             ));
         }
         Ok((b.slice(lo as usize..hi as usize), share))
+    }
+
+    /// A share of the in-flight budget for block `i` when reading it makes fresh memory because only the disk
+    /// tier holds it: a sender's blocks read from disk are then inside the budget until sent, as fetched ones
+    /// are, however many large hot reads run at once. Waited for when this reader holds no budget of its own
+    /// (as in [`Self::prefetch`]: a reader never waits while holding some), else taken only if free.
+    async fn disk_read_share(&self, i: u64) -> Option<BudgetShare> {
+        if !self.cache.disk_only(&self.obj.digest(i)) {
+            return None;
+        }
+        let bs = self.cache.inner.cfg.block_size.bytes();
+        let len = ((i + 1) * bs).min(self.obj.meta.size) - i * bs;
+        let budget = self.cache.inner.budget.clone();
+        let holds_budget = self.ra.lock().prefetched.values().any(|(_, p)| p.is_some());
+        let permit = if holds_budget {
+            budget.try_acquire_many_owned(units(len)).ok()
+        } else {
+            budget.acquire_many_owned(units(len)).await.ok()
+        };
+        permit.map(BudgetShare)
     }
 
     /// Note a read of this version at `at` (seconds): true if none was noted in the `resolution` seconds

@@ -707,6 +707,49 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
     cache.shutdown().await;
 }
 
+/// A block a sender reads from the disk tier is fresh memory: it comes with a share of the in-flight budget
+/// (released when the sender drops it), so many large hot reads from disk stay inside the budget.
+#[tokio::test]
+async fn blocks_sent_from_the_disk_tier_take_budget_until_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = memory_backend();
+    let data = pattern(4 * 64 * 1024, 11);
+    put(&backend, "s/x.bin", &data).await;
+    // RAM tier of one block: at most one of the four is in RAM after the warm-up, the rest only on disk.
+    let cache = open(
+        config(Some(dir.path()), 64, 1, 64, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
+    cache.warm(&ctx(), &backend, "s/", 4, |_| {}).await.unwrap();
+    assert_eq!(cache.stats().inflight_bytes, 0);
+    let obj = cache
+        .open_object(&ctx(), &backend, "s/x.bin")
+        .await
+        .unwrap();
+    let bs = 64 * 1024u64;
+    let mut shares = 0;
+    for i in 0..4 {
+        let (b, share) = obj.read_block(i * bs..(i + 1) * bs).await.unwrap();
+        assert!(b == data.slice((i * bs) as usize..((i + 1) * bs) as usize));
+        if share.is_some() {
+            shares += 1;
+            assert_eq!(
+                cache.stats().inflight_bytes,
+                bs,
+                "block {i} counted while held"
+            );
+        }
+        drop(share);
+        assert_eq!(cache.stats().inflight_bytes, 0, "block {i} released");
+    }
+    assert!(
+        shares >= 3,
+        "only {shares} of 4 blocks came from disk with a share"
+    );
+    assert_eq!(cache.stats().fills, 4, "no block was fetched again");
+    cache.shutdown().await;
+}
+
 /// Refresh-ahead of a directory with many cached keys is one listing (at a real S3 server) that renews every
 /// key it confirms and drops the ones it contradicts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -627,12 +627,17 @@ impl Gateway {
             let mut off = range.start;
             while off < range.end {
                 let next = (off + bs - off % bs).min(range.end);
+                // Read the next block once the connection has taken the last one, not before: a sender holds
+                // at most two blocks (the one going out, the one being read), which bounds the memory of many
+                // large hot reads served from the disk tier.
+                let Ok(slot) = tx.reserve().await else { return };
                 let (r, share) = match obj.read_block(off..next).await {
                     Ok((b, share)) => (Ok(b), share),
                     Err(e) => (Err(std::io::Error::other(e.to_string())), None),
                 };
                 let failed = r.is_err();
-                if tx.send((r, share)).await.is_err() || failed {
+                slot.send((r, share));
+                if failed {
                     return;
                 }
                 off = next;
