@@ -117,8 +117,11 @@ secret_access_key = "bench"
 """)
     serve, api = start_serve(cfg, data_dir, prefix=CLIENT_PIN)
     t0 = time.perf_counter()
+    token = open(os.path.join(data_dir, "admin-token")).read().strip()
     out = subprocess.run([STRATA, "cache", "warm", "origin/data/", "--quiet", "--concurrency", "16", "--api", api],
-                         check=True, capture_output=True, text=True)
+                         capture_output=True, text=True, env=dict(os.environ, STRATA_TOKEN=token))
+    if out.returncode != 0:
+        sys.exit(f"strata cache warm failed ({out.returncode}): {out.stderr}")
     dt = time.perf_counter() - t0
     summary = json.loads(out.stdout)
     rss = peak_rss_mib(serve.pid)
