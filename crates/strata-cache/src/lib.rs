@@ -1272,13 +1272,13 @@ impl BlockCache {
         }
     }
 
-    /// Whether a block is held by any tier (no policy side effects).
-    /// Whether the disk tier holds the block and the RAM tier does not.
+    /// Whether the disk tier holds the block and the RAM tier does not (no policy side effects).
     fn disk_only(&self, d: &Digest) -> bool {
         self.inner.disk.as_ref().is_some_and(|t| t.contains(d))
             && !self.inner.ram.lock().map.contains_key(d)
     }
 
+    /// Whether a block is held by any tier (no policy side effects).
     fn holds(&self, d: &Digest) -> bool {
         self.inner.ram.lock().map.contains_key(d)
             || self.inner.disk.as_ref().is_some_and(|t| t.contains(d))
@@ -1760,8 +1760,9 @@ pub struct CachedObject {
 }
 
 /// A block's share of the in-flight budget, handed out with bytes that were fetched ahead for their reader or
-/// read from the disk tier ([`CachedObject::read_block`]): hold it until the bytes have left (a response body drops it when the
-/// connection asks for the next chunk), so that bytes on their way out stay inside the budget.
+/// read from the disk tier ([`CachedObject::read_block`]): hold it until the bytes have left (a response body
+/// drops it when the connection asks for the next chunk), so that bytes on their way out stay inside the
+/// budget.
 #[derive(Debug)]
 pub struct BudgetShare(#[allow(dead_code)] OwnedSemaphorePermit);
 
