@@ -15,7 +15,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
-from conftest import ACCESS_KEY, SECRET_KEY, VENV_BIN, Gateway, api_get, client
+from conftest import ACCESS_KEY, ORIGIN_KEY, ORIGIN_SECRET, SECRET_KEY, VENV_BIN, Gateway, api_get, client
 
 BUCKETS = ["default", "origin"]
 
@@ -169,6 +169,67 @@ def tree(root):
             p = os.path.join(d, f)
             out[os.path.relpath(p, root)] = sha(open(p, "rb").read())
     return out
+
+
+def test_object_attributes_are_kept_cold_hot_multipart_and_copied(gateway, origin, tmp_path):
+    """Content-Type, the other stored headers and user metadata (x-amz-meta-*) round-trip through the gateway
+    on an object-store mount: single PUT and multipart, cold and from the cache, kept by a copy, replaced by a
+    copy with REPLACE, overridden per request by a presigned GET; too much metadata is refused."""
+    s3 = gateway.client()
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    s3.put_object(Bucket="origin", Key="attrs/shard-000.tar", Body=data, ContentType="application/x-tar",
+                  CacheControl="max-age=60", ContentDisposition='attachment; filename="shard.tar"',
+                  ContentLanguage="en", Metadata={"Shard-Index": "7", "source": "laion"})
+    want = {"ContentType": "application/x-tar", "CacheControl": "max-age=60",
+            "ContentDisposition": 'attachment; filename="shard.tar"', "ContentLanguage": "en"}
+    meta = {"shard-index": "7", "source": "laion"}
+    # what the origin itself stored
+    o = client(origin, ORIGIN_KEY, ORIGIN_SECRET).head_object(Bucket="gw-origin", Key="attrs/shard-000.tar")
+    assert o["ContentType"] == "application/x-tar" and o["Metadata"] == meta
+    for _ in range(2):  # cold, then from the cache
+        r = s3.get_object(Bucket="origin", Key="attrs/shard-000.tar")
+        assert sha(r["Body"].read()) == sha(data)
+        assert {k: r[k] for k in want} == want and r["Metadata"] == meta
+        h = s3.head_object(Bucket="origin", Key="attrs/shard-000.tar")
+        assert {k: h[k] for k in want} == want and h["Metadata"] == meta
+    url = s3.generate_presigned_url("get_object", Params={
+        "Bucket": "origin", "Key": "attrs/shard-000.tar", "ResponseContentType": "application/octet-stream"})
+    with urllib.request.urlopen(url) as resp:
+        assert resp.headers["Content-Type"] == "application/octet-stream"
+        assert resp.headers["x-amz-meta-source"] == "laion"
+        assert sha(resp.read()) == sha(data)
+    # multipart (boto3's upload_fileobj above 5 MiB)
+    big = os.urandom(12 * 1024 * 1024 + 5)
+    s3.upload_fileobj(io.BytesIO(big), "origin", "attrs/big.bin",
+                      ExtraArgs={"ContentType": "application/x-npy", "Metadata": {"rows": "1024"}},
+                      Config=TransferConfig(multipart_threshold=5 * 1024 * 1024, multipart_chunksize=5 * 1024 * 1024))
+    h = s3.head_object(Bucket="origin", Key="attrs/big.bin")
+    assert h["ContentType"] == "application/x-npy" and h["Metadata"] == {"rows": "1024"}
+    assert sha(s3.get_object(Bucket="origin", Key="attrs/big.bin")["Body"].read()) == sha(big)
+    # a copy keeps them; a copy onto itself with REPLACE changes them and not the bytes
+    s3.copy_object(Bucket="origin", Key="attrs/copy.tar",
+                   CopySource={"Bucket": "origin", "Key": "attrs/shard-000.tar"})
+    h = s3.head_object(Bucket="origin", Key="attrs/copy.tar")
+    assert h["ContentType"] == "application/x-tar" and h["Metadata"] == meta
+    s3.copy_object(Bucket="origin", Key="attrs/shard-000.tar", MetadataDirective="REPLACE",
+                   CopySource={"Bucket": "origin", "Key": "attrs/shard-000.tar"},
+                   ContentType="application/x-tar+v2", Metadata={"source": "laion-2b"})
+    r = s3.get_object(Bucket="origin", Key="attrs/shard-000.tar")
+    assert r["ContentType"] == "application/x-tar+v2" and r["Metadata"] == {"source": "laion-2b"}
+    assert "CacheControl" not in r, "REPLACE drops what the request does not give"
+    assert sha(r["Body"].read()) == sha(data)
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket="origin", Key="attrs/too-much", Body=b"x", Metadata={"k": "v" * 3000})
+    assert code_of(e.value)[0] == "MetadataTooLarge"
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket="origin", Key="attrs/too-much")
+    # the aws cli sets Content-Type from the file name, and it is kept
+    f = tmp_path / "labels.json"
+    f.write_text('{"a": 1}')
+    aws = [os.path.join(VENV_BIN, "aws"), "--endpoint-url", gateway.endpoint, "s3"]
+    subprocess.run(aws + ["cp", str(f), "s3://origin/attrs/labels.json"], env=env_for(gateway), check=True,
+                   stdout=subprocess.DEVNULL)
+    assert s3.head_object(Bucket="origin", Key="attrs/labels.json")["ContentType"] == "application/json"
 
 
 def test_aws_cli_cp_sync_ls(gateway, tmp_path):

@@ -33,6 +33,7 @@ use parking_lot::Mutex;
 use strata_types::{BlockKey, Error, ErrorKind, Result};
 
 use crate::policy::{Admission, Digest, DigestMap, Policy, PolicyKind};
+use crate::pool::BlockPool;
 
 const MAGIC: &[u8; 8] = b"STRATAB3";
 /// Alignment of direct I/O (offsets, lengths, buffer addresses): the logical block size of common devices
@@ -254,13 +255,14 @@ impl DiskTier {
         self.state.lock().policy.record_request(d);
     }
 
-    /// Read and verify a block. Blocking: call from `spawn_blocking`. `None` on miss, error or corruption.
-    pub fn get(&self, key: &BlockKey, d: &Digest) -> Option<Bytes> {
+    /// Read and verify a block into a buffer from `pool`. Blocking: call from `spawn_blocking`. `None` on miss,
+    /// error or corruption.
+    pub(crate) fn get(&self, key: &BlockKey, d: &Digest, pool: &Arc<BlockPool>) -> Option<Bytes> {
         if !self.state.lock().index.get(d).is_some_and(|e| e.ready) {
             return None;
         }
         let path = block_path(&self.blocks(), d);
-        match read_block(&path, key) {
+        match read_block(&path, key, pool) {
             Ok(b) => Some(b),
             Err(e) => {
                 match e.kind() {
@@ -431,7 +433,7 @@ fn block_path(blocks: &Path, d: &Digest) -> PathBuf {
     blocks.join(&h[..2]).join(h)
 }
 
-fn read_block(path: &Path, key: &BlockKey) -> Result<Bytes> {
+fn read_block(path: &Path, key: &BlockKey, pool: &Arc<BlockPool>) -> Result<Bytes> {
     fail::fail_point!("disk-read", |_| Err(Error::from_io(
         std::io::Error::from_raw_os_error(5),
         format!("reading {}", path.display())
@@ -453,16 +455,17 @@ fn read_block(path: &Path, key: &BlockKey) -> Result<Bytes> {
     }
     f.seek(std::io::SeekFrom::Start(h.header_len))
         .map_err(|e| Error::from_io(e, format!("reading {}", path.display())))?;
-    let mut data = Vec::with_capacity(h.data_len as usize);
-    f.read_to_end(&mut data)
-        .map_err(|e| Error::from_io(e, format!("reading {}", path.display())))?;
-    if data.len() as u64 != h.data_len {
-        return Err(corrupt("truncated data"));
-    }
+    let mut data = pool.take(h.data_len as usize);
+    data.read_exact_from(&mut f, h.data_len as usize)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => corrupt("truncated data"),
+            _ => Error::from_io(e, format!("reading {}", path.display())),
+        })?;
+    let data = data.freeze();
     if crc32c::crc32c(&data) != h.crc {
         return Err(corrupt("checksum mismatch"));
     }
-    Ok(Bytes::from(data))
+    Ok(data)
 }
 
 /// A block file being written: data goes (through an aligned staging buffer) to a temporary file after room
@@ -715,6 +718,15 @@ mod tests {
     use super::*;
     use strata_types::ObjectId;
 
+    fn pool() -> Arc<BlockPool> {
+        BlockPool::new(
+            1 << 20,
+            Arc::new(tokio::sync::Semaphore::new(1 << 12)),
+            1024,
+            1 << 12,
+        )
+    }
+
     fn key(i: u64) -> BlockKey {
         BlockKey::new(ObjectId::new("memory://t", "obj", "e:1"), i)
     }
@@ -758,18 +770,18 @@ mod tests {
             "truncated + partial removed"
         );
         assert_eq!(
-            t.get(&key(0), &key(0).digest()).unwrap(),
+            t.get(&key(0), &key(0).digest(), &pool()).unwrap(),
             Bytes::from(vec![0u8; 1000])
         );
-        assert!(t.get(&key(1), &key(1).digest()).is_none());
+        assert!(t.get(&key(1), &key(1).digest(), &pool()).is_none());
         assert!(
-            t.get(&key(2), &key(2).digest()).is_none(),
+            t.get(&key(2), &key(2).digest(), &pool()).is_none(),
             "checksum mismatch is a miss"
         );
         assert_eq!(t.counters.checksum_failures.load(Ordering::Relaxed), 1);
         assert!(!t.path_of(&key(2).digest()).exists(), "bad block dropped");
         assert_eq!(
-            t.get(&key(3), &key(3).digest()).unwrap(),
+            t.get(&key(3), &key(3).digest(), &pool()).unwrap(),
             Bytes::from(vec![3u8; 1000])
         );
         assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
@@ -827,7 +839,10 @@ mod tests {
             let mut these = Vec::new();
             for (i, &n) in sizes.iter().enumerate() {
                 let k = key(i as u64);
-                assert_eq!(t.get(&k, &k.digest()).unwrap(), Bytes::from(data(i, n)));
+                assert_eq!(
+                    t.get(&k, &k.digest(), &pool()).unwrap(),
+                    Bytes::from(data(i, n))
+                );
                 these.push(fs::read(t.path_of(&k.digest())).unwrap());
             }
             files.push(these);

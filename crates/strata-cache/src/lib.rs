@@ -24,6 +24,7 @@
 mod config;
 pub mod disk;
 pub mod policy;
+mod pool;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -51,6 +52,7 @@ pub use policy::PolicyKind;
 
 use disk::DiskTier;
 use policy::{Digest, DigestMap, Policy};
+use pool::BlockPool;
 
 /// Budget accounting unit (the semaphore counts KiB so that a terabyte budget fits in `u32` permits).
 const UNIT: u64 = 1024;
@@ -150,6 +152,14 @@ pub struct CacheStats {
     pub inflight_budget_bytes: u64,
     /// Bytes in flight now.
     pub inflight_bytes: u64,
+    /// Block buffers taken from the pool of freed ones (a fill or disk read that made no fresh memory).
+    pub pool_reused_blocks: u64,
+    /// Block buffers the pool had to allocate.
+    pub pool_allocated_blocks: u64,
+    /// Freed block buffers the pool gave back to the allocator (no room in the unused budget).
+    pub pool_released_blocks: u64,
+    /// Bytes of freed block buffers kept for reuse now.
+    pub pool_kept_bytes: u64,
     /// Pinned prefixes.
     pub pins: Vec<PinSpec>,
 }
@@ -235,6 +245,8 @@ struct Inner {
     inflight: Mutex<DigestMap<SharedFetch>>,
     budget: Arc<Semaphore>,
     budget_units: u64,
+    /// Freed block buffers, reused by fills and disk reads (bounded by the unused budget).
+    pool: Arc<BlockPool>,
     pins: RwLock<Vec<PinSpec>>,
     pins_path: Option<PathBuf>,
     counters: Counters,
@@ -468,8 +480,10 @@ impl BlockCache {
             _ => Vec::new(),
         };
         let (tx, rx) = mpsc::channel::<DiskJob>(cfg.disk_write_queue);
+        let budget = Arc::new(Semaphore::new(budget_units as usize));
         let inner = Arc::new(Inner {
-            budget: Arc::new(Semaphore::new(budget_units as usize)),
+            pool: BlockPool::new(bs as usize, budget.clone(), UNIT, budget_units),
+            budget,
             budget_units,
             cfg,
             telemetry,
@@ -884,7 +898,8 @@ impl BlockCache {
             disk.record_request(d);
             if disk.contains(d) {
                 let (disk2, key2, d2) = (disk.clone(), key.clone(), *d);
-                let got = tokio::task::spawn_blocking(move || disk2.get(&key2, &d2))
+                let pool = self.inner.pool.clone();
+                let got = tokio::task::spawn_blocking(move || disk2.get(&key2, &d2, &pool))
                     .await
                     .ok()
                     .flatten();
@@ -1036,37 +1051,42 @@ impl BlockCache {
         let (ctx, obj) = (ctx.clone(), obj.clone());
         let digests: Vec<Digest> = keys.iter().map(|(_, d)| *d).collect();
         let guard_digests = digests.clone();
-        let handle = self.inner.tasks.spawn(async move {
+        // Each block resolves as soon as it is complete, not when the whole run is: a reader of a 50 MiB range
+        // sends its first block while the rest is still arriving.
+        let (mut done, waits): (Vec<_>, Vec<_>) = (0..keys.len())
+            .map(|_| {
+                let (tx, rx) = oneshot::channel::<Result<Bytes>>();
+                (Some(tx), rx)
+            })
+            .unzip();
+        self.inner.tasks.spawn(async move {
             let guard = InflightGuard {
                 cache: this.clone(),
                 digests: guard_digests,
             };
             let cancel = this.inner.cancel.clone();
             let r = tokio::select! {
-                r = this.fill_run(&ctx, &obj, &keys, mode, permit) => r,
+                r = this.fill_run(&ctx, &obj, &keys, mode, permit, &mut done) => r,
                 _ = cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "cache is shutting down")),
             };
+            let r = r.and_then(|_| {
+                if done.iter().any(Option::is_some) {
+                    Err(Error::internal("fill returned too few blocks"))
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(e) = r {
+                for tx in done.iter_mut().filter_map(Option::take) {
+                    let _ = tx.send(Err(e.clone()));
+                }
+            }
             drop(guard);
-            r.map(Arc::new)
         });
-        let run = async move {
-            handle
-                .await
-                .unwrap_or_else(|e| Err(Error::internal(format!("block fill task failed: {e}"))))
-        }
-        .boxed()
-        .shared();
         let mut out = Vec::with_capacity(count as usize);
-        for (k, d) in digests.into_iter().enumerate() {
-            let f = run
-                .clone()
-                .map(move |r| {
-                    r.and_then(|v| {
-                        v.get(k)
-                            .cloned()
-                            .ok_or_else(|| Error::internal("fill returned too few blocks"))
-                    })
-                })
+        for (d, rx) in digests.into_iter().zip(waits) {
+            let f = rx
+                .map(|r| r.unwrap_or_else(|_| Err(Error::internal("block fill task failed"))))
                 .boxed()
                 .shared();
             inflight.insert(d, f.clone());
@@ -1082,10 +1102,11 @@ impl BlockCache {
         keys: &[(BlockKey, Digest)],
         mode: FillMode,
         permit: Option<OwnedSemaphorePermit>,
-    ) -> Result<Vec<Bytes>> {
+        done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
+    ) -> Result<()> {
         let bs = self.inner.cfg.block_size.bytes();
         let (Some((first, _)), Some((last, _))) = (keys.first(), keys.last()) else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         let start = first.index * bs;
         let end = ((last.index + 1) * bs).min(obj.meta.size);
@@ -1108,8 +1129,11 @@ impl BlockCache {
         let c = &self.inner.counters;
         let mut attempt = 0u32;
         let r = loop {
-            match self.receive_run(ctx, obj, keys, start, end, mode).await {
-                Ok(blocks) => break Ok(blocks),
+            match self
+                .receive_run(ctx, obj, keys, start, end, mode, done)
+                .await
+            {
+                Ok(()) => break Ok(()),
                 Err(e) if e.is_retryable() && attempt < policy.max_retries => {
                     attempt += 1;
                     self.inner.telemetry.record_retry(Op::Get, e.kind());
@@ -1119,11 +1143,11 @@ impl BlockCache {
             }
         };
         match r {
-            Ok(blocks) => {
+            Ok(()) => {
                 c.fill_requests.fetch_add(1, Ordering::Relaxed);
                 c.fills.fetch_add(keys.len() as u64, Ordering::Relaxed);
                 c.fill_bytes.fetch_add(end - start, Ordering::Relaxed);
-                Ok(blocks)
+                Ok(())
             }
             Err(e) => {
                 c.fill_errors.fetch_add(1, Ordering::Relaxed);
@@ -1140,7 +1164,9 @@ impl BlockCache {
     }
 
     /// One attempt at a run: stream `start..end` and cut it into blocks as the bytes arrive; each completed
-    /// block goes to the RAM tier and the disk queue at once, while it is still hot in the CPU cache.
+    /// block goes to the RAM tier and the disk queue at once, while it is still hot in the CPU cache, and to
+    /// its waiters (`done[i]`, taken when sent: a retried run does not send a block twice).
+    #[allow(clippy::too_many_arguments)]
     async fn receive_run(
         &self,
         ctx: &IoContext,
@@ -1149,27 +1175,35 @@ impl BlockCache {
         start: u64,
         end: u64,
         mode: FillMode,
-    ) -> Result<Vec<Bytes>> {
+        done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
+    ) -> Result<()> {
         let bs = self.inner.cfg.block_size.bytes();
         let mut stream = obj
             .backend
             .get_range_stream(ctx, &obj.meta.key, start..end, obj.meta.etag.as_deref())
             .await?;
-        let mut out = Vec::with_capacity(keys.len());
+        let mut out = 0usize;
+        let mut got = 0u64;
         let mut written = Vec::new();
         let block_len =
             |i: usize| (((keys[i].0.index + 1) * bs).min(end) - keys[i].0.index * bs) as usize;
-        let mut cur = strata_types::mem::prefaulted(block_len(0));
-        // Warm-ups stream each received chunk straight to its block file while it is hot in the CPU cache
-        // (writing blocks later, from memory gone cold, cost several times the CPU on the machines we measured).
-        let streamer = self.inner.disk.as_ref().map(|disk| {
-            DiskStreamer::start(disk.clone(), mode != FillMode::Warm, bs, &self.inner.tasks)
-        });
+        let pool = &self.inner.pool;
+        let mut warm_blocks = Vec::new();
+        let mut cur = pool.take(block_len(0));
+        // Warm-ups stream each received chunk straight to its block file while it is hot in the CPU cache.
+        // Other fills queue each whole block once complete (lossy): its buffer is page-aligned, so it goes to
+        // the file with `O_DIRECT` straight from that memory, with no copy through the staging buffer.
+        let streamer = match (&self.inner.disk, mode) {
+            (Some(disk), FillMode::Warm) => {
+                Some(DiskStreamer::start(disk.clone(), &self.inner.tasks))
+            }
+            _ => None,
+        };
         let mut streaming = false;
         while let Some(chunk) = stream.next().await {
             let mut chunk = chunk?;
             while !chunk.is_empty() {
-                let i = out.len();
+                let i = out;
                 if i >= keys.len() {
                     return Err(Error::new(
                         ErrorKind::Unavailable,
@@ -1201,6 +1235,9 @@ impl BlockCache {
                         &block,
                         mode == FillMode::Warm && self.inner.disk.is_none(),
                     );
+                    if mode != FillMode::Warm {
+                        self.store_disk(key, *d, &block, mode).await;
+                    }
                     if streaming
                         && let Some(st) = &streamer
                         && let Some(done) = st.end().await
@@ -1208,15 +1245,24 @@ impl BlockCache {
                         written.push(done);
                     }
                     streaming = false;
-                    out.push(block);
+                    got += block.len() as u64;
+                    out += 1;
+                    // Warm-ups report a block only once it is on disk (below).
+                    if mode != FillMode::Warm
+                        && let Some(tx) = done[i].take()
+                    {
+                        let _ = tx.send(Ok(block));
+                    } else if mode == FillMode::Warm {
+                        warm_blocks.push((i, block));
+                    }
                     if i + 1 < keys.len() {
-                        cur = strata_types::mem::prefaulted(block_len(i + 1));
+                        cur = pool.take(block_len(i + 1));
                     }
                 }
             }
         }
-        if out.len() != keys.len() {
-            let got = out.iter().map(|b| b.len() as u64).sum::<u64>() + cur.len() as u64;
+        if out != keys.len() {
+            let got = got + cur.len() as u64;
             return Err(Error::new(
                 ErrorKind::Unavailable,
                 format!(
@@ -1226,11 +1272,15 @@ impl BlockCache {
                 ),
             ));
         }
-        // Warm-ups report a block only once it is on disk.
         for w in written {
             let _ = w.await;
         }
-        Ok(out)
+        for (i, block) in warm_blocks {
+            if let Some(tx) = done[i].take() {
+                let _ = tx.send(Ok(block));
+            }
+        }
+        Ok(())
     }
 
     /// Read one block: tiers first, then the backend.
@@ -1535,6 +1585,10 @@ impl BlockCache {
             metadata_refresh_lists: ld(&c.meta_refresh_lists),
             inflight_budget_bytes: self.inner.budget_units * UNIT,
             inflight_bytes: self.inner.budget_units.saturating_sub(avail) * UNIT,
+            pool_reused_blocks: ld(&self.inner.pool.reused),
+            pool_allocated_blocks: ld(&self.inner.pool.allocated),
+            pool_released_blocks: ld(&self.inner.pool.released),
+            pool_kept_bytes: self.inner.pool.kept() as u64 * self.inner.cfg.block_size.bytes(),
             pins: self.inner.pins.read().clone(),
         }
     }
@@ -1554,18 +1608,13 @@ impl BlockCache {
     }
 }
 
-/// A blocking writer that receives a run's chunks and writes them to block files as they arrive, while they are
-/// still hot in the CPU cache. Warm-ups wait for it (backpressure); ordinary reads never do: in lossy mode a
-/// full channel abandons the block's file (counted), and a block whose `End` never arrives is abandoned when
-/// the next one begins or the run ends.
+/// A blocking writer that receives a warm-up run's chunks and writes them to block files as they arrive, while
+/// they are still hot in the CPU cache; the warm-up waits for it (backpressure, bounded channel). A block whose
+/// `End` never arrives is abandoned when the next one begins or the run ends. (Other fills queue whole blocks
+/// instead, see `receive_run`.)
 struct DiskStreamer {
     tx: mpsc::Sender<StreamMsg>,
     disk: Arc<DiskTier>,
-    lossy: bool,
-    /// Chunk bytes sent and not yet written: a lossy stream lags at most `max_lag` behind (chunks hold
-    /// network buffers; a disk slower than the network must not pile them up in memory).
-    pending: Arc<AtomicU64>,
-    max_lag: u64,
 }
 
 enum StreamMsg {
@@ -1580,14 +1629,11 @@ enum StreamMsg {
 
 impl DiskStreamer {
     /// Start the writer on a blocking thread tracked by `tasks`, so shutdown waits for it.
-    fn start(disk: Arc<DiskTier>, lossy: bool, max_lag: u64, tasks: &TaskTracker) -> Self {
+    fn start(disk: Arc<DiskTier>, tasks: &TaskTracker) -> Self {
         // Chunks are a few KiB to a few hundred KiB; 512 of them let the writer lag a block or so behind.
         let (tx, mut rx) = mpsc::channel::<StreamMsg>(512);
         let d2 = disk.clone();
-        let pending = Arc::new(AtomicU64::new(0));
-        let p2 = pending.clone();
         tasks.spawn_blocking(move || {
-            let pending = p2;
             let disk = d2;
             let abandon = |cur: &mut Option<(disk::BlockFile, Digest)>| {
                 if let Some((f, d)) = cur.take() {
@@ -1616,7 +1662,6 @@ impl DiskStreamer {
                             disk.fail(d, &e);
                             cur = None;
                         }
-                        pending.fetch_sub(b.len() as u64, Ordering::Relaxed);
                     }
                     StreamMsg::End(done) => {
                         if let Some((f, _)) = cur.take() {
@@ -1629,31 +1674,17 @@ impl DiskStreamer {
             // The run ended mid-block (an error, shutdown, or a lost `End`).
             abandon(&mut cur);
         });
-        Self {
-            tx,
-            disk,
-            lossy,
-            pending,
-            max_lag,
-        }
+        Self { tx, disk }
     }
 
     async fn send(&self, msg: StreamMsg) -> bool {
-        if self.lossy {
-            self.tx.try_send(msg).is_ok()
-        } else {
-            self.tx.send(msg).await.is_ok()
-        }
+        self.tx.send(msg).await.is_ok()
     }
 
-    /// Reserve space for a block and open its file. False if the tier did not admit it (or, lossy, the
-    /// writer is behind).
+    /// Reserve space for a block (forced admission, as for every warm-up) and open its file. False if the
+    /// tier did not admit it or the writer is gone.
     async fn begin(&self, key: &BlockKey, digest: Digest, len: u64, pin: bool) -> bool {
-        if !self
-            .disk
-            .reserve(key, digest, len, pin, !self.lossy)
-            .admitted
-        {
+        if !self.disk.reserve(key, digest, len, pin, true).admitted {
             return false;
         }
         let msg = StreamMsg::Begin {
@@ -1669,27 +1700,15 @@ impl DiskStreamer {
         true
     }
 
-    /// Append to the current block; false when the block was abandoned (lossy and the writer is behind):
-    /// send nothing more for it.
+    /// Append to the current block; false when the writer is gone: send nothing more for it.
     async fn chunk(&self, b: Bytes) -> bool {
-        let n = b.len() as u64;
-        if self.lossy && self.pending.load(Ordering::Relaxed) + n > self.max_lag {
-            return false;
-        }
-        self.pending.fetch_add(n, Ordering::Relaxed);
-        let sent = self.send(StreamMsg::Chunk(b)).await;
-        if !sent {
-            self.pending.fetch_sub(n, Ordering::Relaxed);
-        }
-        sent
+        self.send(StreamMsg::Chunk(b)).await
     }
 
-    /// Finish the current block. Warm-ups get a receiver that fires once it is on disk (or has failed,
-    /// counted); lossy streams do not wait.
+    /// Finish the current block: a receiver that fires once it is on disk (or has failed, counted).
     async fn end(&self) -> Option<oneshot::Receiver<()>> {
         let (tx, rx) = oneshot::channel();
-        let sent = self.send(StreamMsg::End(tx)).await;
-        (sent && !self.lossy).then_some(rx)
+        self.send(StreamMsg::End(tx)).await.then_some(rx)
     }
 }
 

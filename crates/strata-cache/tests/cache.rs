@@ -869,3 +869,52 @@ async fn a_block_sent_block_by_block_keeps_its_budget_until_released() {
     assert!(share.is_none());
     cache.shutdown().await;
 }
+
+/// A reader of a multi-block range gets each block as soon as it has arrived, not when the whole backend
+/// request has: the origin stalls after the first block (held by the proxy until released) and the first block
+/// is read meanwhile. Before, every block of a run waited for the run, so a gateway sent nothing of a 50 MiB
+/// range until all of it had arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_of_a_run_is_served_while_the_rest_is_arriving() {
+    let server = S3Server::start();
+    server.create_bucket("early").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let t = Telemetry::new();
+    let backend = s3_backend(&proxy.endpoint(), "early", t.clone());
+    let bs = 64 * 1024;
+    let data = pattern(4 * bs + 100, 12);
+    put(&backend, "run.bin", &data).await;
+    let cache = open(config(None, 64, 64, 0, PolicyKind::Tinylfu), t);
+    let obj = cache
+        .open_object(&ctx(), &backend, "run.bin")
+        .await
+        .unwrap();
+    proxy.clear();
+    proxy.hold_bodies_after(bs as u64);
+    let len = data.len() as u64;
+    obj.prefetch(0..len, true).await;
+    // A liveness bound, not a timing check: without per-block completion this never returns while held.
+    let (first, _share) =
+        tokio::time::timeout(Duration::from_secs(30), obj.read_block(0..bs as u64))
+            .await
+            .expect("the first block is served while the rest of its request is held at the origin")
+            .unwrap();
+    assert!(first == data.slice(..bs));
+    proxy.release_bodies();
+    let mut out = first.to_vec();
+    let mut off = bs as u64;
+    while off < len {
+        let (b, _) = obj
+            .read_block(off..(off + bs as u64).min(len))
+            .await
+            .unwrap();
+        off += b.len() as u64;
+        out.extend_from_slice(&b);
+    }
+    assert!(out == data.to_vec(), "every byte right");
+    assert_eq!(
+        proxy.gets_of("run.bin").len(),
+        1,
+        "one origin request for the whole range"
+    );
+}

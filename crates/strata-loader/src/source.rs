@@ -336,6 +336,7 @@ impl Source {
                         etag,
                         version: None,
                         last_modified_unix: 0,
+                        attrs: None,
                     },
                 )?;
                 body
@@ -390,6 +391,7 @@ impl Source {
                     etag,
                     version: None,
                     last_modified_unix: 0,
+                    attrs: None,
                 })
             }
             Source::Shared(c) => Ok(ObjectMeta {
@@ -398,6 +400,7 @@ impl Source {
                 etag: shard.etag.clone(),
                 version: None,
                 last_modified_unix: 0,
+                attrs: None,
             }),
         }
     }

@@ -10,7 +10,8 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 use strata_telemetry::Telemetry;
 use strata_types::{
-    Error, ErrorKind, IoContext, IoEvent, ObjectMeta, Op, Outcome, Result, Tier, validate_key,
+    Error, ErrorKind, IoContext, IoEvent, ObjectAttrs, ObjectMeta, Op, Outcome, Result, Tier,
+    validate_key,
 };
 
 use crate::classify::classify;
@@ -332,11 +333,25 @@ impl Backend {
             self.inner
                 .retry
                 .run(&self.inner.telemetry, Op::Head, || async {
+                    if !self.keeps_attrs() {
+                        return self
+                            .inner
+                            .store
+                            .head(&path)
+                            .await
+                            .map(convert_meta)
+                            .map_err(|e| classify(e, &what));
+                    }
+                    // A HEAD that keeps the object's attributes (`ObjectStore::head` drops them).
+                    let opts = object_store::GetOptions {
+                        head: true,
+                        ..Default::default()
+                    };
                     self.inner
                         .store
-                        .head(&path)
+                        .get_opts(&path, opts)
                         .await
-                        .map(convert_meta)
+                        .map(|r| with_attrs(convert_meta(r.meta), &r.attributes))
                         .map_err(|e| classify(e, &what))
                 })
                 .await
@@ -363,7 +378,7 @@ impl Backend {
                             .get(&path)
                             .await
                             .map_err(|e| classify(e, &what))?;
-                        let meta = convert_meta(r.meta.clone());
+                        let meta = with_attrs(convert_meta(r.meta.clone()), &r.attributes);
                         let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
                         Ok((meta, bytes))
                     })
@@ -555,7 +570,7 @@ impl Backend {
                         let r = self
                             .request_range(&path, &(0..len.max(1)), None, &what)
                             .await?;
-                        let meta = convert_meta(r.meta.clone());
+                        let meta = with_attrs(convert_meta(r.meta.clone()), &r.attributes);
                         let want = len.min(meta.size);
                         // Into a buffer mapped in one call, not faulted in page by page.
                         let mut buf = strata_types::mem::prefaulted(want as usize);
@@ -598,7 +613,36 @@ impl Backend {
         bytes: Bytes,
         mode: PutMode,
     ) -> Result<PutOutcome> {
+        self.put_with(ctx, key, bytes, mode, &ObjectAttrs::default())
+            .await
+    }
+
+    /// Whether objects written here keep their [`ObjectAttrs`]: object stores do, local directories do not
+    /// (there the attributes of a write are dropped; reads return none).
+    pub fn keeps_attrs(&self) -> bool {
+        self.inner.scheme != "file"
+    }
+
+    fn attributes(&self, attrs: &ObjectAttrs) -> object_store::Attributes {
+        if self.keeps_attrs() {
+            to_attributes(attrs)
+        } else {
+            object_store::Attributes::new()
+        }
+    }
+
+    /// [`Self::put`] with the attributes to keep with the object (dropped where the backend keeps none, see
+    /// [`Self::keeps_attrs`]).
+    pub async fn put_with(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        bytes: Bytes,
+        mode: PutMode,
+        attrs: &ObjectAttrs,
+    ) -> Result<PutOutcome> {
         let path = to_path(key)?;
+        let attributes = self.attributes(attrs);
         let what = format!("PUT {}/{key}", self.inner.id);
         let len = bytes.len() as u64;
         let mode = match mode {
@@ -615,6 +659,7 @@ impl Backend {
                 .run(&self.inner.telemetry, Op::Put, || async {
                     let opts = object_store::PutOptions {
                         mode: mode.clone(),
+                        attributes: attributes.clone(),
                         ..Default::default()
                     };
                     let r = self
@@ -641,13 +686,29 @@ impl Backend {
         key: &str,
         part_size: usize,
     ) -> Result<MultipartUpload> {
+        self.put_multipart_with(ctx, key, part_size, &ObjectAttrs::default())
+            .await
+    }
+
+    /// [`Self::put_multipart`] with the attributes to keep with the object (see [`Self::put_with`]).
+    pub async fn put_multipart_with(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        part_size: usize,
+        attrs: &ObjectAttrs,
+    ) -> Result<MultipartUpload> {
         let path = to_path(key)?;
         let what = format!("multipart PUT {}/{key}", self.inner.id);
         let policy = Arc::new(PartRetry {
             policy: self.inner.retry,
             telemetry: self.inner.telemetry.clone(),
         });
-        let opts = object_store::PutMultipartOptions::default().with_retry_policy(policy);
+        let opts = object_store::PutMultipartOptions {
+            attributes: self.attributes(attrs),
+            ..Default::default()
+        }
+        .with_retry_policy(policy);
         let upload = self
             .inner
             .retry
@@ -1048,5 +1109,54 @@ fn convert_meta(m: object_store::ObjectMeta) -> ObjectMeta {
         etag: m.e_tag,
         version: m.version,
         last_modified_unix: m.last_modified.timestamp(),
+        attrs: None,
     }
+}
+
+fn with_attrs(mut meta: ObjectMeta, a: &object_store::Attributes) -> ObjectMeta {
+    meta.attrs = attrs_of(a).shared();
+    meta
+}
+
+/// object_store's attributes as Strata's (the kinds S3 keeps; others are dropped).
+fn attrs_of(a: &object_store::Attributes) -> ObjectAttrs {
+    use object_store::Attribute;
+    let mut out = ObjectAttrs::default();
+    for (k, v) in a {
+        let v = v.as_ref().to_string();
+        match k {
+            Attribute::ContentType => out.content_type = Some(v),
+            Attribute::ContentEncoding => out.content_encoding = Some(v),
+            Attribute::ContentDisposition => out.content_disposition = Some(v),
+            Attribute::ContentLanguage => out.content_language = Some(v),
+            Attribute::CacheControl => out.cache_control = Some(v),
+            Attribute::Metadata(name) => {
+                out.user.insert(name.to_ascii_lowercase(), v);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Strata's attributes as object_store's.
+fn to_attributes(a: &ObjectAttrs) -> object_store::Attributes {
+    use object_store::Attribute;
+    let mut out = object_store::Attributes::new();
+    let std = [
+        (Attribute::ContentType, &a.content_type),
+        (Attribute::ContentEncoding, &a.content_encoding),
+        (Attribute::ContentDisposition, &a.content_disposition),
+        (Attribute::ContentLanguage, &a.content_language),
+        (Attribute::CacheControl, &a.cache_control),
+    ];
+    for (k, v) in std {
+        if let Some(v) = v {
+            out.insert(k, v.clone().into());
+        }
+    }
+    for (k, v) in &a.user {
+        out.insert(Attribute::Metadata(k.clone().into()), v.clone().into());
+    }
+    out
 }

@@ -140,6 +140,25 @@ pub(crate) fn render_cache(s: &CacheStats) -> String {
     );
     family(
         &mut o,
+        "strata_cache_block_buffers_total",
+        "counter",
+        "Block-sized buffers taken from the pool of freed ones (reused) or newly allocated, and freed ones given \
+         back to the allocator (released)",
+        &[
+            ("event=\"reused\"", s.pool_reused_blocks),
+            ("event=\"allocated\"", s.pool_allocated_blocks),
+            ("event=\"released\"", s.pool_released_blocks),
+        ],
+    );
+    family(
+        &mut o,
+        "strata_cache_block_pool_bytes",
+        "gauge",
+        "Bytes of freed block buffers kept for reuse",
+        &[("", s.pool_kept_bytes)],
+    );
+    family(
+        &mut o,
         "strata_cache_inflight_bytes",
         "gauge",
         "Bytes being fetched from backends",

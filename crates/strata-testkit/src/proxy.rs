@@ -26,6 +26,7 @@ struct Faults {
     fail_status: u16,
     delay: Duration,
     reset_next_bodies: u32,
+    hold_after: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -34,6 +35,8 @@ struct Shared {
     client: reqwest::Client,
     faults: Mutex<Faults>,
     log: Mutex<Vec<Recorded>>,
+    /// Open (true) lets held bodies go on.
+    gate: tokio::sync::watch::Sender<bool>,
 }
 
 /// A request-counting, fault-injecting HTTP proxy on loopback. Stops when dropped.
@@ -52,6 +55,7 @@ impl FaultProxy {
             client: reqwest::Client::new(),
             faults: Mutex::new(Faults::default()),
             log: Mutex::new(Vec::new()),
+            gate: tokio::sync::watch::Sender::new(true),
         });
         let app = axum::Router::new()
             .fallback(forward)
@@ -95,6 +99,19 @@ impl FaultProxy {
     /// Forward the next `n` responses with bodies but cut each connection after half the body.
     pub fn reset_next_bodies(&self, n: u32) {
         self.shared.faults.lock().reset_next_bodies = n;
+    }
+
+    /// Hold every response body started from now on after its first `bytes` bytes, until
+    /// [`Self::release_bodies`]: an origin that stalls mid-body, for as long as a test needs.
+    pub fn hold_bodies_after(&self, bytes: u64) {
+        self.shared.faults.lock().hold_after = Some(bytes);
+        self.shared.gate.send_replace(false);
+    }
+
+    /// Let held bodies go on; bodies started from now on are not held.
+    pub fn release_bodies(&self) {
+        self.shared.faults.lock().hold_after = None;
+        self.shared.gate.send_replace(true);
     }
 
     /// Every request seen so far (including failed ones).
@@ -141,7 +158,7 @@ async fn forward(State(s): State<Arc<Shared>>, req: Request) -> Response {
         path: path.clone(),
         range,
     });
-    let (fail, delay, reset) = {
+    let (fail, delay, reset, hold) = {
         let mut f = s.faults.lock();
         let fail = if f.fail_next > 0 {
             f.fail_next -= 1;
@@ -149,7 +166,7 @@ async fn forward(State(s): State<Arc<Shared>>, req: Request) -> Response {
         } else {
             None
         };
-        (fail, f.delay, f.reset_next_bodies)
+        (fail, f.delay, f.reset_next_bodies, f.hold_after)
     };
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
@@ -200,6 +217,7 @@ async fn forward(State(s): State<Arc<Shared>>, req: Request) -> Response {
     };
     let stream = resp.bytes_stream();
     let body = match cut {
+        None if hold.is_some() => held_body(stream.boxed(), hold.unwrap_or(0), s.gate.subscribe()),
         None => Body::from_stream(stream),
         Some(limit) => {
             let mut sent = 0u64;
@@ -223,6 +241,39 @@ async fn forward(State(s): State<Arc<Shared>>, req: Request) -> Response {
         }
     };
     builder.body(body).unwrap_or_default()
+}
+
+/// `stream` up to `limit` bytes, then the rest once `gate` is open.
+fn held_body(
+    stream: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    limit: u64,
+    gate: tokio::sync::watch::Receiver<bool>,
+) -> Body {
+    let s = futures::stream::unfold(
+        (stream, 0u64, gate, None::<Bytes>),
+        move |(mut st, sent, mut gate, rest)| async move {
+            if sent >= limit {
+                let _ = gate.wait_for(|open| *open).await;
+            }
+            let chunk = match rest {
+                Some(c) => c,
+                None => match st.next().await? {
+                    Ok(c) => c,
+                    Err(e) => {
+                        return Some((Err(std::io::Error::other(e)), (st, sent, gate, None)));
+                    }
+                },
+            };
+            if sent < limit && sent + chunk.len() as u64 > limit {
+                let mut chunk = chunk;
+                let head = chunk.split_to((limit - sent) as usize);
+                return Some((Ok(head), (st, limit, gate, Some(chunk))));
+            }
+            let n = chunk.len() as u64;
+            Some((Ok(chunk), (st, sent + n, gate, None)))
+        },
+    );
+    Body::from_stream(s)
 }
 
 fn reset_err() -> std::io::Error {

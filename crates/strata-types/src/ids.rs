@@ -81,6 +81,41 @@ pub struct ObjectMeta {
     pub version: Option<String>,
     /// Last modification, seconds since the Unix epoch.
     pub last_modified_unix: i64,
+    /// What the backend keeps with the object besides its bytes (Content-Type, user metadata), when it keeps
+    /// any and the request that produced this metadata returned them (a HEAD or GET does; a listing does not).
+    pub attrs: Option<Arc<ObjectAttrs>>,
+}
+
+/// What an object store keeps with an object besides its bytes: the HTTP headers S3 stores and returns as
+/// they were given, and user metadata (`x-amz-meta-*`). Object stores (S3, GCS, Azure, memory) keep them;
+/// local directories keep none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ObjectAttrs {
+    /// `Content-Type`.
+    pub content_type: Option<String>,
+    /// `Content-Encoding`.
+    pub content_encoding: Option<String>,
+    /// `Content-Disposition`.
+    pub content_disposition: Option<String>,
+    /// `Content-Language`.
+    pub content_language: Option<String>,
+    /// `Cache-Control`.
+    pub cache_control: Option<String>,
+    /// User metadata: names without the `x-amz-meta-` prefix, lower case (as S3 returns them).
+    pub user: std::collections::BTreeMap<String, String>,
+}
+
+impl ObjectAttrs {
+    /// True when nothing is set.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// `None` when nothing is set, else the attributes shared.
+    pub fn shared(self) -> Option<Arc<Self>> {
+        (!self.is_empty()).then(|| Arc::new(self))
+    }
 }
 
 impl ObjectMeta {

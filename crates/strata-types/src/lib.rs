@@ -16,7 +16,7 @@ mod size;
 
 pub use error::{Error, ErrorKind, Result};
 pub use event::{IoContext, IoEvent, Op, Outcome, Tier};
-pub use ids::{BlockKey, ObjectId, ObjectMeta, validate_key};
+pub use ids::{BlockKey, ObjectAttrs, ObjectId, ObjectMeta, validate_key};
 pub use size::ByteSize;
 
 /// The bearer token clients present to a Strata agent's API: `STRATA_TOKEN` from the environment, if set.

@@ -23,6 +23,16 @@ pub fn prefaulted(len: usize) -> BytesMut {
     b
 }
 
+/// Like [`prefaulted`], as an empty `Vec` with room for `len` bytes.
+pub fn prefaulted_vec(len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    if len >= MIN_POPULATE {
+        let spare = v.spare_capacity_mut();
+        madvise_inside(spare.as_mut_ptr() as usize, spare.len(), POPULATE_WRITE);
+    }
+    v
+}
+
 /// Map the pages inside `mem` into this process in one call, for reading: memory another process wrote (a
 /// shared mapping) otherwise faults once per 4 KiB as it is read. Best effort, like [`prefaulted`]; short
 /// ranges are left alone.
@@ -72,6 +82,10 @@ mod tests {
             assert!(b.iter().all(|&x| x == 7));
             populate_read(&b);
             assert!(b.iter().all(|&x| x == 7), "populating changes nothing");
+            let mut v = prefaulted_vec(len);
+            assert!(v.is_empty() && v.capacity() >= len);
+            v.extend_from_slice(&vec![7u8; len]);
+            assert!(v.iter().all(|&x| x == 7));
         }
     }
 }

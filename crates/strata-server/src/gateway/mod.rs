@@ -26,7 +26,7 @@ use s3s::crypto::Checksum as _;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use strata_object::{Backend, PutMode};
-use strata_types::{Error, ErrorKind, IoContext, ObjectMeta, validate_key};
+use strata_types::{Error, ErrorKind, IoContext, ObjectAttrs, ObjectMeta, validate_key};
 use tokio::io::AsyncWriteExt;
 
 use crate::Agent;
@@ -92,6 +92,78 @@ fn etag_of(meta: &ObjectMeta) -> Option<ETag> {
 fn plain_etag(raw: &str) -> ETag {
     let v = raw.trim_start_matches("W/").trim_matches('"');
     ETag::Strong(v.to_string())
+}
+
+/// S3's limit on user metadata: names and values together, in bytes.
+const USER_METADATA_MAX: usize = 2048;
+
+/// The attributes a write asks to keep (PutObject, CreateMultipartUpload, CopyObject with `REPLACE`). The
+/// `aws-chunked` content coding of a streaming upload describes the request, not the object, and is dropped, as
+/// S3 does; user metadata names are kept in lower case.
+fn attrs_in(
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    content_disposition: Option<String>,
+    content_language: Option<String>,
+    cache_control: Option<String>,
+    metadata: Option<Metadata>,
+) -> S3Result<ObjectAttrs> {
+    let content_encoding = content_encoding.and_then(|e| {
+        let kept: Vec<&str> = e
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("aws-chunked"))
+            .collect();
+        (!kept.is_empty()).then(|| kept.join(", "))
+    });
+    let user: std::collections::BTreeMap<String, String> = metadata
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect();
+    let size: usize = user.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > USER_METADATA_MAX {
+        return Err(s3_error!(
+            MetadataTooLarge,
+            "user metadata is {size} bytes; at most {USER_METADATA_MAX} are allowed"
+        ));
+    }
+    Ok(ObjectAttrs {
+        content_type,
+        content_encoding,
+        content_disposition,
+        content_language,
+        cache_control,
+        user,
+    })
+}
+
+/// An object's attributes as response fields.
+#[derive(Default)]
+struct AttrsOut {
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    content_disposition: Option<String>,
+    content_language: Option<String>,
+    cache_control: Option<String>,
+    metadata: Option<Metadata>,
+}
+
+impl AttrsOut {
+    fn of(attrs: &Option<Arc<ObjectAttrs>>) -> Self {
+        let Some(a) = attrs else {
+            return Self::default();
+        };
+        Self {
+            content_type: a.content_type.clone(),
+            content_encoding: a.content_encoding.clone(),
+            content_disposition: a.content_disposition.clone(),
+            content_language: a.content_language.clone(),
+            cache_control: a.cache_control.clone(),
+            metadata: (!a.user.is_empty())
+                .then(|| a.user.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        }
+    }
 }
 
 fn timestamp(unix: i64) -> Timestamp {
@@ -531,6 +603,7 @@ impl Gateway {
 
     /// Store a body at `bucket/key`: buffered for small bodies, streamed as a backend multipart upload for
     /// large ones; checksums are verified before anything becomes visible.
+    #[allow(clippy::too_many_arguments)]
     async fn store(
         &self,
         ctx: &IoContext,
@@ -539,6 +612,7 @@ impl Gateway {
         body: StreamingBlob,
         mut check: BodyCheck,
         mode: PutMode,
+        attrs: &ObjectAttrs,
     ) -> S3Result<(Option<String>, u64)> {
         let mut body = body;
         let mut buf: Vec<Bytes> = Vec::new();
@@ -563,7 +637,7 @@ impl Gateway {
                         ));
                     }
                     let mut up = backend
-                        .put_multipart(ctx, key, BACKEND_PART)
+                        .put_multipart_with(ctx, key, BACKEND_PART, attrs)
                         .await
                         .map_err(s3err)?;
                     for b in buf.drain(..) {
@@ -592,7 +666,7 @@ impl Gateway {
                 }
                 Ok((
                     backend
-                        .put(ctx, key, Bytes::from(all), mode)
+                        .put_with(ctx, key, Bytes::from(all), mode, attrs)
                         .await
                         .map_err(s3err)?
                         .etag,
@@ -832,6 +906,7 @@ impl S3 for Gateway {
             input.if_unmodified_since.as_ref(),
         )?;
         let (e_tag, last_modified) = (etag_of(meta), timestamp(meta.last_modified_unix));
+        let meta_attrs = meta.attrs.clone();
         let (range, content_range) = resolve_range(input.range.as_ref(), meta.size)?;
         let len = range.end - range.start;
         let now = self.agent.catalog().now();
@@ -855,6 +930,7 @@ impl S3 for Gateway {
                 self.body_of(obj, range).await?
             }
         };
+        let a = AttrsOut::of(&meta_attrs);
         Ok(S3Response::new(GetObjectOutput {
             body: Some(body),
             content_length: Some(len as i64),
@@ -862,6 +938,13 @@ impl S3 for Gateway {
             accept_ranges: Some("bytes".into()),
             e_tag,
             last_modified: Some(last_modified),
+            // A signed request may override the stored headers (`response-content-type=` and the like).
+            content_type: input.response_content_type.or(a.content_type),
+            content_encoding: input.response_content_encoding.or(a.content_encoding),
+            content_disposition: input.response_content_disposition.or(a.content_disposition),
+            content_language: input.response_content_language.or(a.content_language),
+            cache_control: input.response_cache_control.or(a.cache_control),
+            metadata: a.metadata,
             ..Default::default()
         }))
     }
@@ -895,12 +978,19 @@ impl S3 for Gateway {
         )?;
         let (range, content_range) = resolve_range(input.range.as_ref(), meta.size)?;
         let len = range.end - range.start;
+        let a = AttrsOut::of(&meta.attrs);
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(len as i64),
             content_range,
             accept_ranges: Some("bytes".into()),
             e_tag: etag_of(&meta),
             last_modified: Some(timestamp(meta.last_modified_unix)),
+            content_type: a.content_type,
+            content_encoding: a.content_encoding,
+            content_disposition: a.content_disposition,
+            content_language: a.content_language,
+            cache_control: a.cache_control,
+            metadata: a.metadata,
             ..Default::default()
         }))
     }
@@ -1047,11 +1137,26 @@ impl S3 for Gateway {
             input.checksum_crc64nvme,
         )?
         .with_trailers(trailers);
+        let attrs = attrs_in(
+            input.content_type,
+            input.content_encoding,
+            input.content_disposition,
+            input.content_language,
+            input.cache_control,
+            input.metadata,
+        );
+        let attrs = match attrs {
+            Ok(a) => a,
+            Err(e) => {
+                self.tenancy.release(res).await;
+                return Err(e);
+            }
+        };
         let body = input.body.unwrap_or_else(|| {
             StreamingBlob::wrap(futures::stream::empty::<Result<Bytes, std::io::Error>>())
         });
         let etag = self
-            .store(&ctx, &backend, &input.key, body, check, mode)
+            .store(&ctx, &backend, &input.key, body, check, mode, &attrs)
             .await;
         // Whatever happened at the backend, the next read asks it again.
         self.agent.cache().invalidate(&backend, &input.key);
@@ -1189,7 +1294,24 @@ impl S3 for Gateway {
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
             .await?;
         let meta = src.head(&ctx, &src_key).await.map_err(s3err)?;
-        if src_bucket == input.bucket && src_key == input.key {
+        // `REPLACE` gives the copy the request's attributes; `COPY` (the default) keeps the source's.
+        let replace = input
+            .metadata_directive
+            .as_ref()
+            .is_some_and(|d| d.as_str().eq_ignore_ascii_case(MetadataDirective::REPLACE));
+        let new_attrs = if replace {
+            Some(attrs_in(
+                input.content_type,
+                input.content_encoding,
+                input.content_disposition,
+                input.content_language,
+                input.cache_control,
+                input.metadata,
+            )?)
+        } else {
+            None
+        };
+        if src_bucket == input.bucket && src_key == input.key && !replace {
             return Err(s3_error!(
                 InvalidRequest,
                 "This copy request is illegal because it is trying to copy an object to itself without changing \
@@ -1225,6 +1347,7 @@ impl S3 for Gateway {
                 &input.bucket,
                 &input.key,
                 &meta,
+                new_attrs.as_ref(),
             )
             .await;
         if let Err(e) = copied {
@@ -1274,7 +1397,14 @@ impl S3 for Gateway {
                 bucket: input.bucket.clone(),
                 key: input.key.clone(),
                 owner,
-                content_type: input.content_type,
+                attrs: attrs_in(
+                    input.content_type,
+                    input.content_encoding,
+                    input.content_disposition,
+                    input.content_language,
+                    input.cache_control,
+                    input.metadata,
+                )?,
             })
             .map_err(s3err)?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
@@ -1429,7 +1559,7 @@ impl S3 for Gateway {
         let (ctx, owner) = (who.ctx.clone(), who.access_key.clone());
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
-        self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
+        let info = self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
         let team = self
             .tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
@@ -1521,7 +1651,7 @@ impl S3 for Gateway {
             }
         }
         let written = self
-            .assemble(&ctx, &backend, &input.key, &chosen, total)
+            .assemble(&ctx, &backend, &input.key, &chosen, total, &info.attrs)
             .await;
         let etag = match written {
             Ok(e) => e,
@@ -1696,15 +1826,21 @@ impl Gateway {
         dst_bucket: &str,
         dst_key: &str,
         meta: &ObjectMeta,
+        new_attrs: Option<&ObjectAttrs>,
     ) -> S3Result<()> {
         let (input_bucket, input_key) = (dst_bucket, dst_key);
         let ctx = ctx.clone();
-        if src_bucket == input_bucket {
+        if src_bucket == input_bucket && new_attrs.is_none() {
+            // Server-side: the backend keeps the source's attributes with the copy.
             src.copy(&ctx, src_key, input_key).await.map_err(s3err)?;
         } else {
+            // Through the cache: to another backend, or with new attributes (which a server-side copy cannot
+            // set); a copy onto itself is safe, as nothing is visible before `complete`.
+            let keep = meta.attrs.as_deref().cloned().unwrap_or_default();
+            let attrs = new_attrs.unwrap_or(&keep);
             let obj = self.agent.cache().object_from_meta(&ctx, src, meta.clone());
             let mut up = dst
-                .put_multipart(&ctx, input_key, BACKEND_PART)
+                .put_multipart_with(&ctx, input_key, BACKEND_PART, attrs)
                 .await
                 .map_err(s3err)?;
             let bs = self.agent.cache().config().block_size.bytes();
@@ -1735,6 +1871,7 @@ impl Gateway {
         key: &str,
         chosen: &[multipart::StagedPart],
         total: u64,
+        attrs: &ObjectAttrs,
     ) -> S3Result<Option<String>> {
         let input_key = key;
         let ctx = ctx.clone();
@@ -1748,13 +1885,13 @@ impl Gateway {
                 );
             }
             backend
-                .put(&ctx, input_key, Bytes::from(all), PutMode::Overwrite)
+                .put_with(&ctx, input_key, Bytes::from(all), PutMode::Overwrite, attrs)
                 .await
                 .map_err(s3err)?
                 .etag
         } else {
             let mut up = backend
-                .put_multipart(&ctx, input_key, BACKEND_PART)
+                .put_multipart_with(&ctx, input_key, BACKEND_PART, attrs)
                 .await
                 .map_err(s3err)?;
             for p in chosen {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
-use strata_types::{Error, ErrorKind, Result};
+use strata_types::{Error, ErrorKind, ObjectAttrs, Result};
 
 /// Staged uploads untouched for this long are removed when the agent starts.
 pub const STALE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -25,8 +25,9 @@ pub struct UploadInfo {
     pub key: String,
     /// Access key that created the upload; only it may use the upload.
     pub owner: String,
-    /// Content type to store with the object.
-    pub content_type: Option<String>,
+    /// Attributes to keep with the object (Content-Type, user metadata).
+    #[serde(default)]
+    pub attrs: ObjectAttrs,
 }
 
 /// One staged part.
