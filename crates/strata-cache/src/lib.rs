@@ -1143,12 +1143,8 @@ impl BlockCache {
             }
         };
         match r {
-            Ok(()) => {
-                c.fill_requests.fetch_add(1, Ordering::Relaxed);
-                c.fills.fetch_add(keys.len() as u64, Ordering::Relaxed);
-                c.fill_bytes.fetch_add(end - start, Ordering::Relaxed);
-                Ok(())
-            }
+            // Counted by `receive_run` before the last block goes to its readers.
+            Ok(()) => Ok(()),
             Err(e) => {
                 c.fill_errors.fetch_add(1, Ordering::Relaxed);
                 if e.kind() == ErrorKind::PreconditionFailed {
@@ -1247,6 +1243,14 @@ impl BlockCache {
                     streaming = false;
                     got += block.len() as u64;
                     out += 1;
+                    if out == keys.len() {
+                        // Counted before the last block is handed out: a reader that has every byte sees
+                        // the fill in the stats.
+                        let c = &self.inner.counters;
+                        c.fill_requests.fetch_add(1, Ordering::Relaxed);
+                        c.fills.fetch_add(keys.len() as u64, Ordering::Relaxed);
+                        c.fill_bytes.fetch_add(end - start, Ordering::Relaxed);
+                    }
                     // Warm-ups report a block only once it is on disk (below).
                     if mode != FillMode::Warm
                         && let Some(tx) = done[i].take()
