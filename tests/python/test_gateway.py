@@ -232,6 +232,41 @@ def test_object_attributes_are_kept_cold_hot_multipart_and_copied(gateway, origi
     assert s3.head_object(Bucket="origin", Key="attrs/labels.json")["ContentType"] == "application/json"
 
 
+def test_object_attributes_on_a_local_directory_live_in_an_extended_attribute(gateway, tmp_path):
+    """The local-directory bucket keeps the same attributes, in a `user.strata.attrs` extended attribute of each
+    file: single PUT, multipart, copy, aws cli; an overwrite without them has none."""
+    s3 = gateway.client()
+    data = os.urandom(2 * 1024 * 1024 + 3)
+    s3.put_object(Bucket="default", Key="attrs/a.tar", Body=data, ContentType="application/x-tar",
+                  CacheControl="no-cache", Metadata={"Rows": "12", "split": "train"})
+    meta = {"rows": "12", "split": "train"}
+    stored = json.loads(os.getxattr(os.path.join(gateway.mount, "attrs", "a.tar"), "user.strata.attrs"))
+    assert stored["content_type"] == "application/x-tar" and stored["user"] == meta
+    for _ in range(2):  # cold, then from the cache
+        r = s3.get_object(Bucket="default", Key="attrs/a.tar")
+        assert sha(r["Body"].read()) == sha(data)
+        assert r["ContentType"] == "application/x-tar" and r["CacheControl"] == "no-cache"
+        assert r["Metadata"] == meta
+    big = os.urandom(11 * 1024 * 1024)
+    s3.upload_fileobj(io.BytesIO(big), "default", "attrs/big.bin",
+                      ExtraArgs={"ContentType": "application/x-npy", "Metadata": {"rows": "1024"}},
+                      Config=TransferConfig(multipart_threshold=5 * 1024 * 1024, multipart_chunksize=5 * 1024 * 1024))
+    h = s3.head_object(Bucket="default", Key="attrs/big.bin")
+    assert h["ContentType"] == "application/x-npy" and h["Metadata"] == {"rows": "1024"}
+    s3.copy_object(Bucket="default", Key="attrs/b.tar", CopySource={"Bucket": "default", "Key": "attrs/a.tar"})
+    assert s3.head_object(Bucket="default", Key="attrs/b.tar")["Metadata"] == meta
+    s3.put_object(Bucket="default", Key="attrs/a.tar", Body=b"plain")
+    h = s3.head_object(Bucket="default", Key="attrs/a.tar")
+    assert "Metadata" not in h or h["Metadata"] == {}, "an overwrite without attributes has none"
+    assert s3.head_object(Bucket="default", Key="attrs/b.tar")["Metadata"] == meta, "the copy keeps its own"
+    f = tmp_path / "labels.json"
+    f.write_text('{"a": 1}')
+    aws = [os.path.join(VENV_BIN, "aws"), "--endpoint-url", gateway.endpoint, "s3"]
+    subprocess.run(aws + ["cp", str(f), "s3://default/attrs/labels.json"], env=env_for(gateway), check=True,
+                   stdout=subprocess.DEVNULL)
+    assert s3.head_object(Bucket="default", Key="attrs/labels.json")["ContentType"] == "application/json"
+
+
 def test_aws_cli_cp_sync_ls(gateway, tmp_path):
     aws = [os.path.join(VENV_BIN, "aws"), "--endpoint-url", gateway.endpoint, "s3"]
     env = env_for(gateway)

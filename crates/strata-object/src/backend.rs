@@ -113,9 +113,18 @@ struct Inner {
     id: Arc<str>,
     scheme: &'static str,
     store: Arc<dyn ObjectStore>,
+    /// The same store when it is a local directory: object attributes then live in an extended attribute of
+    /// each file ([`ATTRS_XATTR`]), as the file store has no place for them.
+    local: Option<Arc<object_store::local::LocalFileSystem>>,
     retry: RetryPolicy,
     telemetry: Arc<Telemetry>,
 }
+
+/// The extended attribute in which a local-directory backend keeps an object's [`ObjectAttrs`] (JSON).
+pub const ATTRS_XATTR: &str = "user.strata.attrs";
+
+/// Warned once per process that a file system refuses extended attributes.
+static XATTR_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -177,9 +186,19 @@ impl Backend {
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&path)
                     .map_err(|e| classify(e, &format!("opening {url}")))?
                     .with_automatic_cleanup(true);
+                let fs = Arc::new(fs);
                 let id = format!("file://{}", path.display());
                 // The prefix is already part of the directory.
-                return Ok(Self::from_store(id, "file", Arc::new(fs), retry, telemetry));
+                return Ok(Self {
+                    inner: Arc::new(Inner {
+                        id: id.into(),
+                        scheme: "file",
+                        store: fs.clone(),
+                        local: Some(fs),
+                        retry,
+                        telemetry,
+                    }),
+                });
             }
             "memory" => {
                 let name = parsed.host_str().unwrap_or_default();
@@ -260,6 +279,7 @@ impl Backend {
                 id: id.into(),
                 scheme,
                 store,
+                local: None,
                 retry,
                 telemetry,
             }),
@@ -333,14 +353,14 @@ impl Backend {
             self.inner
                 .retry
                 .run(&self.inner.telemetry, Op::Head, || async {
-                    if !self.keeps_attrs() {
-                        return self
+                    if self.inner.local.is_some() {
+                        let m = self
                             .inner
                             .store
                             .head(&path)
                             .await
-                            .map(convert_meta)
-                            .map_err(|e| classify(e, &what));
+                            .map_err(|e| classify(e, &what))?;
+                        return Ok(self.meta_of(&path, m, &object_store::Attributes::new()));
                     }
                     // A HEAD that keeps the object's attributes (`ObjectStore::head` drops them).
                     let opts = object_store::GetOptions {
@@ -351,7 +371,7 @@ impl Backend {
                         .store
                         .get_opts(&path, opts)
                         .await
-                        .map(|r| with_attrs(convert_meta(r.meta), &r.attributes))
+                        .map(|r| self.meta_of(&path, r.meta, &r.attributes))
                         .map_err(|e| classify(e, &what))
                 })
                 .await
@@ -378,7 +398,7 @@ impl Backend {
                             .get(&path)
                             .await
                             .map_err(|e| classify(e, &what))?;
-                        let meta = with_attrs(convert_meta(r.meta.clone()), &r.attributes);
+                        let meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
                         let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
                         Ok((meta, bytes))
                     })
@@ -570,7 +590,7 @@ impl Backend {
                         let r = self
                             .request_range(&path, &(0..len.max(1)), None, &what)
                             .await?;
-                        let meta = with_attrs(convert_meta(r.meta.clone()), &r.attributes);
+                        let meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
                         let want = len.min(meta.size);
                         // Into a buffer mapped in one call, not faulted in page by page.
                         let mut buf = strata_types::mem::prefaulted(want as usize);
@@ -617,22 +637,72 @@ impl Backend {
             .await
     }
 
-    /// Whether objects written here keep their [`ObjectAttrs`]: object stores do, local directories do not
-    /// (there the attributes of a write are dropped; reads return none).
-    pub fn keeps_attrs(&self) -> bool {
-        self.inner.scheme != "file"
-    }
-
+    /// The attributes to send with a write: object stores keep them natively; a local directory keeps them in
+    /// an extended attribute instead ([`Self::keep_local_attrs`]).
     fn attributes(&self, attrs: &ObjectAttrs) -> object_store::Attributes {
-        if self.keeps_attrs() {
+        if self.inner.local.is_none() {
             to_attributes(attrs)
         } else {
             object_store::Attributes::new()
         }
     }
 
-    /// [`Self::put`] with the attributes to keep with the object (dropped where the backend keeps none, see
-    /// [`Self::keeps_attrs`]).
+    /// Strata's metadata of an object read or headed at `path`: the attributes the store returned, or, for a
+    /// local directory, those in the file's extended attribute.
+    fn meta_of(
+        &self,
+        path: &Path,
+        m: object_store::ObjectMeta,
+        a: &object_store::Attributes,
+    ) -> ObjectMeta {
+        let mut meta = convert_meta(m);
+        meta.attrs = match self.inner.local.is_some() {
+            true => self.local_attrs(path),
+            false => attrs_of(a).shared(),
+        };
+        meta
+    }
+
+    /// Keep `attrs` with the local file just written at `path` (nothing for object stores, which got them
+    /// with the write). The file is new (writes replace files, never rewrite them), so there is nothing to
+    /// clear when `attrs` is empty. A file system that refuses user extended attributes loses them, with one
+    /// warning per process; the write itself stands.
+    fn keep_local_attrs(&self, path: &Path, attrs: &ObjectAttrs) {
+        let Some(fs) = &self.inner.local else { return };
+        if attrs.is_empty() {
+            return;
+        }
+        let (Ok(file), Ok(json)) = (fs.path_to_filesystem(path), serde_json::to_vec(attrs)) else {
+            return;
+        };
+        if let Err(e) =
+            rustix::fs::setxattr(&file, ATTRS_XATTR, &json, rustix::fs::XattrFlags::empty())
+            && !XATTR_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(backend = %self.inner.id, error = %e,
+                "this file system refuses extended attributes: object attributes (Content-Type, user metadata) are not kept");
+        }
+    }
+
+    /// The attributes kept with a local file, if any.
+    fn local_attrs(&self, path: &Path) -> Option<Arc<ObjectAttrs>> {
+        let file = self.inner.local.as_ref()?.path_to_filesystem(path).ok()?;
+        let mut buf = [0u8; 8192];
+        let json = match rustix::fs::getxattr(&file, ATTRS_XATTR, &mut buf[..]) {
+            Ok(n) => buf.get(..n)?.to_vec(),
+            Err(rustix::io::Errno::RANGE) => {
+                let n = rustix::fs::getxattr_query(&file, ATTRS_XATTR).ok()?;
+                let mut big = vec![0u8; n];
+                let n = rustix::fs::getxattr(&file, ATTRS_XATTR, &mut big[..]).ok()?;
+                big.truncate(n);
+                big
+            }
+            Err(_) => return None,
+        };
+        serde_json::from_slice::<ObjectAttrs>(&json).ok()?.shared()
+    }
+
+    /// [`Self::put`] with the attributes to keep with the object.
     pub async fn put_with(
         &self,
         ctx: &IoContext,
@@ -668,6 +738,7 @@ impl Backend {
                         .put_opts(&path, bytes.clone().into(), opts)
                         .await
                         .map_err(|e| classify(e, &what))?;
+                    self.keep_local_attrs(&path, attrs);
                     Ok(PutOutcome {
                         etag: r.e_tag,
                         version: r.version,
@@ -730,6 +801,8 @@ impl Backend {
             )),
             bytes: 0,
             start: Instant::now(),
+            local_attrs: (self.inner.local.is_some() && !attrs.is_empty())
+                .then(|| (path, attrs.clone())),
         })
     }
 
@@ -951,6 +1024,8 @@ pub struct MultipartUpload {
     writer: Option<object_store::WriteMultipart>,
     bytes: u64,
     start: Instant,
+    /// For a local directory: where and what to keep as the object's attributes once complete.
+    local_attrs: Option<(Path, ObjectAttrs)>,
 }
 
 impl fmt::Debug for MultipartUpload {
@@ -1002,6 +1077,9 @@ impl MultipartUpload {
             outcome,
         );
         let r = r?;
+        if let Some((path, attrs)) = &self.local_attrs {
+            self.backend.keep_local_attrs(path, attrs);
+        }
         Ok(PutOutcome {
             etag: r.e_tag,
             version: r.version,
@@ -1111,11 +1189,6 @@ fn convert_meta(m: object_store::ObjectMeta) -> ObjectMeta {
         last_modified_unix: m.last_modified.timestamp(),
         attrs: None,
     }
-}
-
-fn with_attrs(mut meta: ObjectMeta, a: &object_store::Attributes) -> ObjectMeta {
-    meta.attrs = attrs_of(a).shared();
-    meta
 }
 
 /// object_store's attributes as Strata's (the kinds S3 keeps; others are dropped).
