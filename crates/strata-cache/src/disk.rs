@@ -453,6 +453,14 @@ fn read_block(path: &Path, key: &BlockKey, pool: &Arc<BlockPool>) -> Result<Byte
     if h.data_len > 1 << 31 {
         return Err(corrupt("implausible length"));
     }
+    // Checked before allocating: a damaged header must not make a buffer of its claimed length.
+    let file_len = f
+        .metadata()
+        .map_err(|e| Error::from_io(e, format!("reading {}", path.display())))?
+        .len();
+    if file_len < h.header_len + h.data_len {
+        return Err(corrupt("truncated data"));
+    }
     f.seek(std::io::SeekFrom::Start(h.header_len))
         .map_err(|e| Error::from_io(e, format!("reading {}", path.display())))?;
     let mut data = pool.take(h.data_len as usize);

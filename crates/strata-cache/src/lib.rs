@@ -57,6 +57,10 @@ use pool::BlockPool;
 /// Budget accounting unit (the semaphore counts KiB so that a terabyte budget fits in `u32` permits).
 const UNIT: u64 = 1024;
 
+/// Blocks an ordinary (lossy) fill may leave queued for the disk writers; more are dropped (counted in
+/// `writes_dropped`). Warm-ups wait for room in the whole queue instead.
+const LOSSY_QUEUE_MAX: usize = 8;
+
 type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 
 /// A pinned prefix of one backend.
@@ -976,7 +980,10 @@ impl BlockCache {
             }
             return Some(done_rx);
         }
-        if tx.try_send(job).is_err() {
+        // Lossy writes queue at most `LOSSY_QUEUE_MAX` blocks: a queued block the RAM tier did not admit is
+        // memory outside both the RAM tier and the in-flight budget.
+        let queued = tx.max_capacity() - tx.capacity();
+        if queued >= LOSSY_QUEUE_MAX || tx.try_send(job).is_err() {
             disk.drop_entry(&d);
             self.inner
                 .counters
