@@ -136,6 +136,23 @@ def latencies(urls, rounds=2):
     return out
 
 
+def first_byte(url, length):
+    """One GET of bytes 0..length-1 (a client's 50 MiB part of a large object): seconds to the first body byte
+    and to the last."""
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port)
+    t0 = time.perf_counter()
+    conn.request("GET", u.path + "?" + u.query, headers={"Range": f"bytes=0-{length - 1}"})
+    r = conn.getresponse()
+    first = r.read(1)
+    t1 = time.perf_counter()
+    rest = r.read()
+    t2 = time.perf_counter()
+    conn.close()
+    assert r.status == 206 and len(first) + len(rest) == length, (r.status, len(first) + len(rest))
+    return t1 - t0, t2 - t0
+
+
 def pct(v, q):
     v = sorted(v)
     return v[min(len(v) - 1, int(q * len(v)))]
@@ -197,6 +214,9 @@ def main():
     ap.add_argument("--cache-extra", default="",
                     help="more [cache] settings for the gateway, TOML lines separated by ';' (an experiment: "
                          "\"disk_write_queue = 8; readahead_blocks = 2\")")
+    ap.add_argument("--ttfb", action="store_true",
+                    help="also time a cold 50 MiB ranged GET of each of the first 4 large objects, to its first "
+                         "byte and to its last, through a fresh gateway vs straight at the origin")
     ap.add_argument("--sets", default="large,small,small-ttl1",
                     help="s5cmd data sets to run: large (64 MiB, 60 s metadata TTL), small (16 KiB, 60 s), "
                          "small-ttl1 (16 KiB, 1 s)")
@@ -263,6 +283,24 @@ def main():
             print(f"  {name}: cold {results[name]['cold_over_direct']}x direct, hot {results[name]['hot_over_direct']}x "
                   f"direct (throughput ratios); peak RSS {max(rss):.0f} MiB "
                   f"(bound {RAM_MIB + INFLIGHT_MIB + 150} MiB)")
+
+        if a.ttfb and a.large_mib >= 64:
+            part = 50 << 20
+            tkeys = [f"large/obj-{i:04}.bin" for i in range(min(4, a.large_mib // 64))]
+            settle()
+            direct = [first_byte(u, part) for u in presigned(origin, tkeys)]
+            agent = Agent(work, origin, 60000, extra=extra)
+            cold = [first_byte(u, part) for u in presigned(agent.endpoint, tkeys)]
+            agent.stop()
+            med = lambda v, i: statistics.median(x[i] for x in v) * 1e3
+            results["ttfb_50mib"] = {"gateway_cold_first_ms": round(med(cold, 0), 1),
+                                     "gateway_cold_all_ms": round(med(cold, 1), 1),
+                                     "direct_first_ms": round(med(direct, 0), 1),
+                                     "direct_all_ms": round(med(direct, 1), 1)}
+            t = results["ttfb_50mib"]
+            print(f"cold 50 MiB range, one client: gateway first byte {t['gateway_cold_first_ms']} ms, all "
+                  f"{t['gateway_cold_all_ms']} ms; direct first byte {t['direct_first_ms']} ms, all "
+                  f"{t['direct_all_ms']} ms (medians of {len(tkeys)})")
 
         # latency of one 16 KiB GET, hot gateway vs origin
         keys = [f"small/s-{i:06}.bin" for i in range(min(2000, a.small_count))]

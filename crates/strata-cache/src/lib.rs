@@ -63,6 +63,9 @@ const LOSSY_QUEUE_MAX: usize = 8;
 
 type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 
+/// A response body from a backend.
+type ByteStream = futures::stream::BoxStream<'static, Result<Bytes>>;
+
 /// A pinned prefix of one backend.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PinSpec {
@@ -233,9 +236,8 @@ struct DiskJob {
 /// How a fill treats admission and the disk queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FillMode {
-    /// A reader is waiting: wait for budget; normal admission; lossy disk write.
-    Demand,
-    /// Readahead: the caller already holds the budget.
+    /// A reader's fill (demand, prefetch, readahead, an open's first bytes): the caller holds the budget, if
+    /// any; normal admission; lossy disk write.
     Readahead,
     /// Explicit warm-up: wait for budget; forced disk admission; wait for the disk write.
     Warm,
@@ -587,7 +589,7 @@ impl BlockCache {
             .acquire_many_owned(units(len))
             .await
             .map_err(|_| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?;
-        let (meta, head) = match backend.get_head(ctx, key, len).await {
+        let (meta, stream) = match backend.get_head_stream(ctx, key, len).await {
             Ok(v) => v,
             // An empty object has no satisfiable range: fall back to HEAD.
             Err(e) if e.kind() == ErrorKind::InvalidInput => {
@@ -599,34 +601,41 @@ impl BlockCache {
         self.remember(&state);
         let obj = self.object_from_state(ctx, state);
         let size = obj.meta().size;
-        let c = &self.inner.counters;
-        c.fill_requests.fetch_add(1, Ordering::Relaxed);
-        c.fill_bytes.fetch_add(head.len() as u64, Ordering::Relaxed);
+        // The response is the object's first `len` bytes, or all of it: whole blocks (`len` is a multiple of
+        // the block size). They fill as one run fed by this response, each block handed to the reader as soon
+        // as it has arrived; the budget taken for bytes the object does not have goes back now.
+        let end = len.min(size);
+        let nblocks = end.div_ceil(bs);
         let mut permit = Some(permit);
-        let nblocks = (head.len() as u64).div_ceil(bs);
-        for i in 0..nblocks {
-            let lo = i * bs;
-            let hi = ((i + 1) * bs).min(head.len() as u64);
-            // Only whole blocks (or the object's last block) are blocks.
-            if hi - lo != ((i + 1) * bs).min(size) - lo {
-                break;
-            }
-            let block = head.slice(lo as usize..hi as usize);
-            let key = BlockKey::new(obj.obj.id.clone(), i);
-            let d = key.digest();
-            c.fills.fetch_add(1, Ordering::Relaxed);
-            self.insert_ram(&key, d, &block, false);
-            self.store_disk(&key, d, &block, FillMode::Demand).await;
+        if end < len
+            && let Some(p) = permit.as_mut()
+        {
+            drop(p.split(units(len - end) as usize));
+        }
+        if nblocks == 0 {
+            return Ok(obj);
+        }
+        let futs = self.fetch_run(
+            ctx,
+            &obj.obj,
+            0,
+            nblocks,
+            FillMode::Readahead,
+            None,
+            Some(stream),
+        );
+        let mut ra = obj.ra.lock();
+        for (k, f) in futs.into_iter().enumerate() {
+            let i = k as u64;
             let share = if i + 1 == nblocks {
                 permit.take()
             } else {
-                permit
-                    .as_mut()
-                    .and_then(|p| p.split(units(hi - lo) as usize))
+                let blen = ((i + 1) * bs).min(size) - i * bs;
+                permit.as_mut().and_then(|p| p.split(units(blen) as usize))
             };
-            let ready = futures::future::ready(Ok(block)).boxed().shared();
-            obj.ra.lock().prefetched.insert(i, (ready, share));
+            ra.prefetched.insert(i, (f, share));
         }
+        drop(ra);
         Ok(obj)
     }
 
@@ -1003,7 +1012,7 @@ impl BlockCache {
         mode: FillMode,
         permit: Option<OwnedSemaphorePermit>,
     ) -> SharedFetch {
-        let mut v = self.fetch_run(ctx, obj, index, 1, mode, permit);
+        let mut v = self.fetch_run(ctx, obj, index, 1, mode, permit, None);
         v.pop().unwrap_or_else(|| {
             futures::future::ready(Err(Error::internal("empty fetch run")))
                 .boxed()
@@ -1013,7 +1022,10 @@ impl BlockCache {
 
     /// Fetch `count` consecutive blocks from `first` with one backend request (fewer, larger requests for
     /// sequential fills), registering each block for single-flight. If any of them is already in flight or in
-    /// RAM, falls back to block-by-block fetches that join what is in flight.
+    /// RAM, falls back to block-by-block fetches that join what is in flight. `given`: the body of a request
+    /// already made for exactly these blocks (an open that read the object's start), used for the first
+    /// attempt instead of a new request.
+    #[allow(clippy::too_many_arguments)]
     fn fetch_run(
         &self,
         ctx: &IoContext,
@@ -1022,6 +1034,7 @@ impl BlockCache {
         count: u64,
         mode: FillMode,
         permit: Option<OwnedSemaphorePermit>,
+        given: Option<ByteStream>,
     ) -> Vec<SharedFetch> {
         let keys: Vec<(BlockKey, Digest)> = (first..first + count)
             .map(|i| {
@@ -1072,8 +1085,9 @@ impl BlockCache {
                 digests: guard_digests,
             };
             let cancel = this.inner.cancel.clone();
+            let mut given = given;
             let r = tokio::select! {
-                r = this.fill_run(&ctx, &obj, &keys, mode, permit, &mut done) => r,
+                r = this.fill_run(&ctx, &obj, &keys, mode, permit, &mut done, &mut given) => r,
                 _ = cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "cache is shutting down")),
             };
             let r = r.and_then(|_| {
@@ -1102,6 +1116,7 @@ impl BlockCache {
         out
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn fill_run(
         &self,
         ctx: &IoContext,
@@ -1110,6 +1125,7 @@ impl BlockCache {
         mode: FillMode,
         permit: Option<OwnedSemaphorePermit>,
         done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
+        given: &mut Option<ByteStream>,
     ) -> Result<()> {
         let bs = self.inner.cfg.block_size.bytes();
         let (Some((first, _)), Some((last, _))) = (keys.first(), keys.last()) else {
@@ -1137,7 +1153,7 @@ impl BlockCache {
         let mut attempt = 0u32;
         let r = loop {
             match self
-                .receive_run(ctx, obj, keys, start, end, mode, done)
+                .receive_run(ctx, obj, keys, start..end, mode, done, given.take())
                 .await
             {
                 Ok(()) => break Ok(()),
@@ -1175,16 +1191,21 @@ impl BlockCache {
         ctx: &IoContext,
         obj: &ObjState,
         keys: &[(BlockKey, Digest)],
-        start: u64,
-        end: u64,
+        span: Range<u64>,
         mode: FillMode,
         done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
+        given: Option<ByteStream>,
     ) -> Result<()> {
         let bs = self.inner.cfg.block_size.bytes();
-        let mut stream = obj
-            .backend
-            .get_range_stream(ctx, &obj.meta.key, start..end, obj.meta.etag.as_deref())
-            .await?;
+        let (start, end) = (span.start, span.end);
+        let mut stream = match given {
+            Some(s) => s,
+            None => {
+                obj.backend
+                    .get_range_stream(ctx, &obj.meta.key, start..end, obj.meta.etag.as_deref())
+                    .await?
+            }
+        };
         let mut out = 0usize;
         let mut got = 0u64;
         let mut written = Vec::new();
@@ -1402,7 +1423,7 @@ impl BlockCache {
         let mut stream = futures::stream::iter(work)
             .map(|(obj, first, count)| async move {
                 let len = ((first + count) * bs).min(obj.meta.size) - first * bs;
-                let runs = self.fetch_run(ctx, &obj, first, count, FillMode::Warm, None);
+                let runs = self.fetch_run(ctx, &obj, first, count, FillMode::Warm, None, None);
                 let r = futures::future::try_join_all(runs).await;
                 // Blocks that were only in RAM (or joined another reader's fill) still go to disk.
                 if let Ok(blocks) = &r {
@@ -2037,6 +2058,7 @@ impl CachedObject {
                 start,
                 count,
                 FillMode::Readahead,
+                None,
                 None,
             );
             // Each block carries its share of the budget until it is read.

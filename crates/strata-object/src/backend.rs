@@ -511,6 +511,55 @@ impl Backend {
                 return Err(e);
             }
         };
+        Ok(self.body_stream(ctx, key, what, start, r))
+    }
+
+    /// Metadata of `key` and a stream of its first `len` bytes (the whole object when it is shorter), from one
+    /// request: the metadata as soon as the response headers are in, the bytes as they arrive. How a cache
+    /// opens an object it has not seen, without a separate HEAD. Fails with [`ErrorKind::InvalidInput`] for an
+    /// empty object (no range of it is satisfiable); callers fall back to [`Self::head`]. The request is
+    /// retried; a stream that fails midway is the caller's to retry ([`Self::get_range_stream`], pinned to
+    /// the ETag it learned here).
+    pub async fn get_head_stream(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        len: u64,
+    ) -> Result<(
+        ObjectMeta,
+        futures::stream::BoxStream<'static, Result<Bytes>>,
+    )> {
+        let path = to_path(key)?;
+        let what = format!("GET {}/{key} bytes 0-{}", self.inner.id, len.max(1) - 1);
+        let start = Instant::now();
+        let range = 0..len.max(1);
+        let r = self
+            .inner
+            .retry
+            .run(&self.inner.telemetry, Op::Get, || {
+                self.request_range(&path, &range, None, &what)
+            })
+            .await;
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                self.emit(ctx, Op::Get, key, 0, start, Outcome::Err(e.kind()));
+                return Err(e);
+            }
+        };
+        let meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
+        Ok((meta, self.body_stream(ctx, key, what, start, r)))
+    }
+
+    /// A response body as a stream of `Bytes`, with an I/O event when it ends (bytes, duration, outcome).
+    fn body_stream(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        what: String,
+        start: Instant,
+        r: object_store::GetResult,
+    ) -> futures::stream::BoxStream<'static, Result<Bytes>> {
         struct State {
             inner: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
             backend: Backend,
@@ -531,7 +580,7 @@ impl Backend {
             bytes: 0,
             done: false,
         };
-        Ok(futures::stream::unfold(state, |mut st| async move {
+        futures::stream::unfold(state, |mut st| async move {
             if st.done {
                 return None;
             }
@@ -560,7 +609,7 @@ impl Backend {
                 }
             }
         })
-        .boxed())
+        .boxed()
     }
 
     /// Metadata and the first `len` bytes of `key` in one request (the whole object when it is shorter): how a
