@@ -498,20 +498,34 @@ impl Backend {
         );
         let start = Instant::now();
         let r = self
+            .request_retried(ctx, key, &path, &range, if_match, &what, start)
+            .await?;
+        Ok(self.body_stream(ctx, key, what, start, r))
+    }
+
+    /// [`Self::request_range`] under the retry policy; a final failure is an I/O event.
+    #[allow(clippy::too_many_arguments)]
+    async fn request_retried(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        path: &Path,
+        range: &Range<u64>,
+        if_match: Option<&str>,
+        what: &str,
+        start: Instant,
+    ) -> Result<object_store::GetResult> {
+        let r = self
             .inner
             .retry
             .run(&self.inner.telemetry, Op::Get, || {
-                self.request_range(&path, &range, if_match, &what)
+                self.request_range(path, range, if_match, what)
             })
             .await;
-        let r = match r {
-            Ok(r) => r,
-            Err(e) => {
-                self.emit(ctx, Op::Get, key, 0, start, Outcome::Err(e.kind()));
-                return Err(e);
-            }
-        };
-        Ok(self.body_stream(ctx, key, what, start, r))
+        if let Err(e) = &r {
+            self.emit(ctx, Op::Get, key, 0, start, Outcome::Err(e.kind()));
+        }
+        r
     }
 
     /// Metadata of `key` and a stream of its first `len` bytes (the whole object when it is shorter), from one
@@ -532,21 +546,9 @@ impl Backend {
         let path = to_path(key)?;
         let what = format!("GET {}/{key} bytes 0-{}", self.inner.id, len.max(1) - 1);
         let start = Instant::now();
-        let range = 0..len.max(1);
         let r = self
-            .inner
-            .retry
-            .run(&self.inner.telemetry, Op::Get, || {
-                self.request_range(&path, &range, None, &what)
-            })
-            .await;
-        let r = match r {
-            Ok(r) => r,
-            Err(e) => {
-                self.emit(ctx, Op::Get, key, 0, start, Outcome::Err(e.kind()));
-                return Err(e);
-            }
-        };
+            .request_retried(ctx, key, &path, &(0..len.max(1)), None, &what, start)
+            .await?;
         let meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
         Ok((meta, self.body_stream(ctx, key, what, start, r)))
     }
@@ -612,61 +614,43 @@ impl Backend {
         .boxed()
     }
 
-    /// Metadata and the first `len` bytes of `key` in one request (the whole object when it is shorter): how a
-    /// cache opens a small object without a separate HEAD. Fails with [`ErrorKind::InvalidInput`] for an empty
-    /// object (no range of it is satisfiable); callers fall back to [`Self::head`].
+    /// Metadata and the first `len` bytes of `key` in one request (the whole object when it is shorter), the
+    /// bytes collected: [`Self::get_head_stream`] for callers that want them in one piece. Fails with
+    /// [`ErrorKind::InvalidInput`] for an empty object; a short or long body is an error.
     pub async fn get_head(
         &self,
         ctx: &IoContext,
         key: &str,
         len: u64,
     ) -> Result<(ObjectMeta, Bytes)> {
-        let path = to_path(key)?;
-        let what = format!(
-            "GET {}/{key} bytes 0-{}",
-            self.inner.id,
-            len.saturating_sub(1)
-        );
-        self.observe(
-            ctx,
-            Op::Get,
-            key,
-            |(_, b): &(ObjectMeta, Bytes)| b.len() as u64,
-            async {
-                self.inner
-                    .retry
-                    .run(&self.inner.telemetry, Op::Get, || async {
-                        let r = self
-                            .request_range(&path, &(0..len.max(1)), None, &what)
-                            .await?;
-                        let meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
-                        let want = len.min(meta.size);
-                        // Into a buffer mapped in one call, not faulted in page by page.
-                        let mut buf = strata_types::mem::prefaulted(want as usize);
-                        let mut chunks = r.into_stream();
-                        while let Some(c) = chunks.next().await {
-                            let c = c.map_err(|e| classify(e, &what))?;
-                            if (buf.len() + c.len()) as u64 > want {
-                                return Err(Error::new(
-                                    ErrorKind::Unavailable,
-                                    format!("{what}: more than the {want} bytes asked"),
-                                ));
-                            }
-                            buf.extend_from_slice(&c);
-                        }
-                        let bytes = buf.freeze();
-                        if bytes.len() as u64 != want {
-                            return Err(Error::new(
-                                ErrorKind::Unavailable,
-                                format!("{what}: short read, got {} of {want} bytes", bytes.len()),
-                            ));
-                        }
-                        Ok((meta, bytes))
-                    })
-                    .await
-            },
-        )
-        .await
+        let (meta, mut chunks) = self.get_head_stream(ctx, key, len).await?;
+        let want = len.min(meta.size);
+        // Into a buffer mapped in one call, not faulted in page by page.
+        let mut buf = strata_types::mem::prefaulted(want as usize);
+        while let Some(c) = chunks.next().await {
+            let c = c?;
+            if (buf.len() + c.len()) as u64 > want {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "GET {}/{key}: more than the {want} bytes asked",
+                        self.inner.id
+                    ),
+                ));
+            }
+            buf.extend_from_slice(&c);
+        }
+        if buf.len() as u64 != want {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "GET {}/{key}: short read, got {} of {want} bytes",
+                    self.inner.id,
+                    buf.len()
+                ),
+            ));
+        }
+        Ok((meta, buf.freeze()))
     }
 
     /// The retry policy this backend applies.
