@@ -968,3 +968,32 @@ async fn an_open_that_reads_serves_its_first_block_while_the_rest_arrives() {
         proxy.requests()
     );
 }
+
+/// Block buffers freed by RAM-tier evictions go to the pool and the next fills reuse them (no fresh memory),
+/// within half the in-flight budget; the bytes read through reused buffers are right.
+#[tokio::test]
+async fn evicted_block_buffers_are_reused_by_later_fills() {
+    let backend = memory_backend();
+    let bs = 64 * 1024u64;
+    let a = pattern(12 * bs as usize, 21);
+    let b = pattern(12 * bs as usize, 22);
+    put(&backend, "a", &a).await;
+    put(&backend, "b", &b).await;
+    // A RAM tier of 4 blocks, no disk tier, a budget of 16 blocks.
+    let cache = open(config(None, 64, 4, 0, PolicyKind::Lru), Telemetry::new());
+    for (key, data) in [("a", &a), ("b", &b), ("a", &a)] {
+        let obj = cache.open_object(&ctx(), &backend, key).await.unwrap();
+        assert!(
+            obj.read_all().await.unwrap() == *data,
+            "{key} read back right"
+        );
+    }
+    let s = cache.stats();
+    assert!(
+        s.pool_reused_blocks > 0,
+        "fills after evictions reused freed buffers: {s:?}"
+    );
+    assert!(s.pool_kept_bytes <= s.inflight_budget_bytes / 2);
+    assert!(s.pool_allocated_blocks < s.fills, "{s:?}");
+    cache.shutdown().await;
+}
