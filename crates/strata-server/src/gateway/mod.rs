@@ -138,32 +138,28 @@ fn attrs_in(
     })
 }
 
-/// An object's attributes as response fields.
-#[derive(Default)]
-struct AttrsOut {
-    content_type: Option<String>,
-    content_encoding: Option<String>,
-    content_disposition: Option<String>,
-    content_language: Option<String>,
-    cache_control: Option<String>,
-    metadata: Option<Metadata>,
+/// An object's attributes (none when it has none), for the response fields.
+fn attrs_out(attrs: &Option<Arc<ObjectAttrs>>) -> ObjectAttrs {
+    attrs.as_deref().cloned().unwrap_or_default()
 }
 
-impl AttrsOut {
-    fn of(attrs: &Option<Arc<ObjectAttrs>>) -> Self {
-        let Some(a) = attrs else {
-            return Self::default();
-        };
-        Self {
-            content_type: a.content_type.clone(),
-            content_encoding: a.content_encoding.clone(),
-            content_disposition: a.content_disposition.clone(),
-            content_language: a.content_language.clone(),
-            cache_control: a.cache_control.clone(),
-            metadata: (!a.user.is_empty())
-                .then(|| a.user.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
-        }
-    }
+/// User metadata as the `x-amz-meta-*` response headers (none when empty).
+fn metadata_out(user: std::collections::BTreeMap<String, String>) -> Option<Metadata> {
+    (!user.is_empty()).then(|| user.into_iter().collect())
+}
+
+/// [`attrs_in`] from a request input with the usual fields (PutObject, CreateMultipartUpload, CopyObject).
+macro_rules! attrs_of_input {
+    ($input:expr) => {
+        attrs_in(
+            $input.content_type,
+            $input.content_encoding,
+            $input.content_disposition,
+            $input.content_language,
+            $input.cache_control,
+            $input.metadata,
+        )
+    };
 }
 
 fn timestamp(unix: i64) -> Timestamp {
@@ -930,7 +926,7 @@ impl S3 for Gateway {
                 self.body_of(obj, range).await?
             }
         };
-        let a = AttrsOut::of(&meta_attrs);
+        let a = attrs_out(&meta_attrs);
         Ok(S3Response::new(GetObjectOutput {
             body: Some(body),
             content_length: Some(len as i64),
@@ -944,7 +940,7 @@ impl S3 for Gateway {
             content_disposition: input.response_content_disposition.or(a.content_disposition),
             content_language: input.response_content_language.or(a.content_language),
             cache_control: input.response_cache_control.or(a.cache_control),
-            metadata: a.metadata,
+            metadata: metadata_out(a.user),
             ..Default::default()
         }))
     }
@@ -978,7 +974,7 @@ impl S3 for Gateway {
         )?;
         let (range, content_range) = resolve_range(input.range.as_ref(), meta.size)?;
         let len = range.end - range.start;
-        let a = AttrsOut::of(&meta.attrs);
+        let a = attrs_out(&meta.attrs);
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(len as i64),
             content_range,
@@ -990,7 +986,7 @@ impl S3 for Gateway {
             content_disposition: a.content_disposition,
             content_language: a.content_language,
             cache_control: a.cache_control,
-            metadata: a.metadata,
+            metadata: metadata_out(a.user),
             ..Default::default()
         }))
     }
@@ -1137,14 +1133,7 @@ impl S3 for Gateway {
             input.checksum_crc64nvme,
         )?
         .with_trailers(trailers);
-        let attrs = attrs_in(
-            input.content_type,
-            input.content_encoding,
-            input.content_disposition,
-            input.content_language,
-            input.cache_control,
-            input.metadata,
-        );
+        let attrs = attrs_of_input!(input);
         let attrs = match attrs {
             Ok(a) => a,
             Err(e) => {
@@ -1300,14 +1289,7 @@ impl S3 for Gateway {
             .as_ref()
             .is_some_and(|d| d.as_str().eq_ignore_ascii_case(MetadataDirective::REPLACE));
         let new_attrs = if replace {
-            Some(attrs_in(
-                input.content_type,
-                input.content_encoding,
-                input.content_disposition,
-                input.content_language,
-                input.cache_control,
-                input.metadata,
-            )?)
+            Some(attrs_of_input!(input)?)
         } else {
             None
         };
@@ -1397,14 +1379,7 @@ impl S3 for Gateway {
                 bucket: input.bucket.clone(),
                 key: input.key.clone(),
                 owner,
-                attrs: attrs_in(
-                    input.content_type,
-                    input.content_encoding,
-                    input.content_disposition,
-                    input.content_language,
-                    input.cache_control,
-                    input.metadata,
-                )?,
+                attrs: attrs_of_input!(input)?,
             })
             .map_err(s3err)?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
