@@ -82,22 +82,38 @@ secret_access_key = "{SK}"
             subprocess.run(["taskset", "-a", "-p", "-c", PIN_CLIENT, str(self.proc.pid)], check=True,
                            stdout=subprocess.DEVNULL)
 
+    def metrics(self, *names):
+        """Values of unlabelled (or exactly labelled) series of the gateway's /metrics, by name."""
+        api = open(os.path.join(self.data, "api.addr")).read().strip()
+        base = api if api.startswith("http") else f"http://{api}"
+        token = open(os.path.join(self.data, "admin-token")).read().strip()
+        req = urllib.request.Request(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            text = r.read().decode()
+        found = {}
+        for line in text.splitlines():
+            for name in names:
+                if line.startswith(name + " "):
+                    found[name] = int(float(line.split()[-1]))
+        return found
+
+    def fills(self):
+        """(origin requests, blocks filled, disk writes dropped) so far."""
+        try:
+            m = self.metrics("strata_cache_fill_requests_total", "strata_cache_fills_total",
+                             'strata_cache_disk_errors_total{kind="queue_full"}')
+        except OSError:
+            return (0, 0, 0)
+        return (m.get("strata_cache_fill_requests_total", 0), m.get("strata_cache_fills_total", 0),
+                m.get('strata_cache_disk_errors_total{kind="queue_full"}', 0))
+
     def refreshes(self):
         """The gateway's metadata refresh counters (HEADs and directory listings), from its /metrics."""
         try:
-            api = open(os.path.join(self.data, "api.addr")).read().strip()
-            base = api if api.startswith("http") else f"http://{api}"
-            token = open(os.path.join(self.data, "admin-token")).read().strip()
-            req = urllib.request.Request(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"})
-            with urllib.request.urlopen(req, timeout=5) as r:
-                text = r.read().decode()
+            found = self.metrics("strata_cache_metadata_refreshes_total",
+                                 "strata_cache_metadata_refresh_lists_total")
         except OSError as e:
             return f"unavailable ({e})"
-        found = {}
-        for line in text.splitlines():
-            for name in ("strata_cache_metadata_refreshes_total", "strata_cache_metadata_refresh_lists_total"):
-                if line.startswith(name + " "):
-                    found[name] = int(float(line.split()[-1]))
         return (f"{found.get('strata_cache_metadata_refreshes_total', 0)} entries refreshed with "
                 f"{found.get('strata_cache_metadata_refresh_lists_total', 0)} directory listings and a HEAD each "
                 f"for the rest")
@@ -263,10 +279,15 @@ def main():
                 times["direct"].append(s5(origin, "cp", f"s3://bench/{ds}/*", dst + "/"))
                 shutil.rmtree(dst, ignore_errors=True)
                 agent = Agent(work, origin, ttl, extra=extra)
+                seen = (0, 0, 0)
                 for phase in ("cold", "hot"):
                     settle()
                     times[phase].append(s5(agent.endpoint, "cp", f"s3://bench/{ds}/*", dst + "/"))
                     shutil.rmtree(dst, ignore_errors=True)
+                    now = agent.fills()
+                    req, blocks, dropped = (a - b for a, b in zip(now, seen))
+                    seen = now
+                    print(f"  {phase}: {req} origin requests filled {blocks} blocks; {dropped} disk writes dropped")
                 peak, c = agent.stop()
                 rss.append(peak)
                 cpu.append(c)

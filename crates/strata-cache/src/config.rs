@@ -20,8 +20,9 @@ pub struct CacheConfig {
     pub pinned_max_percent: u8,
     /// Largest readahead window in blocks for a sequential reader (0 disables readahead). Default 4.
     pub readahead_blocks: u32,
-    /// Global budget for bytes being fetched from backends (demand reads, readahead and warm-up together).
-    /// Default 512 MiB; at least two blocks.
+    /// Global budget for bytes being fetched from backends (demand reads, readahead and warm-up together),
+    /// which also bounds blocks waiting for the disk writers (at most half of it). Default 512 MiB; at least
+    /// two blocks.
     pub inflight_budget: ByteSize,
     /// Largest single backend request when filling consecutive blocks (warm-up): fewer, larger requests.
     /// Default 32 MiB; at least one block, at most the in-flight budget.

@@ -15,9 +15,12 @@
 //! - **Single-flight**: concurrent misses of one block share one backend read (a spawned task whose result is
 //!   shared), so 32 readers of a cold object cost one origin GET per block.
 //! - **Budget**: bytes being fetched are bounded by a global semaphore (`inflight_budget`). Demand reads wait
-//!   for it; readahead only uses what is free.
+//!   for it; readahead only uses what is free. Blocks waiting for the disk writers past the first few hold it
+//!   too (at most half), so a fill faster than the disk is still cached whole within the memory bound.
 //! - **Readahead** ([`CachedObject`]): a reader that moves forward block by block gets a window that doubles up
 //!   to `readahead_blocks`; prefetched blocks are held by the reader (and their budget with them) until used.
+//!   An open that reads more than one block from the object's start (a download in parts) reads the window
+//!   past its range with the same backend request.
 //! - **Pinning**: a pinned prefix's blocks are never evicted from the pinning tier (disk when present); pinned
 //!   bytes are capped, and pins survive restarts (`pins.json` in the disk directory).
 
@@ -57,8 +60,10 @@ use pool::BlockPool;
 /// Budget accounting unit (the semaphore counts KiB so that a terabyte budget fits in `u32` permits).
 const UNIT: u64 = 1024;
 
-/// Blocks an ordinary (lossy) fill may leave queued for the disk writers; more are dropped (counted in
-/// `writes_dropped`). Warm-ups wait for room in the whole queue instead.
+/// Blocks an ordinary (lossy) fill may leave queued for the disk writers without holding budget. Past them a
+/// queued block holds in-flight budget until it is written (at most half the budget, [`Inner::spill`]); when
+/// there is none, or the queue is full, it is dropped (counted in `writes_dropped`). Warm-ups wait for room in
+/// the whole queue instead.
 const LOSSY_QUEUE_MAX: usize = 8;
 
 type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
@@ -157,7 +162,8 @@ pub struct CacheStats {
     pub metadata_refresh_lists: u64,
     /// Budget for bytes in flight from backends.
     pub inflight_budget_bytes: u64,
-    /// Bytes in flight now.
+    /// Budget in use now: bytes being fetched or held for readers, and blocks waiting for the disk writers
+    /// past the first few.
     pub inflight_bytes: u64,
     /// Block buffers taken from the pool of freed ones (a fill or disk read that made no fresh memory).
     pub pool_reused_blocks: u64,
@@ -231,6 +237,8 @@ struct DiskJob {
     digest: Digest,
     data: Bytes,
     done: Option<oneshot::Sender<()>>,
+    /// Budget held until the block is written (a lossy write queued past [`LOSSY_QUEUE_MAX`]).
+    _held: Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
 }
 
 /// How a fill treats admission and the disk queue.
@@ -251,6 +259,8 @@ struct Inner {
     inflight: Mutex<DigestMap<SharedFetch>>,
     budget: Arc<Semaphore>,
     budget_units: u64,
+    /// Half the budget: the most that blocks queued for the disk writers may hold of it.
+    spill: Arc<Semaphore>,
     /// Freed block buffers, reused by fills and disk reads (bounded by the unused budget).
     pool: Arc<BlockPool>,
     pins: RwLock<Vec<PinSpec>>,
@@ -491,6 +501,7 @@ impl BlockCache {
             pool: BlockPool::new(bs as usize, budget.clone(), UNIT, budget_units),
             budget,
             budget_units,
+            spill: Arc::new(Semaphore::new((budget_units / 2) as usize)),
             cfg,
             telemetry,
             ram: Mutex::new(ram),
@@ -581,7 +592,20 @@ impl BlockCache {
         let cfg = &self.inner.cfg;
         let bs = cfg.block_size.bytes();
         let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1) * bs;
-        let len = upto.div_ceil(bs).max(1).saturating_mul(bs).min(cap);
+        // A read of more than one block from the start is a sequential reader (a client downloading in
+        // parts): the same request also reads the readahead window past it, which often is the rest of the
+        // object, one request where the next part would have needed another.
+        let ahead = if upto > bs {
+            u64::from(cfg.readahead_blocks) * bs
+        } else {
+            0
+        };
+        let len = upto
+            .div_ceil(bs)
+            .max(1)
+            .saturating_mul(bs)
+            .saturating_add(ahead)
+            .min(cap);
         let permit = self
             .inner
             .budget
@@ -976,11 +1000,12 @@ impl BlockCache {
             return None;
         };
         let (done_tx, done_rx) = oneshot::channel();
-        let job = DiskJob {
+        let mut job = DiskJob {
             key: key.clone(),
             digest: d,
             data: data.clone(),
             done: force.then_some(done_tx),
+            _held: None,
         };
         if force {
             if tx.send(job).await.is_err() {
@@ -989,10 +1014,24 @@ impl BlockCache {
             }
             return Some(done_rx);
         }
-        // Lossy writes queue at most `LOSSY_QUEUE_MAX` blocks: a queued block the RAM tier did not admit is
-        // memory outside both the RAM tier and the in-flight budget.
+        // A queued block the RAM tier did not admit, or has evicted since, is memory outside the RAM tier: a
+        // few may queue freely, more only with budget to hold (a fill faster than the disk writes is still
+        // cached whole, within the memory bound, until the budget is needed for reading).
         let queued = tx.max_capacity() - tx.capacity();
-        if queued >= LOSSY_QUEUE_MAX || tx.try_send(job).is_err() {
+        if queued >= LOSSY_QUEUE_MAX {
+            let n = units(data.len() as u64);
+            let held = self
+                .inner
+                .spill
+                .clone()
+                .try_acquire_many_owned(n)
+                .and_then(|s| {
+                    let b = self.inner.budget.clone().try_acquire_many_owned(n)?;
+                    Ok((s, b))
+                });
+            job._held = held.ok();
+        }
+        if (queued >= LOSSY_QUEUE_MAX && job._held.is_none()) || tx.try_send(job).is_err() {
             disk.drop_entry(&d);
             self.inner
                 .counters

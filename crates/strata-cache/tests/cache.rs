@@ -969,6 +969,64 @@ async fn an_open_that_reads_serves_its_first_block_while_the_rest_arrives() {
     );
 }
 
+/// An open that reads more than one block from the object's start (a client downloading in parts, like
+/// s5cmd's 50 MiB first part) reads the readahead window past its range in the same request: here that is
+/// the rest of the object, so the next part, asked for by another reader, needs no origin request. An open of
+/// one block (a small object, or a GET without a range) asks for that block only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_block_open_reads_the_readahead_window_in_the_same_request() {
+    let server = S3Server::start();
+    server.create_bucket("ahead").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let t = Telemetry::new();
+    let backend = s3_backend(&proxy.endpoint(), "ahead", t.clone());
+    let bs = 64 * 1024u64;
+    // Seven blocks; the client's first part is 2 blocks and a byte (3 blocks), the window 4 more.
+    let data = pattern(6 * bs as usize + 10, 14);
+    let len = data.len() as u64;
+    put(&backend, "parts.bin", &data).await;
+    put(&backend, "small.bin", &data).await;
+    let cache = open(config(None, 64, 64, 0, PolicyKind::Tinylfu), t);
+    assert_eq!(cache.config().readahead_blocks, 4);
+    proxy.clear();
+    let first = cache
+        .open_object_reading(&ctx(), &backend, "parts.bin", 2 * bs + 1)
+        .await
+        .unwrap();
+    let part1 = first.read(0..2 * bs + 1).await.unwrap();
+    assert!(part1 == data.slice(..(2 * bs + 1) as usize));
+    let second = cache
+        .open_object(&ctx(), &backend, "parts.bin")
+        .await
+        .unwrap();
+    let part2 = second.read(2 * bs + 1..len).await.unwrap();
+    assert!(
+        part2 == data.slice((2 * bs + 1) as usize..),
+        "every byte right"
+    );
+    let gets = proxy.gets_of("parts.bin");
+    assert_eq!(gets.len(), 1, "one origin request for both parts: {gets:?}");
+    assert_eq!(
+        gets[0].range.as_deref(),
+        Some(format!("bytes=0-{}", 7 * bs - 1).as_str()),
+        "the client's 3 blocks and the 4-block window"
+    );
+    drop((first, second));
+
+    let one = cache
+        .open_object_reading(&ctx(), &backend, "small.bin", 1)
+        .await
+        .unwrap();
+    assert!(one.read(0..10).await.unwrap() == data.slice(..10));
+    let gets = proxy.gets_of("small.bin");
+    assert_eq!(
+        gets.first().and_then(|r| r.range.as_deref()),
+        Some(format!("bytes=0-{}", bs - 1).as_str()),
+        "a one-block open reads one block: {gets:?}"
+    );
+    cache.shutdown().await;
+}
+
 /// Block buffers freed by RAM-tier evictions go to the pool and the next fills reuse them (no fresh memory),
 /// within half the in-flight budget; the bytes read through reused buffers are right.
 #[tokio::test]

@@ -114,3 +114,74 @@ async fn full_or_failing_disk_never_fails_a_read() {
     cache.shutdown().await;
     scenario.teardown();
 }
+
+/// Fills faster than the disk writers: the disk writes are held (a paused failpoint) while 24 blocks are
+/// read one by one. A few blocks queue freely; past them a queued block holds in-flight budget until it is
+/// written (at most half the budget) instead of being dropped, so more of the fill reaches the disk tier;
+/// only what has no budget left is dropped. Once the writes resume, every queued block is written and all the
+/// budget comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_faster_than_the_disk_queues_within_the_budget() {
+    let scenario = fail::FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = memory_backend();
+    let bs = 64 * 1024u64;
+    let n = 24u64;
+    let data = pattern((n * bs) as usize, 12);
+    put(&backend, "burst.bin", &data).await;
+    let mut cfg = config(Some(dir.path()), 64, 64, 64, PolicyKind::Lru);
+    cfg.readahead_blocks = 0;
+    let budget = cfg.inflight_budget.bytes();
+    assert_eq!(budget, 16 * bs);
+    let cache = open(cfg, Telemetry::new());
+    fail::cfg("disk-write", "pause").unwrap();
+    let obj = cache
+        .open_object(&ctx(), &backend, "burst.bin")
+        .await
+        .unwrap();
+    for i in 0..n {
+        let b = obj.read(i * bs..(i + 1) * bs).await.unwrap();
+        assert!(b == data.slice((i * bs) as usize..((i + 1) * bs) as usize));
+    }
+    let s = cache.stats();
+    // Two blocks are with the (paused) writers, 8 queue freely, 8 more hold half the budget.
+    assert!(
+        s.inflight_bytes >= 6 * bs && s.inflight_bytes <= budget / 2,
+        "queued blocks hold budget, at most half of it: {s:?}"
+    );
+    assert!(
+        s.disk_faults.writes_dropped <= n - 16,
+        "only blocks with no budget left are dropped: {s:?}"
+    );
+    fail::remove("disk-write");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let s = cache.stats();
+        let on_disk = s.disk.as_ref().unwrap().blocks;
+        if on_disk + s.disk_faults.writes_dropped == n && s.inflight_bytes == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "queued writes never finished or kept their budget: {s:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    drop(obj);
+    // Everything written reads back right from the disk tier (the RAM tier is dropped with a new cache).
+    cache.shutdown().await;
+    let mut cfg = config(Some(dir.path()), 64, 2, 64, PolicyKind::Lru);
+    cfg.readahead_blocks = 0;
+    let cache = open(cfg, Telemetry::new());
+    assert!(
+        cache
+            .read(&ctx(), &backend, "burst.bin", 0..u64::MAX)
+            .await
+            .unwrap()
+            == data
+    );
+    let s = cache.stats();
+    assert!(s.disk.as_ref().unwrap().hits >= 16, "{s:?}");
+    cache.shutdown().await;
+    scenario.teardown();
+}

@@ -93,8 +93,15 @@ pub(crate) fn render_cache(s: &CacheStats) -> String {
         &mut o,
         "strata_cache_fills_total",
         "counter",
-        "Backend reads made to fill blocks",
+        "Blocks filled from backends",
         &[("", s.fills)],
+    );
+    family(
+        &mut o,
+        "strata_cache_fill_requests_total",
+        "counter",
+        "Backend requests made to fill blocks (one may fill several consecutive blocks)",
+        &[("", s.fill_requests)],
     );
     family(
         &mut o,
