@@ -840,7 +840,10 @@ impl Backend {
     }
 
     /// One page of at most `max_keys` objects under `prefix` (a key prefix, not necessarily ending in `/`),
-    /// starting after `start_after`. Without a delimiter the listing is recursive.
+    /// starting after `start_after`. Without a delimiter the listing is recursive. On backends that list in
+    /// key order ([`Backend::lists_in_order`]) it reads only as far as the page needs (one or two backend
+    /// pages), so paging through a large prefix costs one listing of it in all, not one per page; the others
+    /// are read to the end, sorted, then paged.
     pub async fn list_page(
         &self,
         ctx: &IoContext,
@@ -851,6 +854,7 @@ impl Backend {
         let what = format!("LIST {}/{prefix}", self.inner.id);
         let (dir, name_prefix) = split_prefix(prefix)?;
         let max_keys = max_keys.max(1);
+        let ordered = self.lists_in_order();
         self.observe(ctx, Op::List, prefix, |_| 0, async {
             self.inner
                 .retry
@@ -862,12 +866,26 @@ impl Backend {
                             .list_with_offset(dir.as_ref(), &Path::from(s)),
                         None => self.inner.store.list(dir.as_ref()),
                     };
-                    let mut stream = stream.map_err(|e| classify(e, &what)).try_filter(|m| {
-                        futures::future::ready(m.location.as_ref().starts_with(&*name_prefix))
-                    });
+                    let mut stream = stream.map_err(|e| classify(e, &what));
                     let mut objects = Vec::new();
                     while let Some(m) = stream.next().await {
-                        objects.push(convert_meta(m?));
+                        let m = m?;
+                        let key = m.location.as_ref();
+                        if !key.starts_with(&*name_prefix) {
+                            // Keys with a prefix are contiguous in key order: past them, none follow.
+                            if ordered && key > &*name_prefix {
+                                break;
+                            }
+                            continue;
+                        }
+                        if ordered && start_after.is_some_and(|s| key <= s) {
+                            continue;
+                        }
+                        objects.push(convert_meta(m));
+                        // One more than the page shows whether another page follows.
+                        if ordered && objects.len() > max_keys {
+                            break;
+                        }
                     }
                     // Backends list in arbitrary order (local directories do): sort, then page.
                     objects.sort_by(|a, b| a.key.cmp(&b.key));

@@ -424,6 +424,79 @@ async fn s3_transient_errors_are_retried_and_counted() {
     assert_eq!(proxy.requests().len(), before + 1);
 }
 
+/// Paging through a prefix larger than one S3 listing page (1,000 keys) reads only as far as each page needs:
+/// a page of 5 keys is one backend request, and 1,100 keys in pages of 500 are three, not a listing of the
+/// whole prefix for every page (which made a client's paged listing of N keys cost O(N^2) at the origin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_listing_pages_read_only_what_they_need() {
+    use futures::StreamExt;
+    let server = S3Server::start();
+    server.create_bucket("pages").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let b = Backend::open(
+        "s3://pages",
+        &s3_options(&proxy.endpoint()),
+        fast_retry(),
+        Telemetry::new(),
+    )
+    .unwrap();
+    let keys: Vec<String> = (0..1100).map(|i| format!("many/k-{i:05}")).collect();
+    futures::stream::iter(keys.iter())
+        .for_each_concurrent(32, |k| {
+            let b = b.clone();
+            async move {
+                b.put(&ctx(), k, Bytes::from_static(b"x"), PutMode::Overwrite)
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    b.put(
+        &ctx(),
+        "more/x",
+        Bytes::from_static(b"x"),
+        PutMode::Overwrite,
+    )
+    .await
+    .unwrap();
+    let lists = |p: &FaultProxy| {
+        p.requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.contains("list-type"))
+            .count()
+    };
+    proxy.clear();
+    let page = b.list_page(&ctx(), "many/", None, 5).await.unwrap();
+    let got: Vec<&str> = page.objects.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(
+        got,
+        keys[..5].iter().map(|k| k.as_str()).collect::<Vec<_>>()
+    );
+    assert_eq!(page.next_start_after.as_deref(), Some(keys[4].as_str()));
+    assert_eq!(lists(&proxy), 1, "a page of 5 keys is one backend request");
+
+    proxy.clear();
+    let (mut seen, mut after, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let page = b
+            .list_page(&ctx(), "many/", after.as_deref(), 500)
+            .await
+            .unwrap();
+        pages += 1;
+        seen.extend(page.objects.into_iter().map(|o| o.key));
+        match page.next_start_after {
+            Some(s) => after = Some(s),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(
+        seen, keys,
+        "every key once, in order, none from outside the prefix"
+    );
+    assert_eq!(lists(&proxy), 3, "one backend request per page");
+}
+
 #[test]
 fn bad_urls_are_clear_errors() {
     let t = Telemetry::new();
