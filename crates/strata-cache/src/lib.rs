@@ -286,8 +286,9 @@ struct BackendMeta {
     entries: FastMap<String, MetaEntry>,
     /// Entries per directory (see [`dir_of`]): how a due refresh chooses between a HEAD and a listing.
     dirs: FastMap<String, u32>,
-    /// Directories with a refresh listing in flight.
-    listing: FastSet<String>,
+    /// Directories with a refresh listing in flight; the receiver sees its sender dropped when the listing's
+    /// task ends (done, failed or cancelled), which is what an open waiting for it waits on.
+    listing: FastMap<String, tokio::sync::watch::Receiver<()>>,
     /// Directories whose refresh listing stopped at its limit before covering them (a small directory
     /// with a large subtree): their entries are refreshed one HEAD each.
     sparse: FastSet<String>,
@@ -427,6 +428,9 @@ const META_LIST_MIN: u32 = 16;
 /// a directory with a few cached keys over a large subtree is not listed whole.
 const META_LIST_PER_ENTRY: usize = 8;
 
+/// Objects an open that revalidates an expired entry by a listing lists from its key (one S3 page).
+const META_LIST_WINDOW: usize = 1_000;
+
 /// Most metadata entries kept (the map is cleared when it fills).
 const META_MAX: usize = 100_000;
 
@@ -564,10 +568,73 @@ impl BlockCache {
         if let Some(obj) = self.cached_state(ctx, backend, key) {
             return Ok(self.object_from_state(ctx, obj));
         }
+        if let Some(obj) = self.revalidate_by_listing(ctx, backend, key).await {
+            return Ok(self.object_from_state(ctx, obj));
+        }
         let meta = backend.head(ctx, key).await?;
         let obj = Arc::new(ObjState::new(backend, meta));
         self.remember(&obj);
         Ok(self.object_from_state(ctx, obj))
+    }
+
+    /// An expired entry of a directory with many known entries is revalidated by a listing, not a HEAD: the
+    /// open lists a window of the directory from its key ([`META_LIST_WINDOW`] objects, one S3 page), or
+    /// waits for the listing of the directory already in flight, and every entry the listing confirms is
+    /// renewed. A client reading many keys in order after the TTL ran out (a second pass over a data set)
+    /// costs one listing per thousand keys instead of a HEAD each. `None` (the caller sends a HEAD) when the
+    /// directory does not qualify, no refresh slot is free, or the listing did not confirm the entry.
+    async fn revalidate_by_listing(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+    ) -> Option<Arc<ObjState>> {
+        if !backend.lists_in_order() || self.metadata_ttl(backend).is_zero() {
+            return None;
+        }
+        // Twice at most: the listing joined may have been a window that ends before this key.
+        for _ in 0..2 {
+            let mut wait = {
+                let mut m = self.inner.meta.lock();
+                let bm = m.by_backend.get_mut(&**backend.id())?;
+                let e = bm.entries.get(key)?;
+                let dir = dir_of(key);
+                if !listing_confirms(&e.obj.meta)
+                    || bm.dirs.get(dir).is_none_or(|&n| n < META_LIST_MIN)
+                    || bm.sparse.contains(dir)
+                {
+                    return None;
+                }
+                match bm.listing.get(dir) {
+                    Some(rx) => rx.clone(),
+                    None => {
+                        let permit = self.inner.refreshes.clone().try_acquire_owned().ok()?;
+                        let (done, rx) = tokio::sync::watch::channel(());
+                        bm.listing.insert(dir.to_string(), rx.clone());
+                        drop(m);
+                        // From just below the key (the key less its last character), so the key itself
+                        // is listed.
+                        let mut from = key.to_string();
+                        from.pop();
+                        self.refresh_dir(
+                            ctx.clone(),
+                            backend.clone(),
+                            key.to_string(),
+                            Some(from),
+                            META_LIST_WINDOW,
+                            (permit, done),
+                        );
+                        rx
+                    }
+                }
+            };
+            // Resolves when the listing's task ends and drops its sender.
+            let _ = wait.changed().await;
+            if let Some(obj) = self.cached_state(ctx, backend, key) {
+                return Some(obj);
+            }
+        }
+        None
     }
 
     /// Like [`Self::open_object`], but a cold open reads the start of the object with the same request that
@@ -709,7 +776,7 @@ impl BlockCache {
             && listing_confirms(&e.obj.meta)
             && bm.dirs.get(dir).is_some_and(|&n| n >= META_LIST_MIN)
             && !bm.sparse.contains(dir);
-        if by_listing && bm.listing.contains(dir) {
+        if by_listing && bm.listing.contains_key(dir) {
             // The listing in flight renews this entry too.
             return Some(obj);
         }
@@ -720,9 +787,17 @@ impl BlockCache {
             let limit = (bm.dirs[dir] as usize)
                 .saturating_mul(META_LIST_PER_ENTRY)
                 .max(1_000);
-            bm.listing.insert(dir.to_string());
+            let (done, rx) = tokio::sync::watch::channel(());
+            bm.listing.insert(dir.to_string(), rx);
             drop(m);
-            self.refresh_dir(ctx.clone(), backend.clone(), key.to_string(), limit, permit);
+            self.refresh_dir(
+                ctx.clone(),
+                backend.clone(),
+                key.to_string(),
+                None,
+                limit,
+                (permit, done),
+            );
         } else {
             e.refreshing = true;
             let from = e.at;
@@ -772,19 +847,28 @@ impl BlockCache {
     /// the listing contradicts (changed at the backend, or `key` itself missing from a complete listing:
     /// deleted) is forgotten, so the next open asks the backend. Entries learned or renewed after the
     /// listing started are left alone: a listing sent before a write must not bring the old version back.
+    /// `from`: list from there instead of the directory's start (a window around `key`).
     fn refresh_dir(
         &self,
         ctx: IoContext,
         backend: Backend,
         key: String,
+        from: Option<String>,
         limit: usize,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        held: (
+            tokio::sync::OwnedSemaphorePermit,
+            tokio::sync::watch::Sender<()>,
+        ),
     ) {
         let inner = self.inner.clone();
         self.inner.tasks.spawn(async move {
-            let _permit = permit;
+            let _held = held;
             let dir = dir_of(&key);
             let (after, end) = dir_span(dir);
+            let after = match from.as_deref() {
+                Some(f) if f > after => f,
+                _ => after,
+            };
             let started = Instant::now();
             let got = tokio::select! {
                 _ = inner.cancel.cancelled() => return,

@@ -821,7 +821,8 @@ async fn refresh_ahead_of_a_busy_directory_is_one_listing() {
         assert_eq!(o.meta().size, 1_000);
     }
     assert!(proxy.requests().is_empty(), "{:?}", proxy.requests());
-    // Outside the directory nothing was renewed; the deleted key's entry ran out and the open finds it gone.
+    // Outside the directory nothing was renewed (a HEAD); the deleted key's entry ran out, the listing its open
+    // sends to revalidate it does not confirm it, and the HEAD after finds it gone.
     cache
         .open_object(&ctx(), &backend, "e/other")
         .await
@@ -831,7 +832,54 @@ async fn refresh_ahead_of_a_busy_directory_is_one_listing() {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
-    assert_eq!(proxy.requests().len(), 2, "{:?}", proxy.requests());
+    let sent = proxy.requests();
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert!(sent[1].path.contains("list-type=2"), "{sent:?}");
+    cache.shutdown().await;
+}
+
+/// Past the TTL, the opens of a second pass over a busy directory are revalidated by one listing from the
+/// first key opened (it renews every entry it confirms), not a HEAD per key; a key changed at the backend
+/// meanwhile is not confirmed, and its open learns the new version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_pass_after_the_ttl_is_revalidated_by_a_listing_not_a_head_per_key() {
+    let server = S3Server::start();
+    server.create_bucket("second-pass").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let backend = s3_backend(&proxy.endpoint(), "second-pass", Telemetry::new());
+    let mut cfg = config(None, 64, 256, 0, PolicyKind::Tinylfu);
+    cfg.metadata_ttl_ms = 1_000;
+    let cache = open(cfg, Telemetry::new());
+    let keys: Vec<String> = (0..40).map(|i| format!("p/k{i:02}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put(&backend, k, &pattern(1_000, i as u64)).await;
+    }
+    for k in &keys {
+        cache.open_object(&ctx(), &backend, k).await.unwrap();
+    }
+    put(&backend, "p/k05", &pattern(2_000, 5)).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    proxy.clear();
+    for k in &keys {
+        let o = cache.open_object(&ctx(), &backend, k).await.unwrap();
+        let want = if k.ends_with("05") { 2_000 } else { 1_000 };
+        assert_eq!(o.meta().size, want, "{k}");
+    }
+    let sent = proxy.requests();
+    assert_eq!(
+        sent.len(),
+        2,
+        "one listing, one HEAD for the changed key: {sent:?}"
+    );
+    assert!(
+        sent[0].method == "GET" && sent[0].path.contains("list-type=2"),
+        "{sent:?}"
+    );
+    assert!(
+        sent[1].method == "HEAD" && sent[1].path.ends_with("p/k05"),
+        "{sent:?}"
+    );
+    assert_eq!(cache.stats().metadata_refreshes, 39);
     cache.shutdown().await;
 }
 

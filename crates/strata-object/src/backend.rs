@@ -859,11 +859,8 @@ impl Backend {
             self.inner
                 .retry
                 .run(&self.inner.telemetry, Op::List, || async {
-                    let stream = match start_after {
-                        Some(s) => self
-                            .inner
-                            .store
-                            .list_with_offset(dir.as_ref(), &Path::from(s)),
+                    let stream = match start_after.and_then(offset_path) {
+                        Some(s) => self.inner.store.list_with_offset(dir.as_ref(), &s),
                         None => self.inner.store.list(dir.as_ref()),
                     };
                     let mut stream = stream.map_err(|e| classify(e, &what));
@@ -944,11 +941,11 @@ impl Backend {
             self.inner
                 .retry
                 .run(&self.inner.telemetry, Op::List, || async {
-                    let mut stream = self
-                        .inner
-                        .store
-                        .list_with_offset(None, &Path::from(start_after))
-                        .map_err(|e| classify(e, &what));
+                    let mut stream = match offset_path(start_after) {
+                        Some(s) => self.inner.store.list_with_offset(None, &s),
+                        None => self.inner.store.list(None),
+                    }
+                    .map_err(|e| classify(e, &what));
                     let mut objects = Vec::new();
                     let mut complete = true;
                     while let Some(m) = stream.next().await {
@@ -1207,6 +1204,17 @@ fn build_s3(bucket: &str, o: &BackendOptions, url: &str) -> Result<object_store:
         })
         .build()
         .map_err(|e| classify(e, &format!("configuring {url}")).with_retryable(false))
+}
+
+/// A listing offset as the backend compares it: the key itself, never percent-encoded (`Path::from` encodes
+/// `#`, `%`, spaces' neighbours and the like, which moved the offset past keys that sort between the key and
+/// its encoding: paging lost them). `None` (list from the start; the caller filters) for a string that is
+/// not a valid path.
+fn offset_path(s: &str) -> Option<Path> {
+    if s.is_empty() {
+        return None;
+    }
+    Path::parse(s).ok().filter(|p| p.as_ref() == s)
 }
 
 fn to_path(key: &str) -> Result<Path> {
