@@ -224,12 +224,18 @@ def test_object_attributes_are_kept_cold_hot_multipart_and_copied(gateway, origi
     with pytest.raises(ClientError):
         s3.head_object(Bucket="origin", Key="attrs/too-much")
     # the aws cli sets Content-Type from the file name, and it is kept
+    assert_aws_cp_keeps_json_type(gateway, tmp_path, "origin")
+
+
+def assert_aws_cp_keeps_json_type(gateway, tmp_path, bucket):
+    """`aws s3 cp` of a .json file sets its Content-Type from the name; the gateway keeps it."""
     f = tmp_path / "labels.json"
     f.write_text('{"a": 1}')
     aws = [os.path.join(VENV_BIN, "aws"), "--endpoint-url", gateway.endpoint, "s3"]
-    subprocess.run(aws + ["cp", str(f), "s3://origin/attrs/labels.json"], env=env_for(gateway), check=True,
+    subprocess.run(aws + ["cp", str(f), f"s3://{bucket}/attrs/labels.json"], env=env_for(gateway), check=True,
                    stdout=subprocess.DEVNULL)
-    assert s3.head_object(Bucket="origin", Key="attrs/labels.json")["ContentType"] == "application/json"
+    ct = gateway.client().head_object(Bucket=bucket, Key="attrs/labels.json")["ContentType"]
+    assert ct == "application/json"
 
 
 def test_object_attributes_on_a_local_directory_live_in_an_extended_attribute(gateway, tmp_path):
@@ -259,12 +265,7 @@ def test_object_attributes_on_a_local_directory_live_in_an_extended_attribute(ga
     h = s3.head_object(Bucket="default", Key="attrs/a.tar")
     assert "Metadata" not in h or h["Metadata"] == {}, "an overwrite without attributes has none"
     assert s3.head_object(Bucket="default", Key="attrs/b.tar")["Metadata"] == meta, "the copy keeps its own"
-    f = tmp_path / "labels.json"
-    f.write_text('{"a": 1}')
-    aws = [os.path.join(VENV_BIN, "aws"), "--endpoint-url", gateway.endpoint, "s3"]
-    subprocess.run(aws + ["cp", str(f), "s3://default/attrs/labels.json"], env=env_for(gateway), check=True,
-                   stdout=subprocess.DEVNULL)
-    assert s3.head_object(Bucket="default", Key="attrs/labels.json")["ContentType"] == "application/json"
+    assert_aws_cp_keeps_json_type(gateway, tmp_path, "default")
 
 
 def test_aws_cli_cp_sync_ls(gateway, tmp_path):

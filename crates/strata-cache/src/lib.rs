@@ -1104,18 +1104,16 @@ impl BlockCache {
         let queued = tx.max_capacity() - tx.capacity();
         if queued >= LOSSY_QUEUE_MAX {
             let n = units(data.len() as u64);
-            let held = self
+            job._held = self
                 .inner
                 .spill
                 .clone()
                 .try_acquire_many_owned(n)
-                .and_then(|s| {
-                    let b = self.inner.budget.clone().try_acquire_many_owned(n)?;
-                    Ok((s, b))
-                });
-            job._held = held.ok();
+                .and_then(|s| Ok((s, self.inner.budget.clone().try_acquire_many_owned(n)?)))
+                .ok();
         }
-        if (queued >= LOSSY_QUEUE_MAX && job._held.is_none()) || tx.try_send(job).is_err() {
+        let queued_ok = queued < LOSSY_QUEUE_MAX || job._held.is_some();
+        if !queued_ok || tx.try_send(job).is_err() {
             disk.drop_entry(&d);
             self.inner
                 .counters

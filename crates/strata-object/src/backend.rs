@@ -1207,7 +1207,7 @@ fn build_s3(bucket: &str, o: &BackendOptions, url: &str) -> Result<object_store:
 }
 
 /// A listing offset as the backend compares it: the key itself, never percent-encoded (`Path::from` encodes
-/// `#`, `%`, spaces' neighbours and the like, which moved the offset past keys that sort between the key and
+/// `#`, `%`, `~`, control characters and the like, which moved the offset past keys that sort between the key and
 /// its encoding: paging lost them). `None` (list from the start; the caller filters) for a string that is
 /// not a valid path.
 fn offset_path(s: &str) -> Option<Path> {
