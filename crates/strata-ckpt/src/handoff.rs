@@ -98,11 +98,10 @@ impl HandoffRequest {
 /// A checkpointer's link to its node agent.
 #[derive(Debug, Clone)]
 pub struct Handoff {
-    api: String,
     local_dir: PathBuf,
     remote_url: Option<String>,
     peers: Vec<String>,
-    client: reqwest::Client,
+    client: strata_client::AgentClient,
 }
 
 /// The agent's verdict on one handed-over save.
@@ -118,6 +117,30 @@ pub struct HandoffStatus {
     pub state: String,
     /// Why it failed.
     pub error: Option<String>,
+    /// The kind of that error ([`ErrorKind::as_str`]), so that it reaches the training process intact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<String>,
+    /// Whether the failed save may succeed if tried again.
+    #[serde(default)]
+    pub retryable: bool,
+}
+
+impl HandoffStatus {
+    /// The failure this status reports, with its kind (`Unavailable` when the agent did not say).
+    pub fn failure(&self) -> Error {
+        let kind = self
+            .error_kind
+            .as_deref()
+            .and_then(ErrorKind::parse)
+            .unwrap_or(ErrorKind::Unavailable);
+        Error::new(
+            kind,
+            self.error
+                .clone()
+                .unwrap_or_else(|| "failed at the agent".into()),
+        )
+        .with_retryable(self.retryable)
+    }
 }
 
 impl Handoff {
@@ -128,23 +151,17 @@ impl Handoff {
         remote_url: Option<String>,
         peers: Vec<String>,
     ) -> Result<Self> {
-        let api = if api.contains("://") {
-            api.to_string()
-        } else {
-            format!("http://{api}")
-        };
         let local_dir = std::path::absolute(&local_dir)
             .map_err(|e| Error::from_io(e, format!("resolving {}", local_dir.display())))?;
+        let opts = strata_client::ClientOptions {
+            connect_timeout: Duration::from_secs(3),
+            ..strata_client::ClientOptions::from_env()
+        };
         Ok(Self {
-            api: api.trim_end_matches('/').to_string(),
             local_dir,
             remote_url,
             peers,
-            client: reqwest::Client::builder()
-                .default_headers(crate::agent_headers())
-                .connect_timeout(Duration::from_secs(3))
-                .build()
-                .map_err(|e| Error::internal(format!("HTTP client: {e}")))?,
+            client: strata_client::AgentClient::new(api, &opts)?,
         })
     }
 
@@ -166,22 +183,17 @@ impl Handoff {
             keep_every: cfg.keep_local.keep_every,
             commit_timeout_ms: cfg.commit_timeout.as_millis() as u64,
         };
-        let resp = self
+        let req = self
             .client
-            .post(format!("{}/v1/ckpt/handoff", self.api))
-            .json(&req)
-            .send()
+            .request(
+                strata_client::Method::POST,
+                self.client.url("/v1/ckpt/handoff"),
+            )
+            .json(&req);
+        self.client
+            .send(req, "handing the save over")
             .await
-            .map_err(|e| Error::new(ErrorKind::Unavailable, format!("agent {}: {e}", self.api)))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!("agent {} refused the handoff: {status}: {body}", self.api),
-            ));
-        }
-        Ok(())
+            .map(|_| ())
     }
 
     /// Wait for the agent's verdict; `local_failures` (from this process's part) are reported with it.
@@ -191,52 +203,40 @@ impl Handoff {
         step: u64,
         local_failures: Vec<Error>,
     ) -> Result<()> {
-        let url = url::Url::parse_with_params(
-            &format!("{}/v1/ckpt/handoff", self.api),
-            [
-                ("run", cfg.run_id.clone()),
-                ("step", step.to_string()),
-                ("rank", cfg.rank.to_string()),
+        let (step_s, rank_s) = (step.to_string(), cfg.rank.to_string());
+        let url = self.client.url_with(
+            "/v1/ckpt/handoff",
+            &[
+                ("run", cfg.run_id.as_str()),
+                ("step", step_s.as_str()),
+                ("rank", rank_s.as_str()),
             ],
-        )
-        .map_err(|e| Error::invalid_input(format!("agent address {}: {e}", self.api)))?;
+        )?;
+        let what = format!("status of step {step}");
         let verdict = loop {
-            let r = self.client.get(url.clone()).send().await;
-            match r {
-                Ok(resp) if resp.status().is_success() => {
-                    let st: HandoffStatus = resp.json().await.map_err(|e| {
-                        Error::new(ErrorKind::Unavailable, format!("agent {}: {e}", self.api))
-                    })?;
-                    match st.state.as_str() {
-                        "pending" => {}
-                        "done" => break Ok(()),
-                        _ => {
-                            break Err(Error::new(
-                                ErrorKind::Unavailable,
-                                st.error.unwrap_or_else(|| "failed at the agent".into()),
-                            ));
-                        }
-                    }
+            let st = match self
+                .client
+                .send(
+                    self.client.request(strata_client::Method::GET, url.clone()),
+                    &what,
+                )
+                .await
+            {
+                Ok(resp) => strata_client::read_json::<HandoffStatus>(resp, &what).await,
+                Err(e) => Err(e),
+            };
+            match st {
+                Ok(st) => match st.state.as_str() {
+                    "pending" => {}
+                    "done" => break Ok(()),
+                    _ => break Err(st.failure()),
+                },
+                Err(e) if e.kind() == ErrorKind::Unavailable || e.kind() == ErrorKind::Timeout => {
+                    break Err(e.context(format!(
+                        "agent unreachable while finishing step {step} (it may still complete there)"
+                    )));
                 }
-                Ok(resp) => {
-                    break Err(Error::new(
-                        ErrorKind::Unavailable,
-                        format!(
-                            "agent {}: status of step {step}: {}",
-                            self.api,
-                            resp.status()
-                        ),
-                    ));
-                }
-                Err(e) => {
-                    break Err(Error::new(
-                        ErrorKind::Unavailable,
-                        format!(
-                            "agent {} unreachable while finishing step {step} (it may still complete there): {e}",
-                            self.api
-                        ),
-                    ));
-                }
+                Err(e) => break Err(e),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };

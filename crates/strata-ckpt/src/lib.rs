@@ -940,17 +940,6 @@ pub fn blob(name: &str, data: Bytes) -> Tensor {
     }
 }
 
-/// Headers every request to an agent carries: the bearer token from `STRATA_TOKEN`, if set.
-pub(crate) fn agent_headers() -> reqwest::header::HeaderMap {
-    let mut h = reqwest::header::HeaderMap::new();
-    if let Some(v) = strata_types::agent_authorization()
-        .and_then(|v| reqwest::header::HeaderValue::from_str(&v).ok())
-    {
-        h.insert(reqwest::header::AUTHORIZATION, v);
-    }
-    h
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 //! checkpoints back (`/v1/quotas/{team}/ckpt/free`).
 
 use serde_json::json;
-use strata_types::{Error, ErrorKind, Result};
+use strata_types::{Error, Result};
 
 /// The quota scope checkpoint bytes are charged to.
 pub const SCOPE: &str = "ckpt";
@@ -15,34 +15,26 @@ pub const SCOPE: &str = "ckpt";
 /// Admits and charges one team's checkpoint saves through an agent.
 #[derive(Debug, Clone)]
 pub struct QuotaGate {
-    api: String,
     team: String,
-    client: reqwest::Client,
+    client: strata_client::AgentClient,
 }
 
 use strata_types::encode_segment as enc;
 
 impl QuotaGate {
-    /// A gate charging `team` through the agent at `api` (`host:port` or a URL).
+    /// A gate charging `team` through the agent at `api` (`host:port` or a URL), with the token from the
+    /// environment.
     pub fn new(api: &str, team: &str) -> Result<Self> {
         if team.is_empty() {
             return Err(Error::invalid_input("a checkpoint quota needs a team"));
         }
-        let api = if api.contains("://") {
-            api.to_string()
-        } else {
-            format!("http://{api}")
+        let opts = strata_client::ClientOptions {
+            timeout: Some(std::time::Duration::from_secs(60)),
+            ..strata_client::ClientOptions::from_env()
         };
-        let client = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .timeout(std::time::Duration::from_secs(60))
-            .default_headers(crate::agent_headers())
-            .build()
-            .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
         Ok(Self {
-            api: api.trim_end_matches('/').to_string(),
             team: team.to_string(),
-            client,
+            client: strata_client::AgentClient::new(api, &opts)?,
         })
     }
 
@@ -52,31 +44,10 @@ impl QuotaGate {
     }
 
     async fn post(&self, path: &str, body: serde_json::Value) -> Result<serde_json::Value> {
-        let url = format!("{}{path}", self.api);
-        let resp = self
-            .client
-            .post(&url)
-            .json(&body)
-            .send()
+        self.client
+            .post_json(path, &body)
             .await
-            .map_err(|e| {
-                Error::new(ErrorKind::Unavailable, format!("quota: {url}: {e}")).with_source(e)
-            })?;
-        let status = resp.status();
-        let v: serde_json::Value = resp.json().await.unwrap_or_default();
-        if status.is_success() {
-            return Ok(v);
-        }
-        let msg = v["message"].as_str().unwrap_or("").to_string();
-        let kind = match status.as_u16() {
-            429 => ErrorKind::ResourceExhausted,
-            401 => ErrorKind::Unauthenticated,
-            403 => ErrorKind::PermissionDenied,
-            404 => ErrorKind::NotFound,
-            400 => ErrorKind::InvalidInput,
-            _ => ErrorKind::Unavailable,
-        };
-        Err(Error::new(kind, format!("quota ({status}): {msg}")))
+            .map_err(|e| e.context("quota"))
     }
 
     /// Admit a save of `bytes`; returns the reservation id.

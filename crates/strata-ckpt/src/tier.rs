@@ -35,36 +35,33 @@ pub enum Tier {
 /// A peer agent's checkpoint replica store (`/v1/peer/ckpt/...` on its control API).
 #[derive(Debug, Clone)]
 pub struct Peer {
-    base: String,
-    client: reqwest::Client,
+    client: strata_client::AgentClient,
 }
 
 impl Peer {
-    /// The agent whose control API is at `api` (`http://node7:7070` or `node7:7070`).
+    /// The agent whose control API is at `api` (`http://node7:7070` or `node7:7070`), with the token from
+    /// the environment. Requests to a peer are not retried: a peer that fails is skipped for the next tier,
+    /// and retrying it would only delay that.
     pub fn new(api: &str) -> Result<Self> {
-        let base = if api.contains("://") {
-            api.to_string()
-        } else {
-            format!("http://{api}")
-        };
-        let client = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .default_headers(crate::agent_headers())
-            .build()
-            .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
+        let mut opts = strata_client::ClientOptions::from_env();
+        opts.retry.max_retries = 0;
+        Self::with_options(api, &opts)
+    }
+
+    /// The agent at `api`, connecting with `opts`.
+    pub fn with_options(api: &str, opts: &strata_client::ClientOptions) -> Result<Self> {
         Ok(Self {
-            base: base.trim_end_matches('/').to_string(),
-            client,
+            client: strata_client::AgentClient::new(api, opts)?,
         })
     }
 
     /// The agent's address.
     pub fn base(&self) -> &str {
-        &self.base
+        self.client.base()
     }
 
     fn url(&self, run: &str, step: Option<u64>, file: Option<&str>) -> String {
-        let mut u = format!("{}/v1/peer/ckpt/{run}", self.base);
+        let mut u = self.client.url(&format!("/v1/peer/ckpt/{run}"));
         if let Some(s) = step {
             u.push_str(&format!("/{s}"));
         }
@@ -75,93 +72,67 @@ impl Peer {
         u
     }
 
-    async fn check(
-        &self,
-        r: std::result::Result<reqwest::Response, reqwest::Error>,
-        what: &str,
-    ) -> Result<reqwest::Response> {
-        let resp = r.map_err(|e| {
-            Error::new(
-                ErrorKind::Unavailable,
-                format!("peer {}: {what}: {e}", self.base),
-            )
-        })?;
-        let status = resp.status();
-        if status.is_success() {
-            return Ok(resp);
-        }
-        let kind = match status.as_u16() {
-            404 => ErrorKind::NotFound,
-            400 => ErrorKind::InvalidInput,
-            409 => ErrorKind::AlreadyExists,
-            422 => ErrorKind::Corrupt,
-            507 => ErrorKind::NoSpace,
-            _ => ErrorKind::Unavailable,
-        };
-        let body = resp.text().await.unwrap_or_default();
-        Err(Error::new(
-            kind,
-            format!("peer {}: {what}: {status}: {body}", self.base),
-        ))
-    }
-
     async fn put(
         &self,
         run: &str,
         step: u64,
         file: &str,
-        body: reqwest::Body,
+        body: strata_client::Body,
         blake3: Option<&str>,
     ) -> Result<()> {
         let mut req = self
             .client
-            .put(self.url(run, Some(step), Some(file)))
+            .request(
+                strata_client::Method::PUT,
+                self.url(run, Some(step), Some(file)),
+            )
             .body(body);
         if let Some(h) = blake3 {
             req = req.header("x-strata-blake3", h);
         }
-        self.check(req.send().await, &format!("PUT {file}"))
+        self.client
+            .send(req, &format!("peer PUT {file}"))
             .await
             .map(|_| ())
     }
 
     async fn get(&self, run: &str, step: u64, file: &str) -> Result<Bytes> {
+        let what = format!("peer GET {file}");
+        let url = self.url(run, Some(step), Some(file));
         let resp = self
-            .check(
+            .client
+            .send_retried(&what, || {
                 self.client
-                    .get(self.url(run, Some(step), Some(file)))
-                    .send()
-                    .await,
-                &format!("GET {file}"),
-            )
+                    .request(strata_client::Method::GET, url.as_str())
+            })
             .await?;
         resp.bytes().await.map_err(|e| {
             Error::new(
                 ErrorKind::Unavailable,
-                format!("peer {}: GET {file}: {e}", self.base),
+                format!("{what} at {}: {e}", self.base()),
             )
         })
     }
 
     async fn list(&self, run: &str) -> Result<(Vec<u64>, Vec<u64>)> {
-        let resp = self
-            .check(
-                self.client.get(self.url(run, None, None)).send().await,
-                "list",
-            )
+        #[derive(serde::Deserialize)]
+        struct Steps {
+            steps: Vec<u64>,
+            committed: Vec<u64>,
+        }
+        let s: Steps = self
+            .client
+            .get_json(&format!("/v1/peer/ckpt/{run}"))
             .await?;
-        let v: serde_json::Value = resp.json().await.map_err(|e| {
-            Error::new(
-                ErrorKind::Unavailable,
-                format!("peer {}: list: {e}", self.base),
-            )
-        })?;
-        let nums = |k: &str| -> Vec<u64> {
-            v[k].as_array()
-                .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
-                .unwrap_or_default()
-        };
-        Ok((nums("steps"), nums("committed")))
+        Ok((s.steps, s.committed))
+    }
+
+    async fn delete(&self, run: &str, step: u64) -> Result<()> {
+        let req = self.client.request(
+            strata_client::Method::DELETE,
+            self.url(run, Some(step), None),
+        );
+        self.client.send(req, "peer DELETE").await.map(|_| ())
     }
 }
 
@@ -219,7 +190,7 @@ impl Tier {
         match self {
             Tier::Local(p) => format!("local {}", p.display()),
             Tier::Remote(b) => format!("remote {}", b.id()),
-            Tier::Peer(p) => format!("peer {}", p.base),
+            Tier::Peer(p) => format!("peer {}", p.base()),
         }
     }
 
@@ -267,7 +238,7 @@ impl Tier {
                 }
                 let sum = h.finalize().to_hex().to_string();
                 failpoint("ckpt-peer-send")?;
-                let body = reqwest::Body::wrap_stream(futures::stream::iter(
+                let body = strata_client::Body::wrap_stream(futures::stream::iter(
                     chunks.into_iter().map(Ok::<_, std::io::Error>),
                 ));
                 p.put(run, step, &file, body, Some(&sum)).await?;
@@ -439,7 +410,7 @@ impl Tier {
                 .map_err(|e| Error::internal(e.to_string()))?
             }
             Tier::Peer(p) => {
-                p.put(run, step, &file, reqwest::Body::from(text), None)
+                p.put(run, step, &file, strata_client::Body::from(text), None)
                     .await
             }
             Tier::Remote(b) => {
@@ -494,8 +465,14 @@ impl Tier {
             }
             Tier::Peer(p) => {
                 failpoint("ckpt-manifest-write")?;
-                p.put(&m.run_id, m.step, MANIFEST, reqwest::Body::from(text), None)
-                    .await
+                p.put(
+                    &m.run_id,
+                    m.step,
+                    MANIFEST,
+                    strata_client::Body::from(text),
+                    None,
+                )
+                .await
             }
             Tier::Remote(b) => {
                 failpoint("ckpt-manifest-write")?;
@@ -637,10 +614,7 @@ impl Tier {
                 .await
                 .map_err(|e| Error::internal(e.to_string()))?
             }
-            Tier::Peer(p) => {
-                let r = p.client.delete(p.url(run, Some(step), None)).send().await;
-                p.check(r, "DELETE").await.map(|_| ())
-            }
+            Tier::Peer(p) => p.delete(run, step).await,
             Tier::Remote(b) => {
                 let prefix = format!("{run}/{}/", step_dir(step));
                 match b.delete(ctx, &format!("{prefix}{MANIFEST}")).await {

@@ -6,7 +6,9 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use crate::{ApiArgs, api_base, api_client, check};
+use strata_client::Method;
+
+use crate::{ApiArgs, api_client, reached};
 
 /// `--json` and the API location, shared by every operator command.
 #[derive(Debug, Args, Clone)]
@@ -328,45 +330,33 @@ pub fn parse_secs(s: &str) -> Result<i64> {
 }
 
 struct Api {
-    base: String,
-    client: reqwest::Client,
+    client: strata_client::AgentClient,
 }
 
 impl Api {
     fn new(a: &ApiArgs) -> Result<Self> {
         Ok(Self {
-            base: api_base(a),
             client: api_client(a)?,
         })
     }
 
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> Result<Value> {
-        let mut req = self.client.request(method, format!("{}{path}", self.base));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req
-            .send()
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value> {
+        self.client
+            .json(method, path, body.as_ref())
             .await
-            .with_context(|| format!("is `strata serve` running? could not reach {}", self.base))?;
-        Ok(check(resp).await?.json().await?)
+            .map_err(|e| reached(e, self.client.base()))
     }
     async fn get(&self, path: &str) -> Result<Value> {
-        self.call(reqwest::Method::GET, path, None).await
+        self.call(Method::GET, path, None).await
     }
     async fn post(&self, path: &str, body: Value) -> Result<Value> {
-        self.call(reqwest::Method::POST, path, Some(body)).await
+        self.call(Method::POST, path, Some(body)).await
     }
     async fn put(&self, path: &str, body: Value) -> Result<Value> {
-        self.call(reqwest::Method::PUT, path, Some(body)).await
+        self.call(Method::PUT, path, Some(body)).await
     }
     async fn delete(&self, path: &str) -> Result<Value> {
-        self.call(reqwest::Method::DELETE, path, None).await
+        self.call(Method::DELETE, path, None).await
     }
 }
 

@@ -455,28 +455,27 @@ async fn serve(a: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// An HTTP client that presents the API token: `--token`/`STRATA_TOKEN`, else the local agent's
+/// A client of the agent that presents the API token: `--token`/`STRATA_TOKEN`, else the local agent's
 /// `<data-dir>/admin-token`.
-fn api_client(a: &ApiArgs) -> Result<reqwest::Client> {
-    let token = a.token.clone().or_else(|| {
-        let dir = a
-            .data_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("./.strata"));
-        std::fs::read_to_string(strata_server::control::admin_token_file(&dir))
-            .ok()
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())
-    });
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(t) = token {
-        let v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
-            .context("the token contains characters that cannot be sent in a header")?;
-        headers.insert(reqwest::header::AUTHORIZATION, v);
+fn api_client(a: &ApiArgs) -> Result<strata_client::AgentClient> {
+    let dir = a
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("./.strata"));
+    let opts = strata_client::ClientOptions {
+        token: strata_client::token::discover(a.token.clone(), Some(&dir)),
+        ..Default::default()
+    };
+    Ok(strata_client::AgentClient::new(&api_base(a), &opts)?)
+}
+
+/// An error of the agent's wire as the CLI reports it: when the agent could not be reached at all, a hint.
+fn reached(e: strata_types::Error, base: &str) -> anyhow::Error {
+    if e.kind() == strata_types::ErrorKind::Unavailable && !e.message().contains("(HTTP ") {
+        anyhow::anyhow!("is `strata serve` running? could not reach {base}: {e}")
+    } else {
+        anyhow::Error::new(e)
     }
-    Ok(reqwest::Client::builder()
-        .default_headers(headers)
-        .build()?)
 }
 
 /// A URL with its password replaced by `***`.
@@ -505,18 +504,6 @@ fn api_base(a: &ApiArgs) -> String {
         .unwrap_or_else(|| "http://127.0.0.1:7070".into())
 }
 
-async fn check(resp: reqwest::Response) -> Result<reqwest::Response> {
-    if resp.status().is_success() {
-        return Ok(resp);
-    }
-    let status = resp.status();
-    let body: serde_json::Value = resp.json().await.unwrap_or_default();
-    match body.get("message").and_then(|m| m.as_str()) {
-        Some(m) => bail!("{m} (HTTP {status})"),
-        None => bail!("the agent answered HTTP {status}"),
-    }
-}
-
 async fn cache(c: CacheCommand) -> Result<()> {
     let client = match &c {
         CacheCommand::Stats { api, .. }
@@ -524,15 +511,13 @@ async fn cache(c: CacheCommand) -> Result<()> {
         | CacheCommand::Pin { api, .. }
         | CacheCommand::Unpin { api, .. } => api_client(api)?,
     };
+    let base = client.base().to_string();
     match c {
-        CacheCommand::Stats { json, api } => {
-            let base = api_base(&api);
-            let resp = client
-                .get(format!("{base}/v1/cache"))
-                .send()
+        CacheCommand::Stats { json, .. } => {
+            let stats: serde_json::Value = client
+                .get_json("/v1/cache")
                 .await
-                .with_context(|| format!("is `strata serve` running? could not reach {base}"))?;
-            let stats: serde_json::Value = check(resp).await?.json().await?;
+                .map_err(|e| reached(e, &base))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&stats)?);
                 return Ok(());
@@ -544,39 +529,35 @@ async fn cache(c: CacheCommand) -> Result<()> {
             location,
             concurrency,
             quiet,
-            api,
-        } => warm(&client, &api_base(&api), &location, concurrency, quiet).await,
+            ..
+        } => warm(&client, &location, concurrency, quiet).await,
         CacheCommand::Pin {
-            location,
-            warm: w,
-            api,
+            location, warm: w, ..
         } => {
-            let base = api_base(&api);
-            let resp = client
-                .post(format!("{base}/v1/cache/pin"))
-                .json(&serde_json::json!({ "location": location }))
-                .send()
+            let r: serde_json::Value = client
+                .post_json(
+                    "/v1/cache/pin",
+                    &serde_json::json!({ "location": location }),
+                )
                 .await
-                .with_context(|| format!("could not reach {base}"))?;
-            let r: serde_json::Value = check(resp).await?.json().await?;
+                .map_err(|e| reached(e, &base))?;
             println!(
                 "pinned {location}: {} cached blocks pinned, {} refused (pinned-bytes cap)",
                 r["pinned_blocks"], r["refused_blocks"]
             );
             if w {
-                warm(&client, &base, &location, 16, false).await?;
+                warm(&client, &location, 16, false).await?;
             }
             Ok(())
         }
-        CacheCommand::Unpin { location, api } => {
-            let base = api_base(&api);
-            let resp = client
-                .post(format!("{base}/v1/cache/unpin"))
-                .json(&serde_json::json!({ "location": location }))
-                .send()
+        CacheCommand::Unpin { location, .. } => {
+            let r: serde_json::Value = client
+                .post_json(
+                    "/v1/cache/unpin",
+                    &serde_json::json!({ "location": location }),
+                )
                 .await
-                .with_context(|| format!("could not reach {base}"))?;
-            let r: serde_json::Value = check(resp).await?.json().await?;
+                .map_err(|e| reached(e, &base))?;
             if r["removed"].as_bool() == Some(true) {
                 println!("unpinned {location}");
                 Ok(())
@@ -650,19 +631,18 @@ fn print_stats(s: &serde_json::Value) {
 }
 
 async fn warm(
-    client: &reqwest::Client,
-    base: &str,
+    client: &strata_client::AgentClient,
     location: &str,
     concurrency: u16,
     quiet: bool,
 ) -> Result<()> {
+    let req = client
+        .request(strata_client::Method::POST, client.url("/v1/cache/warm"))
+        .json(&serde_json::json!({ "location": location, "concurrency": concurrency }));
     let resp = client
-        .post(format!("{base}/v1/cache/warm"))
-        .json(&serde_json::json!({ "location": location, "concurrency": concurrency }))
-        .send()
+        .send(req, "warm-up")
         .await
-        .with_context(|| format!("is `strata serve` running? could not reach {base}"))?;
-    let resp = check(resp).await?;
+        .map_err(|e| reached(e, client.base()))?;
     let bar = if quiet {
         indicatif::ProgressBar::hidden()
     } else {

@@ -25,14 +25,3 @@ pub use format::mds::Value;
 pub use order::{EpochOrder, Partition, Shuffle, TailPolicy, auto_cache_bytes, auto_window};
 pub use source::{AgentSource, LocalSource, Source};
 pub use stream::{Fetched, Loader, LoaderOptions, SampleStream, StreamStats};
-
-/// Headers every request to an agent carries: the bearer token from `STRATA_TOKEN`, if set.
-pub(crate) fn agent_headers() -> reqwest::header::HeaderMap {
-    let mut h = reqwest::header::HeaderMap::new();
-    if let Some(v) = strata_types::agent_authorization()
-        .and_then(|v| reqwest::header::HeaderValue::from_str(&v).ok())
-    {
-        h.insert(reqwest::header::AUTHORIZATION, v);
-    }
-    h
-}

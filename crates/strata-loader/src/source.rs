@@ -19,9 +19,8 @@ use crate::dataset::Shard;
 /// fetched from the origin once per node.
 #[derive(Debug, Clone)]
 pub struct AgentSource {
-    client: reqwest::Client,
-    /// `http://host:port` of the agent's API.
-    api: String,
+    /// The agent's API.
+    client: strata_client::AgentClient,
     /// Dataset URL as the agent resolves it (`s3://bucket/prefix`, or a configured backend's URL or name).
     root: String,
     /// The backend itself, for listing a dataset that has no index (the agent has no listing API).
@@ -81,16 +80,14 @@ fn check_version(shard: &Shard, meta: &ObjectMeta) -> Result<()> {
 }
 
 impl AgentSource {
-    /// A source reading `root` through the agent whose API listens at `api` (`http://127.0.0.1:7070`).
+    /// A source reading `root` through the agent whose API listens at `api` (`http://127.0.0.1:7070`), with
+    /// the token from the environment.
     pub fn new(api: &str, root: &str, lister: Option<Backend>) -> Result<Self> {
-        let client = reqwest::Client::builder()
-            .pool_max_idle_per_host(64)
-            .default_headers(crate::agent_headers())
-            .build()
-            .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
         Ok(Self {
-            client,
-            api: api.trim_end_matches('/').to_string(),
+            client: strata_client::AgentClient::new(
+                api,
+                &strata_client::ClientOptions::from_env(),
+            )?,
             root: root.to_string(),
             lister,
             region: None,
@@ -107,11 +104,8 @@ impl AgentSource {
 
     fn url(&self, route: &str, key: &str) -> Result<url::Url> {
         let location = join(&self.root, key);
-        url::Url::parse_with_params(
-            &format!("{}{route}", self.api),
-            [("location", location.as_str())],
-        )
-        .map_err(|e| Error::invalid_input(format!("agent URL {}: {e}", self.api)))
+        self.client
+            .url_with(route, &[("location", location.as_str())])
     }
 
     /// Ask the agent to start fetching `range` of `key` into its cache (`POST /v1/prefetch`).
@@ -121,24 +115,15 @@ impl AgentSource {
         }
         let mut req = self
             .client
-            .post(self.url("/v1/prefetch", key)?)
+            .request(strata_client::Method::POST, self.url("/v1/prefetch", key)?)
             .header("range", format!("bytes={}-{}", range.start, range.end - 1));
         if let Some(job) = &ctx.job {
             req = req.header("x-strata-job", job.as_ref());
         }
-        let resp = req.send().await.map_err(|e| {
-            Error::new(
-                ErrorKind::Unavailable,
-                format!("agent at {}: {e}", self.api),
-            )
-        })?;
-        if !resp.status().is_success() {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!("agent prefetch of {key}: {}", resp.status()),
-            ));
-        }
-        Ok(())
+        self.client
+            .send(req, &format!("prefetch of {key}"))
+            .await
+            .map(|_| ())
     }
 
     async fn get(
@@ -149,7 +134,9 @@ impl AgentSource {
         sample: bool,
     ) -> Result<(Option<String>, u64, Bytes)> {
         let location = join(&self.root, key);
-        let mut req = self.client.get(self.url("/v1/read", key)?);
+        let mut req = self
+            .client
+            .request(strata_client::Method::GET, self.url("/v1/read", key)?);
         if let Some(job) = &ctx.job {
             req = req.header("x-strata-job", job.as_ref());
         }
@@ -159,27 +146,10 @@ impl AgentSource {
             }
             req = req.header("range", format!("bytes={}-{}", r.start, r.end - 1));
         }
-        let resp = req.send().await.map_err(|e| {
-            Error::new(
-                ErrorKind::Unavailable,
-                format!("agent at {}: {e}", self.api),
-            )
-        })?;
-        let status = resp.status();
-        if !status.is_success() {
-            let kind = match status.as_u16() {
-                404 => ErrorKind::NotFound,
-                400 | 416 => ErrorKind::InvalidInput,
-                412 => ErrorKind::PreconditionFailed,
-                403 => ErrorKind::PermissionDenied,
-                _ => ErrorKind::Unavailable,
-            };
-            let body = resp.text().await.unwrap_or_default();
-            return Err(Error::new(
-                kind,
-                format!("agent read of {location}: {status}: {body}"),
-            ));
-        }
+        let resp = self
+            .client
+            .send(req, &format!("read of {location}"))
+            .await?;
         let etag = resp
             .headers()
             .get("etag")
@@ -191,7 +161,7 @@ impl AgentSource {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.rsplit('/').next())
             .and_then(|v| v.parse().ok());
-        let failed = |e: reqwest::Error| {
+        let failed = |e: strata_client::reqwest::Error| {
             Error::new(
                 ErrorKind::Unavailable,
                 format!("agent read of {location}: {e}"),

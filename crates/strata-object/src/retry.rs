@@ -49,8 +49,30 @@ impl RetryPolicy {
         Duration::from_nanos(rand::rng().random_range(0..=nanos))
     }
 
-    /// Run `f` until it succeeds, fails with a non-retryable error, or the retries run out.
-    pub async fn run<T, F, Fut>(&self, telemetry: &Telemetry, op: Op, mut f: F) -> Result<T>
+    /// Run `f` until it succeeds, fails with a non-retryable error, or the retries run out; each retry is
+    /// counted in `telemetry` under `op`.
+    pub async fn run<T, F, Fut>(&self, telemetry: &Telemetry, op: Op, f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        self.run_observed(
+            |e, attempt| {
+                telemetry.record_retry(op, e.kind());
+                tracing::debug!(op = op.as_str(), attempt, error = %e, "retrying backend operation");
+            },
+            f,
+        )
+        .await
+    }
+
+    /// [`RetryPolicy::run`] for callers that are not backends (the agent's clients): `on_retry` sees each
+    /// retried error and the retry's number before the delay.
+    pub async fn run_observed<T, F, Fut>(
+        &self,
+        mut on_retry: impl FnMut(&strata_types::Error, u32),
+        mut f: F,
+    ) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
@@ -61,8 +83,7 @@ impl RetryPolicy {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is_retryable() && attempt < self.max_retries => {
                     attempt += 1;
-                    telemetry.record_retry(op, e.kind());
-                    tracing::debug!(op = op.as_str(), attempt, error = %e, "retrying backend operation");
+                    on_retry(&e, attempt);
                     tokio::time::sleep(self.backoff(attempt)).await;
                 }
                 Err(e) => {

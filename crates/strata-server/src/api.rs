@@ -41,21 +41,10 @@ impl From<Error> for ApiError {
     }
 }
 
-/// The HTTP status for an error kind.
+/// The HTTP status for an error kind ([`strata_client::wire::status_of`], the table clients read back).
 pub fn status_of(kind: ErrorKind) -> StatusCode {
-    match kind {
-        ErrorKind::NotFound => StatusCode::NOT_FOUND,
-        ErrorKind::InvalidInput | ErrorKind::Config => StatusCode::BAD_REQUEST,
-        ErrorKind::PreconditionFailed => StatusCode::PRECONDITION_FAILED,
-        ErrorKind::AlreadyExists => StatusCode::CONFLICT,
-        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
-        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
-        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
-        ErrorKind::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    }
+    StatusCode::from_u16(strata_client::wire::status_of(kind))
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 impl IntoResponse for ApiError {
@@ -64,12 +53,7 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!(error = %self.0, "request failed");
         }
-        let body = serde_json::json!({
-            "error": self.0.kind().as_str(),
-            "message": self.0.message(),
-            "retryable": self.0.is_retryable(),
-        });
-        (status, Json(body)).into_response()
+        (status, Json(strata_client::wire::ErrorBody::of(&self.0))).into_response()
     }
 }
 

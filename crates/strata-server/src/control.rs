@@ -42,10 +42,8 @@ use crate::api::ApiError;
 type ApiResult<T> = std::result::Result<T, ApiError>;
 type Json = axum::Json<serde_json::Value>;
 
-/// Where a generated administrator token is written.
-pub fn admin_token_file(data_dir: &Path) -> std::path::PathBuf {
-    data_dir.join("admin-token")
-}
+/// Where a generated administrator token is written (where clients look for it too).
+pub use strata_client::token::admin_token_file;
 
 /// Make sure the catalog has an administrator: `STRATA_ADMIN_TOKEN` if set (shared by the agents of a
 /// cluster), else a generated token written to `<data_dir>/admin-token` (mode 0600) on first start.

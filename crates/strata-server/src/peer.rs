@@ -298,6 +298,8 @@ async fn handoff(
         rank: req.rank,
         state: "pending".into(),
         error: None,
+        error_kind: None,
+        retryable: false,
     };
     agent.handoffs().set(pending.clone());
     let running = agent.handoffs().running.clone();
@@ -316,6 +318,8 @@ async fn handoff(
                 HandoffStatus {
                     state: "failed".into(),
                     error: Some(e.to_string()),
+                    error_kind: Some(e.kind().as_str().into()),
+                    retryable: e.is_retryable(),
                     ..pending
                 }
             }

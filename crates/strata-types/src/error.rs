@@ -44,6 +44,32 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 16] = [
+        ErrorKind::NotFound,
+        ErrorKind::AlreadyExists,
+        ErrorKind::PreconditionFailed,
+        ErrorKind::InvalidInput,
+        ErrorKind::Config,
+        ErrorKind::PermissionDenied,
+        ErrorKind::Unauthenticated,
+        ErrorKind::Unavailable,
+        ErrorKind::Timeout,
+        ErrorKind::Io,
+        ErrorKind::NoSpace,
+        ErrorKind::Corrupt,
+        ErrorKind::Unsupported,
+        ErrorKind::Cancelled,
+        ErrorKind::ResourceExhausted,
+        ErrorKind::Internal,
+    ];
+
+    /// The kind named by [`ErrorKind::as_str`], as read back from a wire (`None` for a name this build does
+    /// not know).
+    pub fn parse(name: &str) -> Option<ErrorKind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
     /// Whether errors of this kind are usually transient. [`Error::is_retryable`] is the authority for a given
     /// error; this is the default used by [`Error::new`].
     pub fn default_retryable(self) -> bool {
@@ -226,6 +252,14 @@ mod tests {
                 .with_retryable(true)
                 .is_retryable()
         );
+    }
+
+    #[test]
+    fn every_kind_parses_back_from_its_name() {
+        for k in ErrorKind::ALL {
+            assert_eq!(ErrorKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(ErrorKind::parse("no_such_kind"), None);
     }
 
     #[test]

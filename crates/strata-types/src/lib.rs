@@ -19,22 +19,6 @@ pub use event::{IoContext, IoEvent, Op, Outcome, Tier};
 pub use ids::{BlockKey, ObjectAttrs, ObjectId, ObjectMeta, validate_key};
 pub use size::ByteSize;
 
-/// The bearer token clients present to a Strata agent's API: `STRATA_TOKEN` from the environment, if set.
-/// (Every agent route but `/healthz` needs one; see `strata token create`.)
-pub fn agent_token() -> Option<String> {
-    std::env::var("STRATA_TOKEN")
-        .ok()
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty())
-}
-
-/// `Authorization: Bearer <token>` for [`agent_token`], as a header value (None if unset or not ASCII).
-pub fn agent_authorization() -> Option<String> {
-    agent_token()
-        .filter(|t| t.is_ascii() && !t.contains(['\r', '\n']))
-        .map(|t| format!("Bearer {t}"))
-}
-
 /// Percent-encode `s` for one URL path segment or query value (everything but `A-Za-z0-9-_.~`).
 pub fn encode_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());

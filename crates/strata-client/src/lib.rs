@@ -1,0 +1,233 @@
+//! The agent's wire, written once.
+//!
+//! Every client of a Strata agent (the CLI, the loader's agent source, the checkpoint peer tier, the
+//! checkpoint quota gate) talks to it through [`AgentClient`]:
+//!
+//! - [`wire`]: the error body every agent route answers a failure with (`{"error": kind, "message",
+//!   "retryable"}`), the status each [`ErrorKind`] is answered with, and [`wire::error_from_response`], which
+//!   reads an [`Error`] back with its kind and retryable flag. The server serialises the same [`wire::ErrorBody`],
+//!   so the two ends cannot drift; a body that is not Strata's (a proxy's 502) falls back to the status.
+//! - [`token`]: where a client's bearer token comes from (`STRATA_TOKEN`, else the local agent's
+//!   `<data-dir>/admin-token`); the only place a client reads the environment.
+//! - [`AgentClient`]: base URL, the token as a default header, timeouts, and retries of idempotent requests
+//!   through [`strata_object::RetryPolicy`] (only errors whose retryable flag is set are tried again, so a
+//!   corrupt replica or a refused quota fails at once).
+//!
+//! Transport failures (connection refused, reset, a body cut short) are [`ErrorKind::Unavailable`] and
+//! retryable; everything the agent answered keeps the kind it sent.
+
+pub mod token;
+pub mod wire;
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use strata_object::RetryPolicy;
+use strata_types::{Error, ErrorKind, Result};
+
+pub use reqwest::{self, Body, Method, RequestBuilder, Response};
+
+/// How an [`AgentClient`] connects.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Bearer token presented on every request (see [`token`]). `None` sends none (only `/healthz` and
+    /// `/openapi.json` answer then).
+    pub token: Option<String>,
+    /// Longest wait for a TCP connection. Default 5 s.
+    pub connect_timeout: Duration,
+    /// Longest a whole request may take, body included; `None` (the default) for none, as streamed reads and
+    /// warm-ups of large prefixes may run for long.
+    pub timeout: Option<Duration>,
+    /// Idle connections kept per agent. Default 64 (a loader keeps many reads in flight).
+    pub pool_max_idle_per_host: usize,
+    /// Retries of idempotent requests ([`AgentClient::send_retried`]).
+    pub retry: RetryPolicy,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            token: None,
+            connect_timeout: Duration::from_secs(5),
+            timeout: None,
+            pool_max_idle_per_host: 64,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Defaults with the token from the environment ([`token::from_env`]).
+    pub fn from_env() -> Self {
+        Self {
+            token: token::from_env(),
+            ..Self::default()
+        }
+    }
+}
+
+/// A client of one agent's API.
+#[derive(Debug, Clone)]
+pub struct AgentClient {
+    base: String,
+    http: reqwest::Client,
+    retry: RetryPolicy,
+}
+
+impl AgentClient {
+    /// A client of the agent whose API is at `api` (`http://node7:7070`, or `node7:7070`).
+    pub fn new(api: &str, opts: &ClientOptions) -> Result<Self> {
+        let base = if api.contains("://") {
+            api.to_string()
+        } else {
+            format!("http://{api}")
+        };
+        url::Url::parse(&base)
+            .map_err(|e| Error::invalid_input(format!("agent address {api:?}: {e}")))?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = &opts.token {
+            let v =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
+                    Error::invalid_input(
+                        "the API token contains characters that cannot be sent in a header",
+                    )
+                })?;
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(opts.connect_timeout)
+            .pool_max_idle_per_host(opts.pool_max_idle_per_host)
+            .default_headers(headers);
+        if let Some(t) = opts.timeout {
+            b = b.timeout(t);
+        }
+        let http = b
+            .build()
+            .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            base: base.trim_end_matches('/').to_string(),
+            http,
+            retry: opts.retry,
+        })
+    }
+
+    /// The agent's address (`http://host:port`, no trailing slash).
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The URL of `path` (which starts with `/`) on this agent.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// The URL of `path` with query parameters, percent-encoded.
+    pub fn url_with(&self, path: &str, query: &[(&str, &str)]) -> Result<url::Url> {
+        url::Url::parse_with_params(&self.url(path), query)
+            .map_err(|e| Error::invalid_input(format!("agent URL {}{path}: {e}", self.base)))
+    }
+
+    /// A request to `url` (from [`AgentClient::url`] or [`AgentClient::url_with`]) carrying the token.
+    pub fn request(&self, method: Method, url: impl reqwest::IntoUrl) -> RequestBuilder {
+        self.http.request(method, url)
+    }
+
+    /// Send `req`: a transport failure is [`ErrorKind::Unavailable`], an answer outside 2xx the agent's own
+    /// error read back by [`wire::error_from_response`]; `what` names the operation in messages.
+    pub async fn send(&self, req: RequestBuilder, what: &str) -> Result<Response> {
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| transport(&self.base, what, e))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let body = resp.bytes().await.unwrap_or_default();
+        Err(wire::error_from_response(status.as_u16(), &body)
+            .context(format!("{what} at {}", self.base)))
+    }
+
+    /// [`AgentClient::send`] of the request `build` makes, retried through the policy while the error is
+    /// retryable. Only for idempotent requests whose body can be made again.
+    pub async fn send_retried(
+        &self,
+        what: &str,
+        build: impl Fn() -> RequestBuilder,
+    ) -> Result<Response> {
+        self.retry
+            .run_observed(
+                |e, attempt| tracing::debug!(attempt, error = %e, "retrying a request to the agent"),
+                || self.send(build(), what),
+            )
+            .await
+    }
+
+    /// `method path` with an optional JSON body; the JSON answer (`null` for an empty one).
+    pub async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+    ) -> Result<T> {
+        let what = format!("{method} {path}");
+        let make = || {
+            let r = self.request(method.clone(), self.url(path));
+            match body {
+                Some(b) => r.json(b),
+                None => r,
+            }
+        };
+        let resp = if method == Method::GET {
+            self.send_retried(&what, make).await?
+        } else {
+            self.send(make(), &what).await?
+        };
+        read_json(resp, &what).await
+    }
+
+    /// `GET path`, retried; the JSON answer.
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.json(Method::GET, path, None::<&()>).await
+    }
+
+    /// `POST path` with a JSON body; the JSON answer.
+    pub async fn post_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &(impl Serialize + ?Sized),
+    ) -> Result<T> {
+        self.json(Method::POST, path, Some(body)).await
+    }
+}
+
+/// The JSON body of `resp` (`null` when it is empty).
+pub async fn read_json<T: DeserializeOwned>(resp: Response, what: &str) -> Result<T> {
+    let bytes = resp.bytes().await.map_err(|e| {
+        Error::new(
+            ErrorKind::Unavailable,
+            format!("{what}: reading the answer: {e}"),
+        )
+    })?;
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"null"
+    } else {
+        &bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| {
+        Error::internal(format!(
+            "{what}: the agent's answer is not the JSON expected: {e}"
+        ))
+    })
+}
+
+/// A request that never got an answer.
+pub fn transport(base: &str, what: &str, e: reqwest::Error) -> Error {
+    let kind = if e.is_timeout() {
+        ErrorKind::Timeout
+    } else {
+        ErrorKind::Unavailable
+    };
+    Error::new(kind, format!("{what} at {base}: {e}")).with_source(e)
+}
