@@ -11,14 +11,15 @@
 #   (STRATA_TEST_POSTGRES_URL; STRATA_REQUIRE_POSTGRES=1 makes its absence a failure, not a skip).
 # - cargo fmt --check, cargo clippy -D warnings, a check of the feature-gated backends, and the whole
 #   workspace's tests; then the `strata` Python package is built from python/ (maturin, same target dir) and
-#   installed into .venv, and the Python tests (gateway and loader) run against it and the binary built above.
+#   installed into .venv, its type stubs are checked against the extension (mypy.stubtest), and the Python
+#   tests (gateway, loader, checkpoints, errors) run against it and the binary built above.
 # Safe to run again: the venv is reused when it already has everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf '\n==> %s\n' "$*"; }
 
-if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis, maturin, torch, webdataset, streaming' 2>/dev/null; then
+if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis, maturin, mypy, torch, webdataset, streaming' 2>/dev/null; then
   say "installing test tools into .venv"
   if ! python3 -m venv .venv 2>/dev/null; then
     # Debian's python3 ships venv separately.
@@ -67,6 +68,9 @@ say "the strata Python package: wheel built from python/ and installed into .ven
 rm -rf target/wheels
 .venv/bin/maturin build --quiet --locked -m python/Cargo.toml --target-dir target -o target/wheels
 .venv/bin/pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/strata-*.whl
+
+say "the extension's type stubs match it (mypy.stubtest)"
+.venv/bin/python -m mypy.stubtest --ignore-disjoint-bases --allowlist python/stubtest-allowlist.txt strata._native
 
 say "Python tests: the gateway with real S3 clients (boto3, aws cli, s5cmd); the loader (torch, webdataset, MDS)"
 STRATA_BIN="$PWD/target/debug/strata" .venv/bin/python -m pytest -q -W ignore::UserWarning tests/python

@@ -25,52 +25,72 @@ use strata_telemetry::Telemetry;
 use strata_types::{Error, ErrorKind, IoContext};
 
 pyo3::create_exception!(
-    _native,
+    strata._native,
     StrataError,
     PyException,
-    "Base class of Strata's errors."
-);
-pyo3::create_exception!(
-    _native,
-    NotFoundError,
-    StrataError,
-    "A dataset, shard or object does not exist."
-);
-pyo3::create_exception!(
-    _native,
-    CorruptDataError,
-    StrataError,
-    "A shard, index or manifest is malformed or truncated."
-);
-pyo3::create_exception!(
-    _native,
-    InvalidInputError,
-    StrataError,
-    "An argument is invalid."
-);
-pyo3::create_exception!(
-    _native,
-    ChangedError,
-    StrataError,
-    "An object changed after the index was built."
-);
-pyo3::create_exception!(
-    _native,
-    UnavailableError,
-    StrataError,
-    "The storage or agent could not be reached (retryable)."
+    "Base class of Strata's errors. `kind` names the error kind (as in the Rust core and the agent's wire), \
+     `retryable` says whether the same call may succeed if tried again."
 );
 
-fn to_py(e: Error) -> PyErr {
-    let msg = e.to_string();
-    match e.kind() {
-        ErrorKind::NotFound => NotFoundError::new_err(msg),
-        ErrorKind::Corrupt => CorruptDataError::new_err(msg),
-        ErrorKind::InvalidInput | ErrorKind::Config => InvalidInputError::new_err(msg),
-        ErrorKind::PreconditionFailed => ChangedError::new_err(msg),
-        ErrorKind::Unavailable | ErrorKind::Timeout => UnavailableError::new_err(msg),
-        _ => StrataError::new_err(msg),
-    }
+/// An exception class of one error kind: `(name, parent, kind, retryable by default, doc)`.
+macro_rules! kind_exceptions {
+    ($(($name:ident, $parent:ident, $kind:ident, $doc:literal)),* $(,)?) => {
+        $(pyo3::create_exception!(strata._native, $name, $parent, $doc);)*
+
+        /// The Python exception for `e`, with `kind` and `retryable` set on it.
+        fn to_py(e: Error) -> PyErr {
+            let msg = e.to_string();
+            let err = match e.kind() {
+                $(ErrorKind::$kind => $name::new_err(msg),)*
+                _ => InternalError::new_err(msg),
+            };
+            Python::attach(|py| {
+                let v = err.value(py);
+                let _ = v.setattr("kind", e.kind().as_str());
+                let _ = v.setattr("retryable", e.is_retryable());
+            });
+            err
+        }
+
+        /// Register every class, each with its kind and default retryability as class attributes (so that
+        /// an instance raised from Python, `InvalidInputError("...")`, has them too).
+        fn add_exceptions(m: &Bound<'_, PyModule>) -> PyResult<()> {
+            let py = m.py();
+            let base = py.get_type::<StrataError>();
+            base.setattr("kind", ErrorKind::Internal.as_str())?;
+            base.setattr("retryable", false)?;
+            m.add("StrataError", base)?;
+            $(
+                let t = py.get_type::<$name>();
+                t.setattr("kind", ErrorKind::$kind.as_str())?;
+                t.setattr("retryable", ErrorKind::$kind.default_retryable())?;
+                m.add(stringify!($name), t)?;
+            )*
+            Ok(())
+        }
+    };
+}
+
+kind_exceptions! {
+    (NotFoundError, StrataError, NotFound, "A dataset, shard, checkpoint or object does not exist."),
+    (AlreadyExistsError, StrataError, AlreadyExists, "A create-only write found something already there."),
+    (ChangedError, StrataError, PreconditionFailed,
+        "An object changed after the index was built (or a condition on its version did not hold)."),
+    (InvalidInputError, StrataError, InvalidInput, "An argument is invalid."),
+    (ConfigError, InvalidInputError, Config, "A configuration value is invalid."),
+    (PermissionDeniedError, StrataError, PermissionDenied, "The credentials may not do this."),
+    (UnauthenticatedError, StrataError, Unauthenticated, "Credentials are missing or invalid (STRATA_TOKEN)."),
+    (UnavailableError, StrataError, Unavailable, "The storage or agent could not be reached (retryable)."),
+    (TimedOutError, UnavailableError, Timeout, "The storage or agent took too long (retryable)."),
+    (StorageIOError, StrataError, Io, "A local I/O error."),
+    (NoSpaceError, StorageIOError, NoSpace, "A local device is full."),
+    (CorruptDataError, StrataError, Corrupt,
+        "Bytes failed verification: a shard, index, manifest or checkpoint is malformed, truncated or corrupt."),
+    (UnsupportedError, StrataError, Unsupported, "The storage does not support this operation."),
+    (OperationCancelledError, StrataError, Cancelled, "The operation was cancelled (usually by shutdown)."),
+    (ResourceExhaustedError, StrataError, ResourceExhausted,
+        "A bounded resource is exhausted: a quota, a budget, a queue."),
+    (InternalError, StrataError, Internal, "A bug or an unexpected state in Strata; the message has details."),
 }
 
 /// Per-process runtime and telemetry (recreated after a fork).
@@ -1505,12 +1525,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SaveHandle>()?;
     m.add_function(wrap_pyfunction!(index_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(metrics_text, m)?)?;
-    let py = m.py();
-    m.add("StrataError", py.get_type::<StrataError>())?;
-    m.add("NotFoundError", py.get_type::<NotFoundError>())?;
-    m.add("CorruptDataError", py.get_type::<CorruptDataError>())?;
-    m.add("InvalidInputError", py.get_type::<InvalidInputError>())?;
-    m.add("ChangedError", py.get_type::<ChangedError>())?;
-    m.add("UnavailableError", py.get_type::<UnavailableError>())?;
+    add_exceptions(m)?;
     Ok(())
 }

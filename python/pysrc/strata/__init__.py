@@ -5,6 +5,9 @@
 - :func:`index_dataset`: write a ``strata-manifest.json`` so jobs start without listing or scanning shards.
 - :class:`Checkpointer`: asynchronous sharded checkpoints, local tier then object store, verified restore.
 - :func:`metrics_text`: this process's metrics (loader samples and I/O stall time per rank) in Prometheus format.
+- Errors: :class:`StrataError` and one subclass per error kind of the Rust core (``NotFoundError``,
+  ``CorruptDataError``, ``UnavailableError``, ``ResourceExhaustedError``, ...); every instance has ``kind``
+  (the kind's name, as on the agent's wire) and ``retryable``.
 
 The bytes are moved and decoded by Strata's Rust core with the GIL released. When a Strata agent
 (``strata serve``) runs on the node and ``STRATA_AGENT`` names its API address, every rank reads through the
@@ -13,12 +16,23 @@ agent's shared cache; otherwise each process uses an in-process cache.
 
 from strata._native import (
     Buffer,
+    AlreadyExistsError,
     ChangedError,
+    ConfigError,
     CorruptDataError,
+    InternalError,
     InvalidInputError,
+    NoSpaceError,
     NotFoundError,
+    OperationCancelledError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    StorageIOError,
     StrataError,
+    TimedOutError,
+    UnauthenticatedError,
     UnavailableError,
+    UnsupportedError,
     index_dataset,
     metrics_text,
 )
@@ -34,8 +48,19 @@ __all__ = [
     "metrics_text",
     "StrataError",
     "NotFoundError",
-    "CorruptDataError",
-    "InvalidInputError",
+    "AlreadyExistsError",
     "ChangedError",
+    "InvalidInputError",
+    "ConfigError",
+    "PermissionDeniedError",
+    "UnauthenticatedError",
     "UnavailableError",
+    "TimedOutError",
+    "StorageIOError",
+    "NoSpaceError",
+    "CorruptDataError",
+    "UnsupportedError",
+    "OperationCancelledError",
+    "ResourceExhaustedError",
+    "InternalError",
 ]

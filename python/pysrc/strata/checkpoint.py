@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from strata import _native
+from strata import _dist, _native
 
 _NP_TO_ST = {
     "float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32", "int16": "I16",
@@ -237,8 +237,10 @@ class Checkpointer:
             an agent, the process does it all and waits for it at exit.
         self_peer: this node's agent's index in ``peers`` (default: the one equal to ``STRATA_AGENT``, else the
             one on this host name).
-        rank, world_size, local_world_size: default from ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE``, else 0,
-            1 and the world size. On one node (local world = world) rank 0 also commits the local tier; on
+        rank, world_size, local_world_size: default from the environment by the same rules as
+            :class:`strata.StreamingDataset` (``RANK`` / ``WORLD_SIZE``, else ``LOCAL_RANK`` /
+            ``LOCAL_WORLD_SIZE`` with ``NODE_RANK`` and ``NNODES``; the node's ranks from ``LOCAL_WORLD_SIZE``),
+            else 0, 1 and the world size. On one node (local world = world) rank 0 also commits the local tier; on
             several, the manifest lives on the peers and the object store.
         upload_every: upload every N-th save to the object store.
         keep_local, keep_remote: keep the newest N committed checkpoints per tier (0 keeps all);
@@ -283,10 +285,8 @@ class Checkpointer:
         peer_list = _resolve_peers(peers)
         if self_peer is None and peer_list:
             self_peer = _find_self(peer_list)
-        self.rank = int(env.get("RANK", "0")) if rank is None else rank
-        self.world_size = int(env.get("WORLD_SIZE", "1")) if world_size is None else world_size
-        local_world = (int(env.get("LOCAL_WORLD_SIZE", str(self.world_size))) if local_world_size is None
-                       else local_world_size)
+        self.rank, self.world_size = _dist.resolve_rank(rank, world_size)
+        local_world = _dist.local_world_size(self.world_size, local_world_size)
         os.makedirs(local_dir, exist_ok=True)
         self._native = _native.Checkpointer(
             run_id, local_dir, remote_url=remote_url, peers=peer_list, self_peer=self_peer, replicas=replicas,

@@ -6,7 +6,7 @@ import os
 import warnings
 from typing import Any, Iterator, Optional
 
-from strata import _native
+from strata import _dist, _native
 
 try:  # torch is optional: without it the dataset is a plain iterable.
     import torch.utils.data as _tud
@@ -135,16 +135,6 @@ except ImportError:  # pragma: no cover - multiprocessing is part of the standar
 STATE_VERSION = 1
 
 
-def _env_int(name: str) -> Optional[int]:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return None
-    try:
-        return int(v)
-    except ValueError as e:
-        raise _native.InvalidInputError(f"environment variable {name}={v!r} is not an integer") from e
-
-
 class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     """Samples of a WebDataset or MDS dataset, as dicts, in a seeded global order.
 
@@ -231,7 +221,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             agent = None
         if batch_size < 1:
             raise _native.InvalidInputError("batch_size must be at least 1")
-        self.rank, self.world_size = self._resolve_rank(rank, world_size)
+        self.rank, self.world_size = _dist.resolve_rank(rank, world_size)
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
@@ -268,23 +258,6 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._consumed = 0  # samples this rank consumed in-process this epoch
         self._last_stats: dict = {}
         self._iter: Optional[Any] = None
-
-    @staticmethod
-    def _resolve_rank(rank: Optional[int], world: Optional[int]) -> tuple[int, int]:
-        r = rank if rank is not None else _env_int("RANK")
-        w = world if world is not None else _env_int("WORLD_SIZE")
-        if r is None or w is None:
-            local_rank = _env_int("LOCAL_RANK")
-            local_world = _env_int("LOCAL_WORLD_SIZE")
-            node = _env_int("NODE_RANK") if _env_int("NODE_RANK") is not None else _env_int("GROUP_RANK")
-            if local_rank is not None and local_world is not None and r is None and w is None:
-                r = (node or 0) * local_world + local_rank
-                w = local_world * max(1, _env_int("NNODES") or _env_int("GROUP_WORLD_SIZE") or 1)
-        r = 0 if r is None else r
-        w = 1 if w is None else w
-        if w < 1 or not 0 <= r < w:
-            raise _native.InvalidInputError(f"rank {r} is not in a world of {w} ranks")
-        return r, w
 
     # -- sizes ---------------------------------------------------------------------------------------------
     @property

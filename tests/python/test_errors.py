@@ -1,0 +1,81 @@
+"""Errors as Python sees them: one exception class per error kind of the Rust core, each with `kind` and
+`retryable`, kept across the agent's wire and through pickling (DataLoader workers); one rank discovery for
+the loader and the checkpointer."""
+import pickle
+
+import pytest
+
+import strata
+from test_loader import upload_dir, write_wds
+
+# The kinds of the Rust core (strata_types::ErrorKind::as_str), each with its class.
+KINDS = {
+    "not_found": strata.NotFoundError,
+    "already_exists": strata.AlreadyExistsError,
+    "precondition_failed": strata.ChangedError,
+    "invalid_input": strata.InvalidInputError,
+    "config": strata.ConfigError,
+    "permission_denied": strata.PermissionDeniedError,
+    "unauthenticated": strata.UnauthenticatedError,
+    "unavailable": strata.UnavailableError,
+    "timeout": strata.TimedOutError,
+    "io": strata.StorageIOError,
+    "no_space": strata.NoSpaceError,
+    "corrupt": strata.CorruptDataError,
+    "unsupported": strata.UnsupportedError,
+    "cancelled": strata.OperationCancelledError,
+    "resource_exhausted": strata.ResourceExhaustedError,
+    "internal": strata.InternalError,
+}
+
+
+def test_one_class_per_kind_with_its_kind_and_default_retryability():
+    assert len(set(KINDS.values())) == len(KINDS)
+    for kind, cls in KINDS.items():
+        assert issubclass(cls, strata.StrataError)
+        assert cls.kind == kind
+        assert cls.retryable is (kind in ("unavailable", "timeout")), kind
+        e = cls("raised from Python")
+        assert (e.kind, e.retryable) == (kind, cls.retryable)
+    # Narrower kinds stay catchable as the broader ones they were before.
+    assert issubclass(strata.ConfigError, strata.InvalidInputError)
+    assert issubclass(strata.TimedOutError, strata.UnavailableError)
+    assert issubclass(strata.NoSpaceError, strata.StorageIOError)
+
+
+def test_an_error_from_the_core_carries_kind_and_retryable_through_pickling(tmp_path):
+    with pytest.raises(strata.NotFoundError) as e:
+        strata.StreamingDataset(str(tmp_path / "nothing-here"))
+    assert (e.value.kind, e.value.retryable) == ("not_found", False)
+    back = pickle.loads(pickle.dumps(e.value))
+    assert type(back) is strata.NotFoundError
+    assert (back.kind, back.retryable, str(back)) == ("not_found", False, str(e.value))
+
+
+def test_the_agent_s_refusal_keeps_its_kind(s3_env, gateway, tmp_path, monkeypatch):
+    """A forged token is `unauthenticated`, not a retryable `unavailable` (what the loader made of any status
+    it did not list)."""
+    d = write_wds(str(tmp_path / "errds"), 20, 10, seed=2)
+    upload_dir(s3_env, "gw-origin", "loader/errds", d)
+    assert strata.index_dataset("s3://gw-origin/loader/errds") == 20
+    monkeypatch.setenv("STRATA_TOKEN", "forged-token")
+    with pytest.raises(strata.StrataError) as e:
+        list(strata.StreamingDataset("s3://gw-origin/loader/errds", agent=gateway.api, cache="agent"))
+    assert type(e.value) is strata.UnauthenticatedError, repr(e.value)
+    assert (e.value.kind, e.value.retryable) == ("unauthenticated", False)
+
+
+def test_the_checkpointer_finds_its_rank_as_the_loader_does(tmp_path, monkeypatch):
+    for v in ("RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "NNODES", "GROUP_WORLD_SIZE"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("NODE_RANK", "1")
+    monkeypatch.setenv("NNODES", "2")
+    ck = strata.Checkpointer("run-rank", str(tmp_path / "ck"))
+    from strata import _dist
+
+    assert (ck.rank, ck.world_size) == _dist.resolve_rank() == (3, 4)
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(strata.InvalidInputError, match="RANK"):
+        strata.Checkpointer("run-rank", str(tmp_path / "ck"))
