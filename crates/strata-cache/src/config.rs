@@ -1,3 +1,9 @@
+//! The cache's knobs, [`CacheConfig`], validated in one place ([`CacheConfig::validate`]: each error names the
+//! field and its allowed range). The agent's `[cache]` section (`strata-server/src/config.rs`) resolves its
+//! machine-sized defaults into one; library users (the loader's in-process cache) start from
+//! [`CacheConfig::new`], whose metadata TTL is 0 (the agent's default is 60 s). The user-facing reference is
+//! `docs/configuration.md`.
+
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};

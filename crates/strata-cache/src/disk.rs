@@ -8,18 +8,26 @@
 //! | zeros up to the next multiple of 4096 | data
 //! ```
 //!
-//! Block files are written with direct I/O (`O_DIRECT`) where the file system allows it: a cache that copies
-//! every filled block into the page cache pays a kernel copy per byte (measured: about half the gateway's CPU
-//! during a cold read of large objects) and keeps a second copy of data the RAM tier already holds. Data goes
-//! through an aligned staging buffer in 1 MiB writes at aligned offsets (hence the padded header, written last
-//! with the checksum), the last write padded and the file then trimmed to its length. File systems without
-//! direct I/O (tmpfs) get the same layout through ordinary writes.
+//! Block files of 1 MiB and more are written with direct I/O (`O_DIRECT`) where the file system allows it: a
+//! cache that copies every filled block into the page cache pays a kernel copy per byte (about half the
+//! gateway's CPU during a cold read of large objects) and keeps a second copy of data the RAM tier already
+//! holds. Data that starts page-aligned (a block assembled in its own buffer: block pool, or a prefaulted
+//! fill buffer; the binary's jemalloc keeps large allocations page-aligned) goes to the file straight from
+//! that memory, 1 MiB at a time; anything else goes through an aligned staging buffer. Writes land at aligned
+//! offsets (hence the padded header, written last with the checksum), the last one padded and the file then
+//! trimmed to its length. Smaller blocks (small objects), and every block on file systems without direct I/O
+//! (tmpfs), get the same layout through the page cache: a direct write per small file is a synchronous device
+//! request, dearer than the copy it saves. Files are not fsynced: a block torn by a power loss fails its
+//! checksum on the next read.
 //!
 //! The index lives in memory and is rebuilt at start by reading every header: files with a bad header (an
-//! older format included) or the wrong length are removed, `tmp/` is emptied (partial writes from a crash).
-//! Checksums are verified on every read; a mismatch removes the file and counts a checksum failure. Any I/O
-//! error (EIO, ENOSPC, a file deleted underneath us) is a miss plus a counter, never a failed read: the disk
-//! tier is advisory.
+//! older format included), a key that does not match their name, or the wrong length are removed (counted in
+//! `removed_on_start`), `tmp/` is emptied (partial writes from a crash), and the LRU order is rebuilt from the
+//! files' mtimes. An index entry exists from the moment a write is reserved but is not `ready` until the file
+//! is in place, so lookups treat it as absent meanwhile. Checksums (and the length, before any buffer is
+//! made) are verified on every read; a mismatch removes the file and counts a checksum failure. Any I/O error
+//! (EIO, ENOSPC, a file deleted underneath us) is a miss plus a counter, never a failed read: the disk tier is
+//! advisory.
 
 use std::fs;
 use std::io::{Read, Seek};

@@ -4,25 +4,88 @@
 //! *version* and block index, so a changed object is never served from stale blocks.
 //!
 //! ```text
+//!  open ─▶ metadata cache (TTL, refresh-ahead, listings) ─▶ CachedObject (one version)
 //!  read(range) ─▶ readahead buffer ─▶ RAM tier ─▶ disk tier ─▶ single-flight fill ─▶ backend (ranged GET, If-Match)
 //!                                        ▲            ▲                 │
 //!                                        └────────────┴── admit ◀───────┘  (disk writes via a bounded, lossy queue)
 //! ```
 //!
 //! - **Tiers** ([`BlockCache`]): RAM (a map of `Bytes`) and disk ([`disk`] module: one checksummed file per
-//!   block). Both use the scan-resistant [`policy`] (LRU order + TinyLFU admission). The disk tier is advisory:
-//!   any error there is a miss plus a counter.
+//!   block). Both use the scan-resistant [`policy`] (CLOCK order + TinyLFU admission; warm-ups force admission
+//!   into the disk tier). The disk tier is advisory: any error there is a miss plus a counter. Every lookup
+//!   emits a `cache_lookup` event naming the tier that served it (or `miss`).
 //! - **Single-flight**: concurrent misses of one block share one backend read (a spawned task whose result is
-//!   shared), so 32 readers of a cold object cost one origin GET per block.
-//! - **Budget**: bytes being fetched are bounded by a global semaphore (`inflight_budget`). Demand reads wait
-//!   for it; readahead only uses what is free. Blocks waiting for the disk writers past the first few hold it
-//!   too (at most half), so a fill faster than the disk is still cached whole within the memory bound.
+//!   shared, so a reader that gives up does not cancel it for the others): 32 readers of a cold object cost
+//!   one origin GET per block.
+//! - **Budget**: bytes being fetched are bounded by a global semaphore counted in KiB (`inflight_budget`).
+//!   Prefetch runs, readahead and warm-ups are bounded strictly; a reader's own miss takes budget when it is
+//!   free but never waits for it (it may hold budget for blocks it prefetched, and readers waiting on each
+//!   other's budget would deadlock), so demand reads exceed the budget by at most one block per reader.
 //! - **Readahead** ([`CachedObject`]): a reader that moves forward block by block gets a window that doubles up
-//!   to `readahead_blocks`; prefetched blocks are held by the reader (and their budget with them) until used.
-//!   An open that reads more than one block from the object's start (a download in parts) reads the window
-//!   past its range with the same backend request.
+//!   to `readahead_blocks`, using only budget that is free; prefetched blocks are held by the reader (and their
+//!   budget with them) until used or dropped.
 //! - **Pinning**: a pinned prefix's blocks are never evicted from the pinning tier (disk when present); pinned
-//!   bytes are capped, and pins survive restarts (`pins.json` in the disk directory).
+//!   bytes are capped (`pinned_max_percent`), and pins survive restarts (`pins.json` in the disk directory).
+//!
+//! # Opening an object: the metadata cache
+//!
+//! [`BlockCache::open_object`] learns the object's version from a HEAD, or, within `metadata_ttl_ms`, from
+//! the metadata cache (local-directory backends trust it at most [`LOCAL_METADATA_TTL_MAX_MS`]; writers call
+//! [`BlockCache::invalidate`]). Entries are keyed by backend id, then key (looked up by `&str`, so a hit
+//! allocates nothing), keep the version's object state (id, first block's digest, last read mark), and are
+//! bounded (100,000: the map starts over when full).
+//!
+//! - **Refresh-ahead**: past a random point between half and three quarters of the TTL (so objects learned
+//!   together are not revalidated together), an open that uses an entry starts one background refresh
+//!   (at most 16 at once). A refresh renews the entry only if it is still the one it started from,
+//!   so a HEAD sent before a write can never bring the old version back after the write's invalidation.
+//! - **Listing refresh**: when the entry's directory (the key up to its last `/`) holds 16 or
+//!   more entries and the backend lists in key order, the refresh is one recursive listing of the directory
+//!   ([`strata_object::Backend::list_span`], at most 8 objects per entry, at least a
+//!   page). It renews every unversioned entry it confirms (same ETag, size and mtime) as of its start, drops
+//!   every entry it contradicts, drops the key if it passed it without it (deleted), leaves entries learned
+//!   after it started alone, and runs at most once per directory at a time; a directory whose listing stopped
+//!   at its limit before the key (a few entries over a large subtree) goes back to HEADs.
+//! - **Expired entries** of such a directory are revalidated the same way in the foreground: the open lists
+//!   1,000 objects from its key, or waits for the listing in flight (a `watch` whose sender
+//!   the listing's task drops), then uses the entry if the listing confirmed it, else sends a HEAD.
+//!
+//! [`BlockCache::open_object_reading`] instead learns the version of an object it has never seen from a GET
+//! of its first `upto` bytes ([`strata_object::Backend::get_head_stream`]: whole blocks, at most half the
+//! in-flight budget), returning once the response headers are in; the body feeds a fill run like any other.
+//! When `upto` is more than one block (a client downloading in parts), the same request also reads the
+//! readahead window past it. A one-block open reads one block, so it never holds budget for bytes it may not
+//! need.
+//!
+//! # Fills
+//!
+//! - [`CachedObject::prefetch`] starts the uncached blocks of a range as **runs**: one backend request per run
+//!   of consecutive blocks, up to half the in-flight budget (warm-ups: up to `max_request_size`).
+//! - Each block of a run is registered for single-flight separately and **resolves as soon as it has
+//!   arrived** (a oneshot per block), not when the whole run has. Warm-ups resolve a block once it is on disk.
+//! - Every ranged GET carries `If-Match` of the opened version and the response's ETag is checked: an object
+//!   changed since the open fails with `PreconditionFailed` instead of mixing versions. Short bodies are
+//!   errors. A run that fails midway is retried whole under the backend's retry policy; blocks completed
+//!   before the failure are already cached and correct.
+//! - Completed blocks go to the RAM tier (admission) and to the disk writers. Ordinary fills queue each whole
+//!   block (its buffer is page-aligned, so it reaches its file with `O_DIRECT` without a copy); the queue is
+//!   lossy: 8 blocks queue freely, past them a block holds its size of the in-flight budget
+//!   until written (at most half the budget in all: a queued block the RAM tier did not keep is memory
+//!   outside the tier), and with no budget or the queue full (`disk_write_queue`) it is dropped and counted.
+//!   Warm-ups instead stream each chunk to its block file as it arrives, waiting for the disk (backpressure).
+//! - Block buffers come from a pool of reused block-sized buffers (`pool.rs`), bounded by the unused budget.
+//!
+//! # Senders
+//!
+//! [`CachedObject::read_block`] hands out each block with its [`BudgetShare`] when it was fetched ahead or
+//! read from the disk tier (fresh memory, like a fill; waited for only when the reader holds no budget, else
+//! taken if free): a sender drops it once the connection has taken the block, so bytes on their way to slow
+//! clients stay inside the budget whether or not the RAM tier admitted them. [`CachedObject::read_cached`]
+//! serves a range inside one RAM-held block without readahead bookkeeping (the hot path of small GETs).
+//! [`CachedObject::mark_read`] rate-limits access-time records per object version.
+//!
+//! Every background task (fills, disk writers, disk streamers, refreshes, readahead) is tracked and stops on
+//! [`BlockCache::shutdown`].
 
 mod config;
 pub mod disk;

@@ -26,6 +26,14 @@
 //! choose up to the resolution of one pass.
 //!
 //! Pinned entries are outside the order and are never chosen as victims; pinned bytes are capped.
+//!
+//! An explicit warm-up forces admission (`force`: the operator asked for the data), bypassing the filter.
+//! Pinned bytes are capped at `pinned_max_percent` of the pinning tier (the disk tier when there is one, else
+//! RAM); a block of a pinned prefix past the cap is admitted unpinned.
+//!
+//! Entries are kept in a [`DigestMap`]: the keys are blake3 digests already, so they are hashed with a seeded
+//! multiply-fold of their words instead of SipHash (the per-process seed keeps clients that choose object keys
+//! from aiming entries at one bucket).
 
 use std::collections::BTreeMap;
 

@@ -10,6 +10,10 @@
 //! Bounded by the in-flight budget: a buffer coming back is kept only while the pool's buffers fit in the
 //! budget not in use and in half the whole budget, so pooled memory never stands in for bytes the budget
 //! would let in flight, and RSS stays within RAM tier + budget.
+//!
+//! A buffer goes back when the last `Bytes` of it is dropped (`Bytes::from_owner`), on whatever thread. Counted
+//! in `strata_cache_block_buffers_total{event="reused"|"allocated"|"released"}` and the gauge
+//! `strata_cache_block_pool_bytes`.
 
 use std::io::Read;
 use std::sync::Arc;

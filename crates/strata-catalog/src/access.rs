@@ -3,6 +3,11 @@
 //! A principal is an API bearer token or an S3 access key. It has a *home team* (its writes are attributed
 //! there) and memberships with a [`Role`] in any number of teams. A global admin may do anything; everyone else
 //! sees and changes only the teams they are members of.
+//!
+//! Bearer tokens are stored as blake3 hashes and shown once, at creation; S3 secrets are stored in clear
+//! (SigV4 verification needs them) and shown once too. The first start creates a global administrator
+//! (`bootstrap_admin`: a given token, else a generated one). The audit log records who changed what; the
+//! control plane writes a record for every change it makes.
 
 use serde::{Deserialize, Serialize};
 use sqlx::{FromRow, Row};

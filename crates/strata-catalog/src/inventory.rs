@@ -3,6 +3,11 @@
 //! Rows come from writes through Strata (attributed to the writing principal's team, its job and dataset) and
 //! from reconciliation scans of a backend (attributed by prefix ownership). Usage by team, prefix, job or
 //! dataset is a `GROUP BY` over this table; quotas' `used` counters are set from it by reconciliation.
+//!
+//! Prefix ownership: a prefix of a backend given to a team (normalized: literal, no empty, `.` or `..`
+//! segment, stored with a trailing `/`, so `team-a/` never covers `team-ab/`). The owner of a key is the team
+//! of the longest owned prefix it lies under ([`owner_in`]). Access times are batched by the agent and
+//! written with [`Catalog::touch`].
 
 use std::collections::BTreeMap;
 

@@ -7,6 +7,10 @@
 //! [`Catalog::commit_reservation`] moves the reservation into `used` (with the real size, which may differ);
 //! [`Catalog::release_reservation`] gives it back. A reservation whose writer died expires and is reaped.
 //!
+//! Lock order: every transaction on a team's counters first locks the team's `*` row (a no-op update takes
+//! the row lock on both databases), so two writers never wait on each other in a cycle on PostgreSQL.
+//! Scopes are a backend name, `cache`, `scratch`, `peer`, `ckpt`, or `*` for the team's total.
+//!
 //! Soft limits: once usage goes over the soft limit, `soft_since` is stamped; writes that stay over it are
 //! admitted until `soft_since + grace_secs`, then refused like the hard limit until usage drops under the soft
 //! limit again (which clears the stamp).

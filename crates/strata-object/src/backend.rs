@@ -1,3 +1,29 @@
+//! [`Backend`]: one storage system named by URL, on `object_store`, with Strata's errors, retries and events.
+//!
+//! - **Identity**: [`Backend::id`] is canonical (scheme, bucket, prefix and, for S3, the endpoint; never a
+//!   credential) and part of every cache key. A URL's prefix becomes a `PrefixStore`; a `file://` URL a
+//!   local directory (created if missing).
+//! - **Reads**: [`Backend::head`] asks with `get_opts(head: true)`, since `object_store`'s own `head` drops
+//!   the attributes. Ranged reads ([`Backend::get_range`], [`Backend::get_range_stream`]) are one retried
+//!   request, pinned to an ETag when asked; [`Backend::get_head_stream`] returns the metadata as soon as the
+//!   response headers are in and the bytes as they arrive (how the cache opens an object it has not seen
+//!   without a HEAD). The caller of a stream checks it got every byte and decides whether to retry a stream
+//!   that failed midway.
+//! - **Listings**: [`Backend::list_page`] (the gateway's pages) and [`Backend::list_span`] (a key range with a
+//!   limit: the cache's metadata refresh) stop once they have what they need on backends that list in key
+//!   order (object stores and the in-memory store; local directories are read to the end, sorted, then cut),
+//!   so paging through a prefix costs one listing of it in all, not one per page.
+//!   [`Backend::list_range`] lists disjoint key ranges in parallel (reconciliation). A listing offset is the
+//!   key itself, never percent-encoded: `Path::from` encodes `#`, `%`, `~` and control characters, which
+//!   moved the offset past keys sorting between a key and its encoding.
+//! - **Writes**: [`Backend::put_with`] and [`Backend::put_multipart_with`] (parts uploaded as data arrives, at
+//!   most 8 in flight, retried through the same policy; nothing visible until
+//!   [`MultipartUpload::complete`]). [`PutMode`] gives create-only and `If-Match` puts.
+//! - **Attributes on a local directory**: `object_store`'s file store refuses attributes, so they are kept as
+//!   JSON in the file's [`ATTRS_XATTR`] extended attribute, set once the write has completed. Files are
+//!   replaced, never rewritten, so an overwrite without attributes has none, and a server-side copy (a hard
+//!   link) shares them. A file system without user xattrs loses them, with one warning per process.
+
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;

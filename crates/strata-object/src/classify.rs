@@ -1,3 +1,7 @@
+//! Every failure of a backend call as a [`strata_types::Error`] with a kind and a retryable flag: HTTP
+//! statuses (5xx, 429 and 408 transient, the rest permanent), `object_store`'s error variants, transport
+//! errors. The retry policy and every caller above decide on the kind alone.
+
 use std::error::Error as StdError;
 
 use strata_types::{Error, ErrorKind};

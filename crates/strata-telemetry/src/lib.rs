@@ -9,6 +9,15 @@
 //!    and counts it in `strata_events_dropped_total`: telemetry is lossy under pressure, I/O never waits for it.
 //!
 //! Later analytics (heat maps, stall attribution, placement) subscribe with [`Telemetry::subscribe`].
+//! [`Telemetry::subscribe_ops`] takes the events of some ops only, which are then the only ones cloned for it
+//! (the agent's access-time drain takes backend GETs: a cache hit is not cloned into a channel it would be
+//! dropped from).
+//!
+//! The metric children of each (op, tier, outcome) are resolved once, on first use, not looked up by label per
+//! event (`with_label_values` hashes its labels and takes a lock: too much for every cache hit). Retries
+//! ([`Telemetry::record_retry`]) and loader progress ([`Metrics::record_loader`]) are counted here too. The
+//! cache's own state (usage, evictions, disk faults, fills) is not an event: the agent renders it from
+//! `CacheStats` at scrape time, after these families.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

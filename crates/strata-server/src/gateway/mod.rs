@@ -1,10 +1,37 @@
 //! The S3-compatible caching gateway.
 //!
-//! Built on `s3s` (S3 protocol parsing, SigV4 header and presigned-URL authentication). Buckets are the
-//! agent's configured backends, by name. Reads go through the tiered cache ([`strata_cache::CachedObject`]);
-//! writes go through to the backend and are visible to the next read at once (cache keys carry the object's
-//! version, and every GET looks the version up). Multipart uploads are staged on local disk ([`multipart`]) and
-//! reach the backend only on complete, as one atomic backend upload.
+//! Built on `s3s` (S3 protocol parsing, SigV4 header and presigned-URL authentication against
+//! [`tenancy::CatalogAuth`]: the configured keys, then the catalog's), served by hyper behind `ScopeCheck`,
+//! which refuses a request signed for another region or service (403 `SignatureDoesNotMatch`) before s3s
+//! parses it. Buckets are the agent's configured backends, by name. Every operation first maps the
+//! credentials to an `IoContext` (principal and team from the key, job from `x-strata-job`, else the key's
+//! `job`), the bucket to a backend, and validates the key; [`tenancy`] then decides ownership and quota.
+//! The user-facing page is `docs/gateway.md`.
+//!
+//! - **Reads** go through the tiered cache. A GET from byte 0 (or without a range) opens with
+//!   [`strata_cache::BlockCache::open_object_reading`], so a cold small object costs one origin request and
+//!   the first part of a large one too; a later range opens with `open_object` (HEAD, or the metadata TTL).
+//!   Then the conditional headers are checked against that version. A range inside one RAM-held block is
+//!   answered at once (`read_cached`); otherwise the range is `prefetch`ed as runs (waiting for budget for the
+//!   first run only) and streamed block by block through a one-block channel (`ChannelBody`): the body task
+//!   reads the next block only once the connection has taken the last, and each block's budget share is held
+//!   until then, so a sender holds at most two blocks and cold bytes on their way out stay inside the
+//!   in-flight budget. Access times are recorded once per object version and second.
+//! - **Listings** without a delimiter read one page through [`strata_object::Backend::list_page`]; `/`
+//!   delimited ones read the whole directory per page (object_store has no delimited listing from an
+//!   offset). Continuation tokens are the hex of the last key. Keys under prefixes the caller may not read are
+//!   removed from the page afterwards.
+//! - **Writes** go through to the backend: bodies up to 8 MiB are buffered and sent with one PUT, larger ones
+//!   stream as a backend multipart upload; Content-MD5 and `x-amz-checksum-*` (streaming trailers included)
+//!   are verified before the upload completes, and a mismatch aborts it, so nothing is visible. Every write
+//!   and delete invalidates the key's cached metadata, whatever happened at the backend: that is what makes
+//!   read-after-write hold with a metadata TTL. Multipart uploads are staged on local disk ([`multipart`])
+//!   and reach the backend only on complete, as one backend upload.
+//! - **Attributes** (Content-Type, Content-Encoding less `aws-chunked`, Content-Disposition,
+//!   Content-Language, Cache-Control, `x-amz-meta-*` up to 2 KiB) travel as [`strata_types::ObjectAttrs`]
+//!   with the write and back through the metadata cache to GET and HEAD; `response-*` parameters override them
+//!   per GET. CopyObject keeps the source's (server-side within a bucket, through the cache across buckets)
+//!   or, with `MetadataDirective: REPLACE`, takes the request's.
 //!
 //! Safety: every key is validated (`..`/`.` segments, empty segments, absolute keys, NUL and backslashes are
 //! refused) before any backend call; anonymous requests, unknown keys, bad signatures, clock skew over 15

@@ -6,6 +6,11 @@
 //! as one backend multipart upload that becomes visible atomically. A killed gateway leaves staged parts, which a
 //! retried complete or abort uses or removes, and which the agent deletes at start once older than
 //! [`STALE_AFTER`].
+//!
+//! An upload belongs to the access key that created it (another key gets `AccessDenied`), and to one bucket
+//! and key. Its `upload.json` keeps the attributes given to CreateMultipartUpload for the completed object.
+//! Complete checks the part order, their ETags and the 5 MiB minimum of every part but the last before
+//! anything is sent.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};

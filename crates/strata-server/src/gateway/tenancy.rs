@@ -5,6 +5,14 @@
 //! Over a hard limit (or a soft limit past its grace period) a write is refused with `403 QuotaExceeded`
 //! before its body is read; nothing is stored. Multipart uploads are admitted part by part (each part's
 //! bytes are reserved before the part is accepted), so concurrent writers can never overshoot a limit.
+//!
+//! A [`Caller`] is either a root key (configuration, environment, generated), held to neither ownership nor
+//! quotas unless it names a team, or a catalog principal (global admins pass every ownership check). A key
+//! under a prefix owned by a team belongs to that team (longest owned prefix, segment-aware): the caller
+//! needs the role the operation asks for there, and listings drop what it may not read. Other keys belong to
+//! the writer's home team. S3 keys and the owned prefixes are read from the catalog at most every 5 s, so a
+//! revoked key or a new owner takes effect within that. Recording a write or a deletion in the catalog is
+//! best effort: a failure is logged and reconciliation corrects the usage.
 
 use std::collections::HashMap;
 use std::sync::Arc;
