@@ -35,18 +35,28 @@ pub struct CacheConfig {
     pub max_request_size: ByteSize,
     /// Blocks fetched concurrently for one large read. Default 8.
     pub read_parallelism: usize,
-    /// How long object metadata (size, ETag) looked up at the backend is trusted, in milliseconds. 0 (the
-    /// default) looks the version up on every open, so changes made at the backend by others are seen at once;
-    /// a few seconds saves a HEAD per open of hot small objects. Writes through Strata invalidate it either way.
+    /// How long object metadata (size, ETag) looked up at the backend is trusted, in milliseconds. Default
+    /// [`DEFAULT_METADATA_TTL_MS`] (60 s; the agent's `[cache] metadata_ttl_ms` uses the same); 0 looks the
+    /// version up on every open, so changes made at the backend by others are seen at once. Writes through
+    /// Strata invalidate it either way.
     /// Local-directory backends (`file://`) trust it at most [`LOCAL_METADATA_TTL_MAX_MS`]: asking them again
     /// is a `stat`, and their files are the ones most often changed behind Strata's back. Past a point between
     /// half and three quarters of the TTL (random per entry, so that objects learned together are not all
     /// revalidated at once), an open that uses an entry refreshes it in the background (refresh-ahead).
-    #[serde(default)]
+    #[serde(default = "default_metadata_ttl_ms")]
     pub metadata_ttl_ms: u64,
     /// Blocks waiting to be written to the disk tier; past this, new blocks are not written (lossy, counted).
     /// Default 32.
     pub disk_write_queue: usize,
+}
+
+/// How long object metadata is trusted by default: 60 s, as mountpoint-s3 with a cache. A hot small object
+/// then costs no HEAD at the origin per GET; writes through Strata invalidate it at once; changes made at the
+/// origin by others are seen within this time.
+pub const DEFAULT_METADATA_TTL_MS: u64 = 60_000;
+
+fn default_metadata_ttl_ms() -> u64 {
+    DEFAULT_METADATA_TTL_MS
 }
 
 /// The longest a local-directory backend's (`file://`) object metadata is trusted, whatever
@@ -75,7 +85,7 @@ impl CacheConfig {
             inflight_budget: ByteSize::mib(512),
             max_request_size: ByteSize::mib(32),
             read_parallelism: 8,
-            metadata_ttl_ms: 0,
+            metadata_ttl_ms: DEFAULT_METADATA_TTL_MS,
             disk_write_queue: 32,
         }
     }

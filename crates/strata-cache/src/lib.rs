@@ -113,7 +113,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use config::{CacheConfig, DiskConfig, LOCAL_METADATA_TTL_MAX_MS};
+pub use config::{CacheConfig, DEFAULT_METADATA_TTL_MS, DiskConfig, LOCAL_METADATA_TTL_MAX_MS};
 pub use policy::PolicyKind;
 
 use disk::DiskTier;

@@ -241,6 +241,16 @@ struct ServeArgs {
     /// (shared by the agents of a cluster).
     #[arg(long, env = "STRATA_CATALOG", value_name = "URL")]
     catalog: Option<String>,
+    /// The administrator's API token, shared by the agents of a cluster (from the environment; default: one
+    /// generated on first start and written to <data-dir>/admin-token).
+    #[arg(long, env = "STRATA_ADMIN_TOKEN", hide = true, hide_env_values = true)]
+    admin_token: Option<String>,
+    /// A gateway access key of the `root` principal (with STRATA_SECRET_KEY), added to the configured keys.
+    #[arg(long, env = "STRATA_ACCESS_KEY", hide = true, hide_env_values = true)]
+    access_key: Option<String>,
+    /// The secret of STRATA_ACCESS_KEY.
+    #[arg(long, env = "STRATA_SECRET_KEY", hide = true, hide_env_values = true)]
+    secret_key: Option<String>,
     /// Seconds to let in-flight requests finish after SIGTERM before cancelling them.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     shutdown_grace: u64,
@@ -442,6 +452,8 @@ async fn serve(a: ServeArgs) -> Result<()> {
         api_listen: a.api_listen,
         s3_listen: a.s3_listen,
         catalog: a.catalog,
+        admin_token: a.admin_token,
+        root_key: a.access_key.zip(a.secret_key),
     })?;
     let shutdown = async {
         let mut term =

@@ -506,6 +506,9 @@ impl LocalSource {
         cfg.block_size = ByteSize(opts.block_size);
         cfg.inflight_budget = ByteSize(opts.ram_bytes.clamp(2 * opts.block_size, 1 << 30));
         cfg.max_request_size = ByteSize(opts.block_size);
+        // Shards are opened once per epoch and checked against the index; each open asks the backend, so a
+        // changed shard is seen at the next open.
+        cfg.metadata_ttl_ms = 0;
         cfg.validate()?;
         let cache = BlockCache::open(cfg, telemetry)?;
         let mut me = Self::new(backend, cache, url);

@@ -189,7 +189,7 @@ impl Default for CacheSection {
             max_request_size: d.max_request_size,
             read_parallelism: d.read_parallelism,
             disk_write_queue: d.disk_write_queue,
-            metadata_ttl_ms: 60_000,
+            metadata_ttl_ms: d.metadata_ttl_ms,
         }
     }
 }
@@ -218,6 +218,12 @@ pub struct Overrides {
     pub s3_listen: Option<String>,
     /// `--catalog` / `STRATA_CATALOG`.
     pub catalog: Option<String>,
+    /// `STRATA_ADMIN_TOKEN`: the administrator's API token, shared by the agents of a cluster (else one is
+    /// generated on first start and written to `<data_dir>/admin-token`).
+    pub admin_token: Option<String>,
+    /// `STRATA_ACCESS_KEY` + `STRATA_SECRET_KEY`: a gateway key of the `root` principal, added to the
+    /// configured ones.
+    pub root_key: Option<(String, String)>,
 }
 
 /// A validated configuration with every default resolved.
@@ -239,8 +245,10 @@ pub struct Resolved {
     pub s3_listen: Option<SocketAddr>,
     /// The gateway's region.
     pub s3_region: String,
-    /// Configured gateway keys.
+    /// Configured gateway keys (the root key of [`Overrides::root_key`] included).
     pub s3_keys: Vec<crate::gateway::auth::AccessKey>,
+    /// The administrator token from [`Overrides::admin_token`].
+    pub admin_token: Option<String>,
     /// Catalog URL (resolved: SQLite in the data dir by default).
     pub catalog_url: String,
     /// Catalog background work and lifecycle settings.
@@ -431,12 +439,28 @@ impl Config {
             Some(u) if !u.trim().is_empty() => u.trim().to_string(),
             _ => format!("sqlite://{}", data_dir.join("catalog.db").display()),
         };
+        let mut s3_keys = self.gateway.keys.clone();
+        if let Some((ak, sk)) = &o.root_key {
+            if ak.is_empty() || sk.is_empty() {
+                return Err(Error::config(
+                    "STRATA_ACCESS_KEY and STRATA_SECRET_KEY must not be empty",
+                ));
+            }
+            s3_keys.push(crate::gateway::auth::AccessKey {
+                access_key: ak.clone(),
+                secret_key: sk.clone(),
+                principal: Some("root".into()),
+                team: None,
+                job: None,
+            });
+        }
         Ok(Resolved {
             catalog_url,
             catalog: self.catalog.clone(),
             s3_listen,
             s3_region: self.gateway.region.clone(),
-            s3_keys: self.gateway.keys.clone(),
+            s3_keys,
+            admin_token: o.admin_token.clone().filter(|t| !t.is_empty()),
             data_dir,
             api_listen,
             cache,
@@ -498,6 +522,56 @@ mod tests {
             r.cache.disk.as_ref().unwrap().dir,
             dir.path().join("d/cache")
         );
+    }
+
+    #[test]
+    fn the_agent_s_cache_defaults_are_the_cache_crate_s() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Config::default()
+            .resolve(&Overrides {
+                data_dir: Some(dir.path().join("d")),
+                ..Default::default()
+            })
+            .unwrap();
+        // Everything but the machine-sized capacities comes from one place.
+        let want = CacheConfig {
+            ram_capacity: r.cache.ram_capacity,
+            disk: r.cache.disk.clone(),
+            ..CacheConfig::new(ByteSize(0), None)
+        };
+        assert_eq!(r.cache, want);
+        assert_eq!(
+            r.cache.metadata_ttl_ms,
+            strata_cache::DEFAULT_METADATA_TTL_MS
+        );
+    }
+
+    #[test]
+    fn the_environment_reaches_the_agent_only_through_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Config::default()
+            .resolve(&Overrides {
+                data_dir: Some(dir.path().join("d")),
+                admin_token: Some("admin-token-from-env".into()),
+                root_key: Some(("rootkey".into(), "rootsecret-123".into())),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(r.admin_token.as_deref(), Some("admin-token-from-env"));
+        let root = r
+            .s3_keys
+            .iter()
+            .find(|k| k.access_key == "rootkey")
+            .unwrap();
+        assert_eq!(root.principal.as_deref(), Some("root"));
+        let e = Config::default()
+            .resolve(&Overrides {
+                data_dir: Some(dir.path().join("d")),
+                root_key: Some(("rootkey".into(), String::new())),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(e.message().contains("STRATA_SECRET_KEY"), "{e}");
     }
 
     #[test]

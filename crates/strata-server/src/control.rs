@@ -45,14 +45,17 @@ type Json = axum::Json<serde_json::Value>;
 /// Where a generated administrator token is written (where clients look for it too).
 pub use strata_client::token::admin_token_file;
 
-/// Make sure the catalog has an administrator: `STRATA_ADMIN_TOKEN` if set (shared by the agents of a
-/// cluster), else a generated token written to `<data_dir>/admin-token` (mode 0600) on first start.
-pub async fn bootstrap_admin(catalog: &Catalog, data_dir: &Path) -> Result<()> {
-    let env = std::env::var("STRATA_ADMIN_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty());
+/// Make sure the catalog has an administrator: `admin_token` if set (`STRATA_ADMIN_TOKEN`, shared by the
+/// agents of a cluster), else a generated token written to `<data_dir>/admin-token` (mode 0600) on first
+/// start.
+pub async fn bootstrap_admin(
+    catalog: &Catalog,
+    data_dir: &Path,
+    admin_token: Option<&str>,
+) -> Result<()> {
+    let env = admin_token.filter(|t| !t.is_empty());
     let file = admin_token_file(data_dir);
-    match catalog.bootstrap_admin(env.as_deref()).await? {
+    match catalog.bootstrap_admin(env).await? {
         Some(token) => {
             use std::io::Write;
             use std::os::unix::fs::OpenOptionsExt;

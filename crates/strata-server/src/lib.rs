@@ -100,7 +100,7 @@ impl Agent {
         let catalog = strata_catalog::Catalog::open(&config.catalog_url)
             .await
             .map_err(|e| e.context("opening the catalog"))?;
-        control::bootstrap_admin(&catalog, &config.data_dir).await?;
+        control::bootstrap_admin(&catalog, &config.data_dir, config.admin_token.as_deref()).await?;
         Ok(Arc::new(Self {
             config,
             telemetry,

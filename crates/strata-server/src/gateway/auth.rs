@@ -48,30 +48,13 @@ pub enum KeySource {
     Generated(std::path::PathBuf),
 }
 
-/// Resolve the key set: configured keys, plus the environment's root key; if there are none, the stored or a
-/// newly generated key pair.
+/// Resolve the key set: the configured keys (the environment's root key among them, see
+/// [`crate::config::Overrides::root_key`]); if there are none, the stored or a newly generated key pair.
 pub fn resolve_keys(
     configured: &[AccessKey],
     data_dir: &Path,
 ) -> Result<(Vec<AccessKey>, KeySource)> {
-    let mut keys = configured.to_vec();
-    if let (Ok(ak), Ok(sk)) = (
-        std::env::var("STRATA_ACCESS_KEY"),
-        std::env::var("STRATA_SECRET_KEY"),
-    ) {
-        if ak.is_empty() || sk.is_empty() {
-            return Err(Error::config(
-                "STRATA_ACCESS_KEY and STRATA_SECRET_KEY must not be empty",
-            ));
-        }
-        keys.push(AccessKey {
-            access_key: ak,
-            secret_key: sk,
-            principal: Some("root".into()),
-            team: None,
-            job: None,
-        });
-    }
+    let keys = configured.to_vec();
     let mut seen = HashMap::new();
     for k in &keys {
         if k.access_key.len() < 3 || k.secret_key.len() < 8 {
