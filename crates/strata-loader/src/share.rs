@@ -156,13 +156,13 @@ impl ShareServer {
                     ctx.clone(),
                     stop.clone(),
                 );
-                // Where the peer's pid is unknown, reads go over the socket.
-                let peer = if direct.load(Ordering::Relaxed) {
+                // Where the worker's pid is unknown, reads go over the socket.
+                let worker = if direct.load(Ordering::Relaxed) {
                     stream
                         .peer_cred()
                         .ok()
                         .and_then(|c| c.pid())
-                        .map(|pid| Peer {
+                        .map(|pid| WorkerProcess {
                             pid,
                             direct: direct.clone(),
                             writes: writes.clone(),
@@ -172,7 +172,7 @@ impl ShareServer {
                 };
                 tokio::spawn(async move {
                     tokio::select! {
-                        _ = serve_conn(stream, &index, &by_key, &src, &ctx, peer) => {}
+                        _ = serve_conn(stream, &index, &by_key, &src, &ctx, worker) => {}
                         _ = stop.cancelled() => {}
                     }
                     drop(permit);
@@ -214,16 +214,16 @@ impl Drop for ShareServer {
     }
 }
 
-/// The process on the other end of a connection, for op 3.
-struct Peer {
+/// The DataLoader worker process on the other end of a connection, for op 3 (its memory is written directly).
+struct WorkerProcess {
     pid: libc::pid_t,
     /// Shared by the server's connections: cleared when the kernel refuses the call.
     direct: Arc<AtomicBool>,
     writes: Arc<AtomicU64>,
 }
 
-impl Peer {
-    /// Write `data` at `addr` in the peer's memory; false (and nothing written that the peer will read) when
+impl WorkerProcess {
+    /// Write `data` at `addr` in the worker's memory; false (and nothing written that the worker will read) when
     /// the kernel refuses or writes less.
     fn write(&self, addr: u64, data: &[u8]) -> bool {
         if !self.direct.load(Ordering::Relaxed) || data.is_empty() {
@@ -238,7 +238,7 @@ impl Peer {
             iov_len: data.len(),
         };
         // SAFETY: `local` describes `data`, which the kernel only reads; `remote` is memory of another process
-        // (the peer, by its credentials), which the kernel checks and writes; nothing in this process is written.
+        // (the worker, by its credentials), which the kernel checks and writes; nothing in this process is written.
         #[allow(unsafe_code)]
         let n = unsafe { libc::process_vm_writev(self.pid, &local, 1, &remote, 1, 0) };
         if n == data.len() as isize {
@@ -265,7 +265,7 @@ async fn serve_conn(
     by_key: &HashMap<String, usize>,
     src: &Source,
     ctx: &IoContext,
-    peer: Option<Peer>,
+    worker: Option<WorkerProcess>,
 ) {
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::new(r);
@@ -321,7 +321,7 @@ async fn serve_conn(
             Ok(b) => {
                 let mut head = [0u8; 13];
                 head[5..].copy_from_slice(&(b.len() as u64).to_le_bytes());
-                let written = match (dest, &peer) {
+                let written = match (dest, &worker) {
                     (Some(addr), Some(p)) if b.len() as u64 == end - start => p.write(addr, &b),
                     _ => false,
                 };
