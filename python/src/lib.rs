@@ -78,6 +78,7 @@ kind_exceptions! {
         "An object changed after the index was built (or a condition on its version did not hold)."),
     (InvalidInputError, StrataError, InvalidInput, "An argument is invalid."),
     (ConfigError, InvalidInputError, Config, "A configuration value is invalid."),
+    (InvalidRangeError, InvalidInputError, InvalidRange, "A byte range the object cannot satisfy."),
     (PermissionDeniedError, StrataError, PermissionDenied, "The credentials may not do this."),
     (UnauthenticatedError, StrataError, Unauthenticated, "Credentials are missing or invalid (STRATA_TOKEN)."),
     (UnavailableError, StrataError, Unavailable, "The storage or agent could not be reached (retryable)."),

@@ -15,6 +15,7 @@ KINDS = {
     "precondition_failed": strata.ChangedError,
     "invalid_input": strata.InvalidInputError,
     "config": strata.ConfigError,
+    "invalid_range": strata.InvalidRangeError,
     "permission_denied": strata.PermissionDeniedError,
     "unauthenticated": strata.UnauthenticatedError,
     "unavailable": strata.UnavailableError,

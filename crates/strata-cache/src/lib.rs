@@ -89,6 +89,7 @@
 
 mod config;
 pub mod disk;
+mod get;
 pub mod policy;
 mod pool;
 
@@ -114,6 +115,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::{CacheConfig, DEFAULT_METADATA_TTL_MS, DiskConfig, LOCAL_METADATA_TTL_MAX_MS};
+pub use get::{ByteRange, ETagMatch, GetBody, GetOptions, GetResult, plain_etag};
 pub use policy::PolicyKind;
 
 use disk::DiskTier;
@@ -1965,6 +1967,17 @@ impl ObjState {
     }
 
     /// The cache index key of block `index` of this version.
+    /// See [`CachedObject::mark_read`].
+    fn mark_read(&self, at: i64, resolution: i64) -> bool {
+        let last = self.read_at.load(Ordering::Relaxed);
+        if last != i64::MIN && at >= last && at - last < resolution {
+            return false;
+        }
+        self.read_at
+            .compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
     fn digest(&self, index: u64) -> Digest {
         let compute = || BlockKey::new(self.id.clone(), index).digest();
         match index {
@@ -2093,14 +2106,7 @@ impl CachedObject {
     /// before, so the caller should record it. The mark is shared by every reader of the version while its
     /// metadata is cached; for a hot object, at most one reader per `resolution` sees true.
     pub fn mark_read(&self, at: i64, resolution: i64) -> bool {
-        let last = self.obj.read_at.load(Ordering::Relaxed);
-        if last != i64::MIN && at >= last && at - last < resolution {
-            return false;
-        }
-        self.obj
-            .read_at
-            .compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+        self.obj.mark_read(at, resolution)
     }
 
     /// Bytes `range` if they lie in one block the RAM tier holds now and that was not fetched for this reader,

@@ -1103,3 +1103,153 @@ async fn evicted_block_buffers_are_reused_by_later_fills() {
     assert!(s.pool_allocated_blocks < s.fills, "{s:?}");
     cache.shutdown().await;
 }
+
+/// The one read call at a real S3 server, counted at the origin: how it opens (a GET of the start for a read
+/// from byte 0, a HEAD for a later range or a HEAD request), conditions, ranges, and a pinned version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_opens_by_reading_checks_conditions_and_pins_versions() {
+    use strata_cache::{ByteRange, ETagMatch, GetOptions};
+
+    let server = S3Server::start();
+    server.create_bucket("get-call").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let backend = s3_backend(&proxy.endpoint(), "get-call", Telemetry::new());
+    let mut cfg = config(None, 64, 256, 0, PolicyKind::Tinylfu);
+    cfg.metadata_ttl_ms = 60_000;
+    let cache = open(cfg, Telemetry::new());
+    let bs = 64 * 1024u64;
+    let small = pattern(1_000, 1);
+    let large = pattern((5 * bs + 17) as usize, 2);
+    put(&backend, "small.bin", &small).await;
+    put(&backend, "large.bin", &large).await;
+    put(&backend, "later.bin", &large).await;
+    let methods =
+        |p: &FaultProxy| -> Vec<String> { p.requests().iter().map(|r| r.method.clone()).collect() };
+
+    // A cold whole small object: one GET, no HEAD; then hot: nothing at the origin.
+    proxy.clear();
+    let r = cache
+        .get(&ctx(), &backend, "small.bin", GetOptions::default())
+        .await
+        .unwrap();
+    assert!(!r.partial && r.range == (0..1_000) && r.content_range().is_none());
+    assert!(r.body.collect().await.unwrap() == small);
+    assert_eq!(methods(&proxy), ["GET"]);
+    proxy.clear();
+    let r = cache
+        .get(&ctx(), &backend, "small.bin", GetOptions::default())
+        .await
+        .unwrap();
+    assert!(r.body.collect().await.unwrap() == small);
+    assert!(proxy.requests().is_empty(), "{:?}", proxy.requests());
+
+    // A cold multi-block range from byte 0: one GET for all of it.
+    proxy.clear();
+    let r = cache
+        .get(
+            &ctx(),
+            &backend,
+            "large.bin",
+            GetOptions::default().range(ByteRange::Bounded {
+                first: 0,
+                last: 3 * bs - 1,
+            }),
+        )
+        .await
+        .unwrap();
+    assert!(r.partial);
+    assert_eq!(
+        r.content_range().unwrap(),
+        format!("bytes 0-{}/{}", 3 * bs - 1, large.len())
+    );
+    assert!(r.body.collect().await.unwrap() == large.slice(0..(3 * bs) as usize));
+    assert_eq!(methods(&proxy), ["GET"]);
+
+    // A range that starts later asks for the metadata first, then reads its range as one run.
+    proxy.clear();
+    let r = cache
+        .get(
+            &ctx(),
+            &backend,
+            "later.bin",
+            GetOptions::default().range(ByteRange::From { first: bs + 5 }),
+        )
+        .await
+        .unwrap();
+    assert!(r.body.collect().await.unwrap() == large.slice((bs + 5) as usize..));
+    assert_eq!(methods(&proxy), ["HEAD", "GET"]);
+
+    // Conditions, on the cached metadata: no request at all.
+    let etag = r.meta.etag.clone().unwrap();
+    let tag = strata_cache::plain_etag(&etag).to_string();
+    proxy.clear();
+    let mut o = GetOptions::default();
+    o.if_none_match = Some(ETagMatch::Strong(tag.clone()));
+    let r = cache.get(&ctx(), &backend, "later.bin", o).await.unwrap();
+    assert!(r.not_modified);
+    assert!(r.body.collect().await.unwrap().is_empty());
+    let mut o = GetOptions::default();
+    o.if_match = Some(ETagMatch::Strong("not-the-etag".into()));
+    let e = cache
+        .get(&ctx(), &backend, "later.bin", o)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PreconditionFailed);
+    let e = cache
+        .get(
+            &ctx(),
+            &backend,
+            "later.bin",
+            GetOptions::default().range(ByteRange::From {
+                first: large.len() as u64,
+            }),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRange);
+    let r = cache
+        .get(&ctx(), &backend, "later.bin", GetOptions::default().head())
+        .await
+        .unwrap();
+    assert_eq!(r.meta.size, large.len() as u64);
+    assert!(r.body.collect().await.unwrap().is_empty());
+    assert!(proxy.requests().is_empty(), "{:?}", proxy.requests());
+
+    // A pinned version: its cached blocks are served; a cold block of an object changed since fails the read
+    // rather than mixing versions (block 0 of later.bin was never read).
+    let pinned = cache
+        .get(&ctx(), &backend, "later.bin", GetOptions::default().head())
+        .await
+        .unwrap()
+        .meta;
+    put(&backend, "later.bin", &pattern(large.len(), 3)).await;
+    let r = cache
+        .get(
+            &ctx(),
+            &backend,
+            "later.bin",
+            GetOptions::default()
+                .version(pinned.clone())
+                .bytes(2 * bs..3 * bs),
+        )
+        .await
+        .unwrap();
+    assert!(r.body.collect().await.unwrap() == large.slice((2 * bs) as usize..(3 * bs) as usize));
+    let read = match cache
+        .get(
+            &ctx(),
+            &backend,
+            "later.bin",
+            GetOptions::default().version(pinned).bytes(0..bs),
+        )
+        .await
+    {
+        Ok(r) => r.body.collect().await.map(|b| b.len()),
+        Err(e) => Err(e),
+    };
+    assert_eq!(
+        read.map_err(|e| e.kind()),
+        Err(ErrorKind::PreconditionFailed)
+    );
+    cache.shutdown().await;
+}

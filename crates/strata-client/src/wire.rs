@@ -33,6 +33,7 @@ pub fn status_of(kind: ErrorKind) -> u16 {
         ErrorKind::NotFound => 404,
         ErrorKind::InvalidInput | ErrorKind::Config => 400,
         ErrorKind::PreconditionFailed => 412,
+        ErrorKind::InvalidRange => 416,
         ErrorKind::AlreadyExists => 409,
         ErrorKind::PermissionDenied => 403,
         ErrorKind::Unauthenticated => 401,
@@ -50,7 +51,8 @@ pub fn status_of(kind: ErrorKind) -> u16 {
 /// a proxy, a load balancer). Unknown 5xx are `Unavailable` (retryable), unknown 4xx `InvalidInput`.
 pub fn kind_of_status(status: u16) -> ErrorKind {
     match status {
-        400 | 416 => ErrorKind::InvalidInput,
+        400 => ErrorKind::InvalidInput,
+        416 => ErrorKind::InvalidRange,
         401 => ErrorKind::Unauthenticated,
         403 => ErrorKind::PermissionDenied,
         404 => ErrorKind::NotFound,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use strata_cache::{BlockCache, CacheConfig, CachedObject, DiskConfig};
+use strata_cache::{BlockCache, CacheConfig, DiskConfig, GetOptions};
 use strata_object::Backend;
 use strata_object::{BackendOptions, RetryPolicy};
 use strata_telemetry::Telemetry;
@@ -34,8 +34,8 @@ pub struct AgentSource {
 pub struct LocalSource {
     backend: Backend,
     cache: BlockCache,
-    /// Readers opened once per shard: the version seen first is the one read all epoch.
-    open: Arc<Mutex<HashMap<String, Arc<CachedObject>>>>,
+    /// The version of each shard seen first: the one read all epoch (every read is pinned to it).
+    open: Arc<Mutex<HashMap<String, ObjectMeta>>>,
     root: String,
     /// Exclusive lock on the disk tier's directory, held while this source lives.
     _dir_lock: Option<Arc<std::fs::File>>,
@@ -228,20 +228,22 @@ impl LocalSource {
         &self.cache
     }
 
-    async fn object(&self, ctx: &IoContext, shard: &Shard) -> Result<Arc<CachedObject>> {
-        if let Some(o) = self.open.lock().get(&shard.key) {
-            return Ok(o.clone());
+    /// The version of `shard` this source reads, checked against the index the first time.
+    async fn version(&self, ctx: &IoContext, shard: &Shard) -> Result<ObjectMeta> {
+        if let Some(m) = self.open.lock().get(&shard.key) {
+            return Ok(m.clone());
         }
-        let obj = self
+        let meta = self
             .cache
-            .open_object(ctx, &self.backend, &shard.key)
-            .await?;
-        check_version(shard, obj.meta())?;
+            .get(ctx, &self.backend, &shard.key, GetOptions::default().head())
+            .await?
+            .meta;
+        check_version(shard, &meta)?;
         Ok(self
             .open
             .lock()
             .entry(shard.key.clone())
-            .or_insert(Arc::new(obj))
+            .or_insert(meta)
             .clone())
     }
 }
@@ -282,8 +284,8 @@ impl Source {
         let (start, len) = (range.start, range.end - range.start);
         let bytes = match self {
             Source::Local(l) => {
-                let obj = l.object(ctx, shard).await?;
-                let size = obj.meta().size;
+                let meta = l.version(ctx, shard).await?;
+                let size = meta.size;
                 if range.end > size {
                     return Err(Error::new(
                         ErrorKind::Corrupt,
@@ -293,7 +295,16 @@ impl Source {
                         ),
                     ));
                 }
-                obj.read(range).await?
+                if len == 0 {
+                    return Ok(Bytes::new());
+                }
+                let opts = GetOptions::default().version(meta).bytes(range);
+                l.cache
+                    .get(ctx, &l.backend, &shard.key, opts)
+                    .await?
+                    .body
+                    .collect()
+                    .await?
             }
             Source::Agent(a) => {
                 let (etag, total, body) =
@@ -332,9 +343,12 @@ impl Source {
     pub async fn prefetch(&self, ctx: &IoContext, shard: &Shard, range: Range<u64>) -> Result<()> {
         match self {
             Source::Local(l) => {
-                let obj = l.object(ctx, shard).await?;
-                obj.prefetch(range, false).await;
-                Ok(())
+                let meta = l.version(ctx, shard).await?;
+                if range.end <= range.start || range.start >= meta.size {
+                    return Ok(());
+                }
+                let opts = GetOptions::default().version(meta).bytes(range);
+                l.cache.prefetch(ctx, &l.backend, &shard.key, opts).await
             }
             Source::Shared(c) => c.prefetch(&shard.key, range).await,
             Source::Agent(a) => a.prefetch(ctx, &shard.key, range).await,
@@ -352,7 +366,7 @@ impl Source {
     /// Current metadata of a shard's object.
     pub async fn meta(&self, ctx: &IoContext, shard: &Shard) -> Result<ObjectMeta> {
         match self {
-            Source::Local(l) => Ok(l.object(ctx, shard).await?.meta().clone()),
+            Source::Local(l) => l.version(ctx, shard).await,
             Source::Agent(a) => {
                 let (etag, total, _) = a.get(ctx, &shard.key, Some(0..1), false).await?;
                 Ok(ObjectMeta {

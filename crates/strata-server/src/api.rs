@@ -294,58 +294,13 @@ pub struct ReadQuery {
     pub location: String,
 }
 
-/// Parse `bytes=a-b`, `bytes=a-`, `bytes=-n` against `size` into a half-open range.
-fn parse_range(h: &str, size: u64) -> Result<std::ops::Range<u64>, Error> {
-    let bad = || {
-        Error::invalid_input(format!(
-            "unsupported Range header {h:?}: expected bytes=a-b, bytes=a- or bytes=-n"
-        ))
-    };
-    let spec = h.strip_prefix("bytes=").ok_or_else(bad)?;
-    if spec.contains(',') {
-        return Err(bad());
-    }
-    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
-    let r = match (a.trim(), b.trim()) {
-        ("", n) => {
-            let n: u64 = n.parse().map_err(|_| bad())?;
-            size.saturating_sub(n)..size
-        }
-        (a, "") => a.parse().map_err(|_| bad())?..size,
-        (a, b) => {
-            let (a, b): (u64, u64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
-            if b < a {
-                return Err(bad());
-            }
-            a..b.saturating_add(1).min(size)
-        }
-    };
-    if r.start >= size && size > 0 {
-        return Err(Error::invalid_input(format!(
-            "range {h:?} starts past the end ({size} bytes)"
-        )));
-    }
-    Ok(r)
-}
-
-/// The object a `?location=` names, opened through the cache, and the bytes its `Range` header asks for (the
-/// whole object without one; `true` when a range was given).
-async fn open_ranged(
-    agent: &Agent,
-    headers: &HeaderMap,
-    q: &ReadQuery,
-) -> ApiResult<(strata_cache::CachedObject, std::ops::Range<u64>, bool)> {
-    let (backend, key) = agent.resolve(&q.location)?;
-    let ctx = context(headers);
-    let obj = agent.cache().open_object(&ctx, &backend, &key).await?;
-    let size = obj.meta().size;
+/// What a `?location=` request with these headers asks the cache for: the whole object, or its `Range`.
+fn get_options(headers: &HeaderMap) -> ApiResult<strata_cache::GetOptions> {
+    let opts = strata_cache::GetOptions::default();
     Ok(
         match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
-            Some(h) => {
-                let r = parse_range(h, size)?;
-                (obj, r, true)
-            }
-            None => (obj, 0..size, false),
+            Some(h) => opts.range(strata_cache::ByteRange::parse(h)?),
+            None => opts,
         },
     )
 }
@@ -355,47 +310,30 @@ async fn read(
     headers: HeaderMap,
     Query(q): Query<ReadQuery>,
 ) -> ApiResult<Response> {
-    let (obj, range, partial) = open_ranged(&agent, &headers, &q).await?;
-    let size = obj.meta().size;
-    let status = if partial {
+    let (backend, key) = agent.resolve(&q.location)?;
+    let ctx = context(&headers);
+    let res = agent
+        .cache()
+        .get(&ctx, &backend, &key, get_options(&headers)?)
+        .await?;
+    let status = if res.partial {
         StatusCode::PARTIAL_CONTENT
     } else {
         StatusCode::OK
     };
     let mut resp = Response::builder()
         .status(status)
-        .header(header::CONTENT_LENGTH, range.end - range.start)
+        .header(header::CONTENT_LENGTH, res.range.end - res.range.start)
         .header(header::CONTENT_TYPE, "application/octet-stream");
-    if let Some(etag) = &obj.meta().etag {
+    if let Some(etag) = &res.meta.etag {
         resp = resp.header(header::ETAG, etag);
     }
-    if status == StatusCode::PARTIAL_CONTENT {
-        resp = resp.header(
-            header::CONTENT_RANGE,
-            format!(
-                "bytes {}-{}/{size}",
-                range.start,
-                range.end.saturating_sub(1)
-            ),
-        );
+    if let Some(cr) = res.content_range() {
+        resp = resp.header(header::CONTENT_RANGE, cr);
     }
-    // Stream block by block so a large object never sits in memory whole; a block fetched ahead keeps its
-    // in-flight budget share until the connection asks for the next one (the state carries it until then).
-    let chunk = agent.cache().config().block_size.bytes();
-    let end = range.end;
-    let start: (_, _, Option<strata_cache::BudgetShare>) = (obj, range.start, None);
-    let stream = futures::stream::unfold(start, move |(obj, off, held)| async move {
-        drop(held);
-        if off >= end {
-            return None;
-        }
-        let next = (off + chunk - off % chunk).min(end);
-        match obj.read_block(off..next).await {
-            Ok((b, share)) => Some((Ok::<_, std::io::Error>(b), (obj, next, share))),
-            Err(e) => Some((Err(std::io::Error::other(e.to_string())), (obj, end, None))),
-        }
-    });
-    resp.body(Body::from_stream(stream))
+    // The body streams block by block (a large object never sits in memory whole) and keeps a block's
+    // in-flight budget share until the connection asks for the next one.
+    resp.body(Body::from_stream(res.body))
         .map_err(|e| ApiError(Error::internal(format!("building response: {e}"))))
 }
 
@@ -407,33 +345,15 @@ async fn prefetch(
     headers: HeaderMap,
     Query(q): Query<ReadQuery>,
 ) -> ApiResult<Response> {
-    let (obj, range, _) = open_ranged(&agent, &headers, &q).await?;
-    obj.prefetch_detached(range).await;
+    let (backend, key) = agent.resolve(&q.location)?;
+    let ctx = context(&headers);
+    agent
+        .cache()
+        .prefetch(&ctx, &backend, &key, get_options(&headers)?)
+        .await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(serde_json::json!({ "started": true })),
     )
         .into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_parse() {
-        assert_eq!(parse_range("bytes=0-9", 100).unwrap(), 0..10);
-        assert_eq!(parse_range("bytes=90-", 100).unwrap(), 90..100);
-        assert_eq!(parse_range("bytes=-5", 100).unwrap(), 95..100);
-        assert_eq!(parse_range("bytes=50-500", 100).unwrap(), 50..100);
-        for bad in [
-            "bytes=9-1",
-            "items=0-1",
-            "bytes=a-b",
-            "bytes=0-1,3-4",
-            "bytes=100-",
-        ] {
-            assert!(parse_range(bad, 100).is_err(), "{bad}");
-        }
-    }
 }

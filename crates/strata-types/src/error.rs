@@ -17,6 +17,8 @@ pub enum ErrorKind {
     PreconditionFailed,
     /// The request itself is malformed: bad key, bad range, bad URL.
     InvalidInput,
+    /// A byte range that the object cannot satisfy (it starts at or past the end).
+    InvalidRange,
     /// Configuration is invalid; the message says which field and why.
     Config,
     /// Credentials are valid but not allowed to do this.
@@ -45,11 +47,12 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         ErrorKind::NotFound,
         ErrorKind::AlreadyExists,
         ErrorKind::PreconditionFailed,
         ErrorKind::InvalidInput,
+        ErrorKind::InvalidRange,
         ErrorKind::Config,
         ErrorKind::PermissionDenied,
         ErrorKind::Unauthenticated,
@@ -83,6 +86,7 @@ impl ErrorKind {
             ErrorKind::AlreadyExists => "already_exists",
             ErrorKind::PreconditionFailed => "precondition_failed",
             ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::InvalidRange => "invalid_range",
             ErrorKind::Config => "config",
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::Unauthenticated => "unauthenticated",

@@ -43,15 +43,15 @@ pub mod multipart;
 pub mod tenancy;
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::{StreamExt, TryStreamExt};
 use s3s::crypto::Checksum as _;
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
+use strata_cache::{ByteRange, ETagMatch, GetOptions};
 use strata_object::{Backend, PutMode};
 use strata_types::{Error, ErrorKind, IoContext, ObjectAttrs, ObjectMeta, validate_key};
 use tokio::io::AsyncWriteExt;
@@ -98,6 +98,7 @@ fn s3err(e: Error) -> S3Error {
     let code = match e.kind() {
         ErrorKind::NotFound => S3ErrorCode::NoSuchKey,
         ErrorKind::InvalidInput => S3ErrorCode::InvalidArgument,
+        ErrorKind::InvalidRange => S3ErrorCode::InvalidRange,
         ErrorKind::PreconditionFailed | ErrorKind::AlreadyExists => S3ErrorCode::PreconditionFailed,
         ErrorKind::PermissionDenied | ErrorKind::Unauthenticated => S3ErrorCode::AccessDenied,
         ErrorKind::Unavailable | ErrorKind::Timeout => S3ErrorCode::ServiceUnavailable,
@@ -199,21 +200,6 @@ fn unix_of(t: &Timestamp) -> i64 {
     odt.unix_timestamp()
 }
 
-/// The byte range a request asks for, and its `Content-Range` when it asked for one.
-fn resolve_range(
-    range: Option<&s3s::dto::Range>,
-    size: u64,
-) -> S3Result<(Range<u64>, Option<String>)> {
-    match range {
-        None => Ok((0..size, None)),
-        Some(r) => {
-            let rr = r.check(size)?;
-            let cr = format!("bytes {}-{}/{size}", rr.start, rr.end.saturating_sub(1));
-            Ok((rr, Some(cr)))
-        }
-    }
-}
-
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -229,44 +215,34 @@ fn check_key(key: &str) -> S3Result<()> {
     })
 }
 
-/// Evaluate GET/HEAD preconditions (RFC 9110 order, as S3 does).
-fn check_read_conditions(
-    meta: &ObjectMeta,
+/// A GET's or HEAD's range and preconditions as the cache's read call takes them (the cache evaluates them,
+/// in RFC 9110 order, as S3 does).
+fn get_options(
+    range: Option<&s3s::dto::Range>,
     if_match: Option<&ETagCondition>,
     if_none_match: Option<&ETagCondition>,
     if_modified_since: Option<&Timestamp>,
     if_unmodified_since: Option<&Timestamp>,
-) -> S3Result<()> {
-    let current = etag_of(meta);
-    let matches = |c: &ETagCondition| match c {
-        ETagCondition::Any => true,
-        ETagCondition::ETag(e) => current.as_ref().is_some_and(|cur| cur.strong_cmp(e)),
+) -> GetOptions {
+    let tag = |c: &ETagCondition| match c {
+        ETagCondition::Any => ETagMatch::Any,
+        ETagCondition::ETag(ETag::Strong(v)) => ETagMatch::Strong(v.clone()),
+        ETagCondition::ETag(ETag::Weak(v)) => ETagMatch::Weak(v.clone()),
     };
-    if let Some(c) = if_match {
-        if !matches(c) {
-            return Err(s3_error!(
-                PreconditionFailed,
-                "If-Match does not match the object's ETag"
-            ));
-        }
-    } else if let Some(t) = if_unmodified_since
-        && meta.last_modified_unix > unix_of(t)
-    {
-        return Err(s3_error!(
-            PreconditionFailed,
-            "the object was modified since If-Unmodified-Since"
-        ));
-    }
-    if let Some(c) = if_none_match {
-        if matches(c) {
-            return Err(s3_error!(NotModified));
-        }
-    } else if let Some(t) = if_modified_since
-        && meta.last_modified_unix <= unix_of(t)
-    {
-        return Err(s3_error!(NotModified));
-    }
-    Ok(())
+    let mut o = GetOptions::default();
+    o.range = range.map(|r| match *r {
+        s3s::dto::Range::Int {
+            first,
+            last: Some(last),
+        } => ByteRange::Bounded { first, last },
+        s3s::dto::Range::Int { first, last: None } => ByteRange::From { first },
+        s3s::dto::Range::Suffix { length } => ByteRange::Suffix { len: length },
+    });
+    o.if_match = if_match.map(tag);
+    o.if_none_match = if_none_match.map(tag);
+    o.if_modified_since = if_modified_since.map(unix_of);
+    o.if_unmodified_since = if_unmodified_since.map(unix_of);
+    o
 }
 
 /// Checksums a request body must match: Content-MD5 and any `x-amz-checksum-*` the client sent.
@@ -425,38 +401,6 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
         }
     }
     Some(out)
-}
-
-/// A block on its way out, with its share of the in-flight budget if it was fetched ahead.
-type Outgoing = (
-    Result<Bytes, std::io::Error>,
-    Option<strata_cache::BudgetShare>,
-);
-
-/// A response body fed block by block through a bounded channel (`Sync`, as s3s requires). It keeps the budget share of the block it
-/// handed out last until the connection asks for the next chunk (by then it has taken the block), so the bytes
-/// of cold reads on their way to slow clients stay inside the in-flight budget.
-struct ChannelBody {
-    rx: tokio::sync::mpsc::Receiver<Outgoing>,
-    held: Option<strata_cache::BudgetShare>,
-}
-
-impl Stream for ChannelBody {
-    type Item = Result<Bytes, std::io::Error>;
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        self.held = None;
-        match self.rx.poll_recv(cx) {
-            std::task::Poll::Ready(Some((r, share))) => {
-                self.held = share;
-                std::task::Poll::Ready(Some(r))
-            }
-            std::task::Poll::Ready(None) => std::task::Poll::Ready(None),
-            std::task::Poll::Pending => std::task::Poll::Pending,
-        }
-    }
 }
 
 impl Gateway {
@@ -699,50 +643,6 @@ impl Gateway {
         }
     }
 
-    /// Stream `range` of an open object as an HTTP body, block by block through the cache.
-    async fn body_of(
-        &self,
-        obj: strata_cache::CachedObject,
-        range: Range<u64>,
-    ) -> S3Result<StreamingBlob> {
-        let bs = self.agent.cache().config().block_size.bytes();
-        if range.end - range.start <= bs && range.start / bs == range.end.saturating_sub(1) / bs {
-            // One block: read now, so errors become proper S3 errors and small GETs skip the task.
-            let (b, share) = obj.read_block(range).await.map_err(s3err)?;
-            if share.is_none() {
-                // The usual case (a cache hit): nothing to hold.
-                return Ok(StreamingBlob::wrap(futures::stream::once(async move {
-                    Ok::<_, std::io::Error>(b)
-                })));
-            }
-            let (tx, rx) = tokio::sync::mpsc::channel(1);
-            let _ = tx.try_send((Ok(b), share));
-            return Ok(StreamingBlob::wrap(ChannelBody { rx, held: None }));
-        }
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(async move {
-            let mut off = range.start;
-            while off < range.end {
-                let next = (off + bs - off % bs).min(range.end);
-                // Read the next block once the connection has taken the last one, not before: a sender holds
-                // at most two blocks (the one going out, the one being read), which bounds the memory of many
-                // large hot reads served from the disk tier.
-                let Ok(slot) = tx.reserve().await else { return };
-                let (r, share) = match obj.read_block(off..next).await {
-                    Ok((b, share)) => (Ok(b), share),
-                    Err(e) => (Err(std::io::Error::other(e.to_string())), None),
-                };
-                let failed = r.is_err();
-                slot.send((r, share));
-                if failed {
-                    return;
-                }
-                off = next;
-            }
-        });
-        Ok(StreamingBlob::wrap(ChannelBody { rx, held: None }))
-    }
-
     fn object_entry(meta: &ObjectMeta) -> Object {
         Object {
             key: Some(meta.key.clone()),
@@ -901,58 +801,39 @@ impl S3 for Gateway {
         self.tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Reader)
             .await?;
-        // A cold GET learns the object's version from the GET of the start of its range (one request for a
-        // small object or the first part of a large one); a range that starts later asks with a HEAD, then
-        // fetches exactly its range as one run.
-        let cache = self.agent.cache();
-        let opened = match &input.range {
-            None => {
-                cache
-                    .open_object_reading(&ctx, &backend, &input.key, 1)
-                    .await
-            }
-            Some(s3s::dto::Range::Int { first: 0, last }) => {
-                let upto = last.map_or(1, |l| l.saturating_add(1));
-                cache
-                    .open_object_reading(&ctx, &backend, &input.key, upto)
-                    .await
-            }
-            Some(_) => cache.open_object(&ctx, &backend, &input.key).await,
-        };
-        let obj = opened.map_err(s3err)?;
-        let meta = obj.meta();
-        check_read_conditions(
-            meta,
-            input.if_match.as_ref(),
-            input.if_none_match.as_ref(),
-            input.if_modified_since.as_ref(),
-            input.if_unmodified_since.as_ref(),
-        )?;
-        let (e_tag, last_modified) = (etag_of(meta), timestamp(meta.last_modified_unix));
-        let meta_attrs = meta.attrs.clone();
-        let (range, content_range) = resolve_range(input.range.as_ref(), meta.size)?;
-        let len = range.end - range.start;
+        let res = self
+            .agent
+            .cache()
+            .get(
+                &ctx,
+                &backend,
+                &input.key,
+                get_options(
+                    input.range.as_ref(),
+                    input.if_match.as_ref(),
+                    input.if_none_match.as_ref(),
+                    input.if_modified_since.as_ref(),
+                    input.if_unmodified_since.as_ref(),
+                ),
+            )
+            .await
+            .map_err(s3err)?;
+        if res.not_modified {
+            return Err(s3_error!(NotModified));
+        }
         let now = self.agent.catalog().now();
         // One access-time record per object version and second: a hot object read thousands of times a
         // second takes the access log's lock once.
-        if obj.mark_read(now, ACCESS_RESOLUTION_SECS) {
+        if res.mark_read(now, ACCESS_RESOLUTION_SECS) {
             self.agent
                 .access_log()
                 .record(&input.bucket, &input.key, now);
         }
-        let body = match obj.read_cached(range.clone()) {
-            // Hot and inside one block (most small objects): no readahead bookkeeping.
-            Some(b) => {
-                StreamingBlob::wrap(futures::stream::once(
-                    async move { Ok::<_, std::io::Error>(b) },
-                ))
-            }
-            None => {
-                // One backend request for the client's whole range when it is cold, not one per block.
-                obj.prefetch(range.clone(), true).await;
-                self.body_of(obj, range).await?
-            }
-        };
+        let (e_tag, last_modified) = (etag_of(&res.meta), timestamp(res.meta.last_modified_unix));
+        let content_range = res.content_range();
+        let len = res.range.end - res.range.start;
+        let meta_attrs = res.meta.attrs.clone();
+        let body = StreamingBlob::wrap(res.body.map_err(|e| std::io::Error::other(e.to_string())));
         let a = attrs_out(&meta_attrs);
         Ok(S3Response::new(GetObjectOutput {
             body: Some(body),
@@ -984,23 +865,30 @@ impl S3 for Gateway {
         self.tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Reader)
             .await?;
-        let meta = self
+        let res = self
             .agent
             .cache()
-            .open_object(&ctx, &backend, &input.key)
+            .get(
+                &ctx,
+                &backend,
+                &input.key,
+                get_options(
+                    input.range.as_ref(),
+                    input.if_match.as_ref(),
+                    input.if_none_match.as_ref(),
+                    input.if_modified_since.as_ref(),
+                    input.if_unmodified_since.as_ref(),
+                )
+                .head(),
+            )
             .await
-            .map_err(s3err)?
-            .meta()
-            .clone();
-        check_read_conditions(
-            &meta,
-            input.if_match.as_ref(),
-            input.if_none_match.as_ref(),
-            input.if_modified_since.as_ref(),
-            input.if_unmodified_since.as_ref(),
-        )?;
-        let (range, content_range) = resolve_range(input.range.as_ref(), meta.size)?;
-        let len = range.end - range.start;
+            .map_err(s3err)?;
+        if res.not_modified {
+            return Err(s3_error!(NotModified));
+        }
+        let content_range = res.content_range();
+        let len = res.range.end - res.range.start;
+        let meta = res.meta;
         let a = attrs_out(&meta.attrs);
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(len as i64),
