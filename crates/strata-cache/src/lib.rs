@@ -10,6 +10,10 @@
 //!                                        └────────────┴── admit ◀───────┘  (disk writes via a bounded, lossy queue)
 //! ```
 //!
+//! - **The front door** ([`BlockCache::get`], `get.rs`): front ends say what they want ([`GetOptions`]: a
+//!   range, conditions, a pinned version, HEAD) and get a [`GetResult`] whose body streams block by block;
+//!   how to open, when to prefetch and who holds budget are decided there. The lower-level calls below
+//!   (`open_object*`, [`CachedObject`]) remain for warm-up, pins and the cache's own tests.
 //! - **Tiers** ([`BlockCache`]): RAM (a map of `Bytes`) and disk ([`disk`] module: one checksummed file per
 //!   block). Both use the scan-resistant [`policy`] (CLOCK order + TinyLFU admission; warm-ups force admission
 //!   into the disk tier). The disk tier is advisory: any error there is a miss plus a counter. Every lookup
