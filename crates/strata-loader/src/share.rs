@@ -51,22 +51,30 @@ const MAX_KEY: u32 = 64 * 1024;
 /// Most worker connections served at once.
 const MAX_CONNECTIONS: usize = 1024;
 
-const KINDS: &[ErrorKind] = &[
-    ErrorKind::NotFound,
-    ErrorKind::Corrupt,
-    ErrorKind::PreconditionFailed,
-    ErrorKind::InvalidInput,
-    ErrorKind::Unavailable,
-    ErrorKind::Timeout,
-    ErrorKind::Io,
-    ErrorKind::Internal,
-];
-
-fn kind_code(k: ErrorKind) -> u32 {
-    KINDS
+/// An error's kind and retryable flag on the wire: the kind's index in [`ErrorKind::ALL`], the flag in the top
+/// bit. Both ends are the same build (a rank and its DataLoader workers), so every kind crosses intact.
+fn error_code(e: &Error) -> u32 {
+    let index = ErrorKind::ALL
         .iter()
-        .position(|&x| x == k)
-        .unwrap_or(KINDS.len() - 1) as u32
+        .position(|&k| k == e.kind())
+        .or_else(|| {
+            ErrorKind::ALL
+                .iter()
+                .position(|&k| k == ErrorKind::Internal)
+        })
+        .unwrap_or(0) as u32;
+    index | if e.is_retryable() { RETRYABLE_BIT } else { 0 }
+}
+
+const RETRYABLE_BIT: u32 = 1 << 31;
+
+/// The error [`error_code`] encoded, with its message.
+fn error_of(code: u32, message: String) -> Error {
+    let kind = ErrorKind::ALL
+        .get((code & !RETRYABLE_BIT) as usize)
+        .copied()
+        .unwrap_or(ErrorKind::Internal);
+    Error::new(kind, message).with_retryable(code & RETRYABLE_BIT != 0)
 }
 
 fn io_err(e: std::io::Error, what: &str) -> Error {
@@ -337,7 +345,7 @@ async fn serve_conn(
                 let msg = e.message().as_bytes().to_vec();
                 let mut head = [0u8; 13];
                 head[0] = STATUS_ERR;
-                head[1..5].copy_from_slice(&kind_code(e.kind()).to_le_bytes());
+                head[1..5].copy_from_slice(&error_code(&e).to_le_bytes());
                 head[5..].copy_from_slice(&(msg.len() as u64).to_le_bytes());
                 w.write_all(&head).await.is_ok() && w.write_all(&msg).await.is_ok()
             }
@@ -515,12 +523,8 @@ impl ShareClient {
         if head[0] == STATUS_OK {
             return Ok(Bytes::from(body));
         }
-        let code = u32::from_le_bytes(head[1..5].try_into().expect("4 bytes")) as usize;
-        let kind = KINDS.get(code).copied().unwrap_or(ErrorKind::Internal);
-        Err(Error::new(
-            kind,
-            String::from_utf8_lossy(&body).into_owned(),
-        ))
+        let code = u32::from_le_bytes(head[1..5].try_into().expect("4 bytes"));
+        Err(error_of(code, String::from_utf8_lossy(&body).into_owned()))
     }
 
     /// Bytes `range` of the shard `key`, verified by the serving process, in private memory.
@@ -555,6 +559,17 @@ impl ShareClient {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_error_kind_and_its_retryable_flag_cross_to_the_worker() {
+        for kind in ErrorKind::ALL {
+            for retryable in [false, true] {
+                let e = Error::new(kind, "m").with_retryable(retryable);
+                let back = super::error_of(super::error_code(&e), "m".into());
+                assert_eq!((back.kind(), back.is_retryable()), (kind, retryable));
+            }
+        }
+    }
+
     use super::*;
     use crate::source::{LocalCacheOptions, LocalSource};
 
