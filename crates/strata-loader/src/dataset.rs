@@ -8,22 +8,13 @@ use serde::{Deserialize, Serialize};
 use strata_types::{Error, ErrorKind, IoContext, Result};
 
 use crate::format::{mds, tar};
+use crate::shard::{Sample, Shard, ShardFormat};
 use crate::source::Source;
 
 /// File name of a Strata manifest at the root of a dataset.
 pub const MANIFEST_NAME: &str = "strata-manifest.json";
 /// File name of an MDS index.
 pub const MDS_INDEX_NAME: &str = "index.json";
-
-/// How shards are laid out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ShardFormat {
-    /// WebDataset tar shards.
-    Tar,
-    /// MosaicML MDS shards.
-    Mds,
-}
 
 /// One shard as recorded in a Strata manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,53 +83,6 @@ impl Manifest {
         }
         Ok(m)
     }
-}
-
-/// One shard of an open dataset.
-#[derive(Debug)]
-pub struct Shard {
-    /// Key relative to the dataset root.
-    pub key: String,
-    /// Expected size (from the manifest or index), if known.
-    pub size: Option<u64>,
-    /// Expected ETag, if the manifest recorded one.
-    pub etag: Option<String>,
-    /// Samples in the shard.
-    pub samples: u64,
-    offsets: Mutex<Option<Arc<Vec<u64>>>>,
-    columns: Option<mds::Columns>,
-}
-
-impl Shard {
-    /// Whether the sample offsets are known without reading the shard (a manifest, a scan, or read before).
-    pub fn offsets_known(&self) -> bool {
-        self.offsets.lock().is_some()
-    }
-
-    /// The shard's sample offsets (`samples + 1`), reading the MDS header on first use.
-    pub async fn offsets(&self, src: &Source, ctx: &IoContext) -> Result<Arc<Vec<u64>>> {
-        if let Some(o) = self.offsets.lock().clone() {
-            return Ok(o);
-        }
-        // Only MDS shards get here (tar offsets come from a manifest or a scan).
-        let head_len = 4 * (self.samples + 2);
-        let head = src.read(ctx, self, 0..head_len).await?;
-        let size = src.size(ctx, self).await?;
-        let offs = Arc::new(mds::offsets(&self.key, &head, self.samples, size)?);
-        *self.offsets.lock() = Some(offs.clone());
-        Ok(offs)
-    }
-}
-
-/// A decoded sample: its key (tar) or index, and its fields in order.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    /// WebDataset key, or `"<shard>:<index>"` for MDS.
-    pub key: String,
-    /// Fields in shard order.
-    pub fields: Vec<(String, mds::Value)>,
-    /// Raw bytes read for this sample.
-    pub bytes: u64,
 }
 
 /// The shards of a dataset, in dataset order, with their sample counts: everything the order needs.
@@ -320,7 +264,7 @@ impl DatasetIndex {
         let mut shards = Vec::with_capacity(self.shards.len());
         for s in &self.shards {
             let meta = src.meta(ctx, s).await?;
-            let offsets = s.offsets(src, ctx).await?;
+            let offsets = src.offsets(ctx, s).await?;
             shards.push(ManifestShard {
                 key: s.key.clone(),
                 size: meta.size,
@@ -357,7 +301,7 @@ impl DatasetIndex {
         index: u64,
     ) -> Result<Sample> {
         let s = &self.shards[shard];
-        let offs = s.offsets(src, ctx).await?;
+        let offs = src.offsets(ctx, s).await?;
         let i = index as usize;
         let range = offs[i]..offs[i + 1];
         let bytes: Bytes = src.read_sample(ctx, s, range.clone()).await?;

@@ -15,13 +15,15 @@
 pub mod dataset;
 pub mod format;
 pub mod order;
+pub mod shard;
 pub mod share;
 pub mod shm;
 pub mod source;
 pub mod stream;
 
-pub use dataset::{DatasetIndex, MANIFEST_NAME, Manifest, Sample, ShardFormat};
+pub use dataset::{DatasetIndex, MANIFEST_NAME, Manifest};
 pub use format::mds::Value;
 pub use order::{EpochOrder, Partition, Shuffle, TailPolicy, auto_cache_bytes, auto_window};
+pub use shard::{Sample, Shard, ShardFormat};
 pub use source::{AgentSource, LocalSource, Source};
 pub use stream::{Fetched, Loader, LoaderOptions, SampleStream, StreamStats};

@@ -13,7 +13,8 @@ use strata_telemetry::Telemetry;
 use strata_types::ByteSize;
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta, Result};
 
-use crate::dataset::Shard;
+use crate::format::mds;
+use crate::shard::Shard;
 
 /// Shard bytes through the node agent (`strata serve`): every rank of the node shares its cache, so each block is
 /// fetched from the origin once per node.
@@ -49,7 +50,7 @@ pub enum Source {
     /// Through an in-process cache.
     Local(LocalSource),
     /// Through the cache of the process that opened the dataset (DataLoader workers).
-    Shared(crate::share::ShareClient),
+    Shared(crate::share::client::ShareClient),
 }
 
 fn join(root: &str, key: &str) -> String {
@@ -353,6 +354,20 @@ impl Source {
             Source::Shared(c) => c.prefetch(&shard.key, range).await,
             Source::Agent(a) => a.prefetch(ctx, &shard.key, range).await,
         }
+    }
+
+    /// A shard's sample offsets (`samples + 1`), reading the MDS header on first use (tar offsets come from
+    /// a manifest or a scan).
+    pub async fn offsets(&self, ctx: &IoContext, shard: &Shard) -> Result<Arc<Vec<u64>>> {
+        if let Some(o) = shard.known_offsets() {
+            return Ok(o);
+        }
+        let head_len = 4 * (shard.samples + 2);
+        let head = self.read(ctx, shard, 0..head_len).await?;
+        let size = self.size(ctx, shard).await?;
+        let offs = Arc::new(mds::offsets(&shard.key, &head, shard.samples, size)?);
+        shard.set_offsets(offs.clone());
+        Ok(offs)
     }
 
     /// Size of a shard's object.

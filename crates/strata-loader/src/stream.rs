@@ -10,8 +10,9 @@ use strata_types::{Error, ErrorKind, IoContext, Result};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::dataset::{DatasetIndex, Sample};
+use crate::dataset::DatasetIndex;
 use crate::order::{Cursor, EpochOrder, Partition, Shuffle, TailPolicy};
+use crate::shard::Sample;
 use crate::source::Source;
 
 /// How a [`Loader`] orders and prefetches.
@@ -281,7 +282,7 @@ impl Producer {
                 }
                 return;
             }
-            let Ok(offs) = s.offsets(&loader.source, ctx).await else {
+            let Ok(offs) = loader.source.offsets(ctx, s).await else {
                 return;
             };
             let range = offs[samples.start as usize]..offs[samples.end as usize];
@@ -299,7 +300,7 @@ impl Producer {
 
     async fn sample_len(&self, shard: usize, idx: u64) -> Result<u64> {
         let s = &self.loader.index.shards[shard];
-        let offs = s.offsets(&self.loader.source, &self.ctx).await?;
+        let offs = self.loader.source.offsets(&self.ctx, s).await?;
         Ok(offs[idx as usize + 1] - offs[idx as usize])
     }
 
