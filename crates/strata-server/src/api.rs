@@ -1,25 +1,13 @@
-//! The control API (JSON over HTTP, loopback by default).
+//! The data plane of the agent's API (JSON over HTTP, loopback by default); [`crate::routes`] puts it in the
+//! route table with the peer and control routes.
 //!
-//! | method | path | what |
-//! | --- | --- | --- |
-//! | GET | `/healthz` | liveness: `{"status":"ok"}` |
-//! | GET | `/metrics` | Prometheus text: I/O requests, bytes, latency histograms per op and tier, cache hits and misses per tier, evictions, checksum failures, backend errors and retries |
-//! | GET | `/v1/cache` | cache statistics as JSON ([`strata_cache::CacheStats`]) |
-//! | GET | `/v1/backends` | configured backends |
-//! | POST | `/v1/cache/warm` | `{"location": "...", "concurrency": 16}`: prefetch a prefix; streams progress as NDJSON |
-//! | POST | `/v1/cache/pin` | `{"location": "..."}`: pin a prefix |
-//! | POST | `/v1/cache/unpin` | `{"location": "..."}`: unpin a prefix |
-//! | GET | `/v1/read?location=...` | an object's bytes through the cache; honours `Range: bytes=a-b` |
-//! | POST | `/v1/prefetch?location=...` | start fetching an object (or its `Range: bytes=a-b`) into the cache as large sequential reads; answers 202 once started |
-//! | * | `/v1/peer/ckpt/...` | checkpoint replicas from other nodes (see [`crate::peer`]) |
-//! | POST, GET | `/v1/ckpt/handoff` | checkpoint saves handed over by training processes on this node |
+//! Its routes, with what each does and who may call it, are in [`routes`] below (served as `/openapi.json`).
 //!
 //! Locations are `NAME/key`, a URL under a configured backend, or an ad-hoc `s3://bucket/key`.
 
 use std::sync::Arc;
 
 use axum::Json;
-use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -27,74 +15,99 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use strata_types::{Error, ErrorKind, IoContext};
+use strata_types::{Error, IoContext};
 
 use crate::Agent;
+use crate::http::{ApiError, ApiResult, Plane, Route, RouteDoc, io_context};
 
-/// An error answered as JSON with a status that follows its kind.
-#[derive(Debug)]
-pub struct ApiError(pub Error);
-
-impl From<Error> for ApiError {
-    fn from(e: Error) -> Self {
-        Self(e)
-    }
-}
-
-/// The HTTP status for an error kind ([`strata_client::wire::status_of`], the table clients read back).
-pub fn status_of(kind: ErrorKind) -> StatusCode {
-    StatusCode::from_u16(strata_client::wire::status_of(kind))
-        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = status_of(self.0.kind());
-        if status.is_server_error() {
-            tracing::warn!(error = %self.0, "request failed");
-        }
-        (status, Json(strata_client::wire::ErrorBody::of(&self.0))).into_response()
-    }
-}
-
-type ApiResult<T> = std::result::Result<T, ApiError>;
-
-/// Build the router.
-pub fn router(agent: Arc<Agent>) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/v1/cache", get(cache_stats))
-        .route("/v1/backends", get(backends))
-        .route("/v1/cache/warm", post(warm))
-        .route("/v1/cache/pin", post(pin))
-        .route("/v1/cache/unpin", post(unpin))
-        .route("/v1/read", get(read))
-        .route("/v1/prefetch", post(prefetch))
-        .with_state(agent.clone())
-        .merge(crate::peer::router(agent.clone()))
-        .merge(crate::control::router(agent.clone()))
-        .layer(axum::middleware::from_fn_with_state(
-            agent,
-            crate::control::require_token,
-        ))
-}
-
-/// The I/O context of a request: the job from the `x-strata-job` header, the team from `x-strata-team`.
-/// (Authenticated principals arrive with the S3 gateway.)
-fn context(headers: &HeaderMap) -> IoContext {
-    let h = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty() && v.len() <= 256)
-            .map(Arc::from)
+/// The data-plane routes (and `/healthz`, `/metrics`), for the route table of [`crate::routes`].
+pub fn routes() -> Vec<Route> {
+    let r = |method, path, summary, access, plane, h| {
+        (
+            RouteDoc {
+                method,
+                path,
+                summary,
+                access,
+                plane,
+            },
+            h,
+        )
     };
-    IoContext {
-        principal: None,
-        team: h("x-strata-team"),
-        job: h("x-strata-job"),
-    }
+    vec![
+        r(
+            "GET",
+            "/healthz",
+            "Liveness",
+            "anyone",
+            Plane::Public,
+            get(healthz),
+        ),
+        r(
+            "GET",
+            "/metrics",
+            "Prometheus metrics",
+            "any principal",
+            Plane::Data,
+            get(metrics),
+        ),
+        r(
+            "GET",
+            "/v1/cache",
+            "Cache statistics",
+            "any principal",
+            Plane::Data,
+            get(cache_stats),
+        ),
+        r(
+            "GET",
+            "/v1/backends",
+            "Configured backends",
+            "any principal",
+            Plane::Data,
+            get(backends),
+        ),
+        r(
+            "POST",
+            "/v1/cache/warm",
+            "Prefetch a prefix (NDJSON progress)",
+            "any principal",
+            Plane::Data,
+            post(warm),
+        ),
+        r(
+            "POST",
+            "/v1/cache/pin",
+            "Pin a prefix in the cache",
+            "any principal",
+            Plane::Data,
+            post(pin),
+        ),
+        r(
+            "POST",
+            "/v1/cache/unpin",
+            "Unpin a prefix",
+            "any principal",
+            Plane::Data,
+            post(unpin),
+        ),
+        r(
+            "GET",
+            "/v1/read",
+            "Read an object through the cache: ?location=",
+            "any principal",
+            Plane::Data,
+            get(read),
+        ),
+        r(
+            "POST",
+            "/v1/prefetch",
+            "Start fetching an object (or its Range) into the cache: ?location=",
+            "any principal",
+            Plane::Data,
+            post(prefetch),
+        ),
+    ]
 }
 
 async fn healthz() -> Json<serde_json::Value> {
@@ -104,7 +117,7 @@ async fn healthz() -> Json<serde_json::Value> {
 async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
     let mut text = agent.telemetry().metrics().render();
     text.push_str(&crate::metrics::render_cache(&agent.cache().stats()));
-    text.push_str(&crate::control::render_metrics(&agent));
+    text.push_str(&crate::metrics::render_forecasts(&agent));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
@@ -168,7 +181,7 @@ async fn warm(
         );
     }
     let (backend, prefix) = agent.resolve(&req.location)?;
-    let ctx = context(&headers);
+    let ctx = io_context(&headers);
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let line = |p: &strata_cache::WarmProgress, done: bool, error: Option<String>| {
         let mut v = serde_json::to_vec(&WarmLine {
@@ -311,7 +324,7 @@ async fn read(
     Query(q): Query<ReadQuery>,
 ) -> ApiResult<Response> {
     let (backend, key) = agent.resolve(&q.location)?;
-    let ctx = context(&headers);
+    let ctx = io_context(&headers);
     let res = agent
         .cache()
         .get(&ctx, &backend, &key, get_options(&headers)?)
@@ -346,7 +359,7 @@ async fn prefetch(
     Query(q): Query<ReadQuery>,
 ) -> ApiResult<Response> {
     let (backend, key) = agent.resolve(&q.location)?;
-    let ctx = context(&headers);
+    let ctx = io_context(&headers);
     agent
         .cache()
         .prefetch(&ctx, &backend, &key, get_options(&headers)?)

@@ -5,31 +5,29 @@
 //! ([`strata_catalog::Role`]); a resource of a team the principal is not a member of answers 403 on team-named
 //! routes and 404 on id-named ones (an id of another team's object is indistinguishable from a made-up id).
 //!
-//! The routes are one table, [`routes`]: the router is built from it and `/openapi.json` is generated from it,
-//! so the document cannot drift from what is served; the tenant-isolation test enumerates the document.
+//! Its routes are [`routes`], part of the one table of [`crate::routes`] that builds the router and
+//! `/openapi.json`, so the document cannot drift from what is served; the tenant-isolation test enumerates
+//! the document.
 //!
-//! Background work ([`spawn_background`]): access times from the gateway flushed to the catalog every 5 s,
-//! expired reservations reaped every minute, usage sampled every `catalog.sample_interval_secs` (teams and
-//! volumes) and forecasts recomputed, expired scratch moved to the trash.
+//! Its background work is in [`crate::background`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Extension, Path as UrlPath, Query, Request, State};
-use axum::http::{Method, header};
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, delete, get, post, put};
+use axum::routing::{delete, get, post, put};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use strata_catalog::access::{NewPrincipal, SYSTEM};
+use strata_catalog::access::NewPrincipal;
 use strata_catalog::inventory::UsageBy;
-use strata_catalog::lifecycle::{Policy, Protection, Scratch, UsageSample};
+use strata_catalog::lifecycle::{Policy, Protection, Scratch};
 use strata_catalog::quota::{QuotaLimits, TOTAL};
 use strata_catalog::{Catalog, Principal, Role};
 use strata_quota::cleanup::{self, Caps};
@@ -37,9 +35,9 @@ use strata_quota::forecast::{self, Forecast, Sample};
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::Agent;
-use crate::api::ApiError;
+use crate::http::{ApiError, Plane, Route, RouteDoc};
 
-type ApiResult<T> = std::result::Result<T, ApiError>;
+use crate::http::ApiResult;
 type Json = axum::Json<serde_json::Value>;
 
 /// Where a generated administrator token is written (where clients look for it too).
@@ -82,7 +80,7 @@ pub async fn bootstrap_admin(
 #[derive(Debug, Default)]
 pub struct AccessLog {
     reads: Mutex<PendingReads>,
-    dropped: std::sync::atomic::AtomicU64,
+    pub(crate) dropped: std::sync::atomic::AtomicU64,
     forecasts: Mutex<Vec<ForecastLine>>,
     tokens: Mutex<HashMap<String, (std::time::Instant, Principal)>>,
 }
@@ -252,19 +250,6 @@ fn configured_backend<'a>(a: &'a Agent, name: &str) -> Result<&'a crate::NamedBa
         .ok_or_else(|| not_found("backend", name))
 }
 
-/// Documentation of one route, the source of `/openapi.json`.
-#[derive(Debug, Clone, Copy)]
-pub struct RouteDoc {
-    /// HTTP method.
-    pub method: &'static str,
-    /// Path, with `{param}` segments.
-    pub path: &'static str,
-    /// What it does.
-    pub summary: &'static str,
-    /// Who may call it.
-    pub access: &'static str,
-}
-
 macro_rules! r {
     ($m:literal, $p:literal, $s:literal, $a:literal, $h:expr) => {
         (
@@ -273,6 +258,7 @@ macro_rules! r {
                 path: $p,
                 summary: $s,
                 access: $a,
+                plane: Plane::Control,
             },
             $h,
         )
@@ -280,7 +266,7 @@ macro_rules! r {
 }
 
 /// Every control-plane route, with its documentation.
-pub fn routes() -> Vec<(RouteDoc, MethodRouter<Arc<Agent>>)> {
+pub fn routes() -> Vec<Route> {
     vec![
         r!(
             "GET",
@@ -563,164 +549,6 @@ pub fn routes() -> Vec<(RouteDoc, MethodRouter<Arc<Agent>>)> {
             delete(free_scratch)
         ),
     ]
-}
-
-/// Routes served elsewhere, documented here so `/openapi.json` lists every route.
-pub const DATA_PLANE: &[RouteDoc] = &[
-    RouteDoc {
-        method: "GET",
-        path: "/healthz",
-        summary: "Liveness",
-        access: "anyone",
-    },
-    RouteDoc {
-        method: "GET",
-        path: "/openapi.json",
-        summary: "This document",
-        access: "anyone",
-    },
-    RouteDoc {
-        method: "GET",
-        path: "/metrics",
-        summary: "Prometheus metrics",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "GET",
-        path: "/v1/cache",
-        summary: "Cache statistics",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "GET",
-        path: "/v1/backends",
-        summary: "Configured backends",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "POST",
-        path: "/v1/cache/warm",
-        summary: "Prefetch a prefix (NDJSON progress)",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "POST",
-        path: "/v1/cache/pin",
-        summary: "Pin a prefix in the cache",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "POST",
-        path: "/v1/cache/unpin",
-        summary: "Unpin a prefix",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "GET",
-        path: "/v1/read",
-        summary: "Read an object through the cache: ?location=",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "POST",
-        path: "/v1/prefetch",
-        summary: "Start fetching an object (or its Range) into the cache: ?location=",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "GET",
-        path: "/v1/peer/ckpt/{run}",
-        summary: "Checkpoint replicas of a run",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "DELETE",
-        path: "/v1/peer/ckpt/{run}/{step}",
-        summary: "Delete a replica step",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "GET",
-        path: "/v1/peer/ckpt/{run}/{step}/{file}",
-        summary: "Read a replica file",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "PUT",
-        path: "/v1/peer/ckpt/{run}/{step}/{file}",
-        summary: "Store a replica file",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "POST",
-        path: "/v1/ckpt/handoff",
-        summary: "Hand a checkpoint save over to the agent",
-        access: "any principal",
-    },
-    RouteDoc {
-        method: "GET",
-        path: "/v1/ckpt/handoff",
-        summary: "State of a handed-over save",
-        access: "any principal",
-    },
-];
-
-/// The control-plane router (to be merged with the data plane and wrapped in [`require_token`]).
-pub fn router(agent: Arc<Agent>) -> Router {
-    let mut r = Router::new();
-    for (doc, mr) in routes() {
-        r = r.route(doc.path, mr);
-    }
-    r.route("/openapi.json", get(openapi)).with_state(agent)
-}
-
-/// The OpenAPI 3 document of every route.
-pub fn openapi_doc() -> serde_json::Value {
-    let mut paths = serde_json::Map::new();
-    let docs: Vec<RouteDoc> = routes()
-        .into_iter()
-        .map(|(d, _)| d)
-        .chain(DATA_PLANE.iter().copied())
-        .collect();
-    for d in docs {
-        let params: Vec<serde_json::Value> = d
-            .path
-            .split('/')
-            .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-            .map(|name| serde_json::json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
-            .collect();
-        let mut op = serde_json::json!({
-            "summary": d.summary,
-            "description": format!("Access: {}.", d.access),
-            "parameters": params,
-            "responses": {
-                "200": {"description": "OK (JSON)"},
-                "400": {"description": "invalid_input"},
-                "401": {"description": "unauthenticated"},
-                "403": {"description": "permission_denied"},
-                "404": {"description": "not_found"},
-                "429": {"description": "resource_exhausted (quota)"}
-            }
-        });
-        if d.path == "/healthz" || d.path == "/openapi.json" {
-            op["security"] = serde_json::json!([]);
-        }
-        let entry = paths
-            .entry(d.path.to_string())
-            .or_insert_with(|| serde_json::json!({}));
-        entry[d.method.to_lowercase()] = op;
-    }
-    serde_json::json!({
-        "openapi": "3.0.3",
-        "info": {"title": "Strata control API", "version": env!("CARGO_PKG_VERSION")},
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
-        "security": [{"bearer": []}],
-        "paths": paths,
-    })
-}
-
-async fn openapi() -> Json {
-    axum::Json(openapi_doc())
 }
 
 // ---- teams and principals ----
@@ -1535,7 +1363,12 @@ async fn free_scratch(
 
 /// Release a scratch allocation: its directory is deleted (or, on expiry, moved to the scratch trash) and its
 /// bytes are given back to the team's quota.
-async fn release_scratch(a: &Agent, s: &Scratch, actor: &str, expired: bool) -> Result<()> {
+pub(crate) async fn release_scratch(
+    a: &Agent,
+    s: &Scratch,
+    actor: &str,
+    expired: bool,
+) -> Result<()> {
     let dir = std::path::PathBuf::from(&s.path);
     if dir.starts_with(scratch_dir(a)) && dir.exists() {
         if expired {
@@ -1568,200 +1401,4 @@ async fn release_scratch(a: &Agent, s: &Scratch, actor: &str, expired: bool) -> 
             .await?;
     }
     Ok(())
-}
-
-// ---- background work ----
-
-/// Take one usage sample of every team's total and every local volume.
-pub async fn sample_usage(a: &Agent) -> Result<()> {
-    let cat = a.catalog();
-    let now = cat.now();
-    for q in cat.list_quotas(None).await? {
-        let sample = UsageSample {
-            at: now,
-            used: q.used_bytes,
-            capacity: q.limits.hard_bytes,
-        };
-        if q.scope == TOTAL {
-            cat.add_sample("team", &q.team, sample).await?;
-        } else if q.limits.hard_bytes.is_some() {
-            // A team's quota on one tier or backend: `team/scope`.
-            cat.add_sample("quota", &format!("{}/{}", q.team, q.scope), sample)
-                .await?;
-        }
-    }
-    let mut volumes = vec![a.config().data_dir.clone()];
-    for b in a.backends() {
-        if let Some(p) = b.url.strip_prefix("file://") {
-            volumes.push(std::path::PathBuf::from(p));
-        }
-    }
-    volumes.sort();
-    volumes.dedup();
-    // History is kept for twice the forecast window, so the table stays bounded.
-    let keep = 2 * a.config().catalog.forecast_window_days as i64 * 86_400;
-    cat.prune_samples(now - keep).await?;
-    for v in volumes {
-        if let Some((total, avail)) = crate::sys::statvfs(&v) {
-            cat.add_sample(
-                "volume",
-                &v.display().to_string(),
-                UsageSample {
-                    at: now,
-                    used: total.saturating_sub(avail) as i64,
-                    capacity: Some(total as i64),
-                },
-            )
-            .await?;
-        }
-    }
-    Ok(())
-}
-
-/// Render the forecast metrics (appended to `/metrics`).
-pub fn render_metrics(a: &Agent) -> String {
-    let mut s = String::from(
-        "# HELP strata_forecast_days_until_full Days until a volume or a team's hard quota fills (earliest of the 95% interval).\n\
-         # TYPE strata_forecast_days_until_full gauge\n\
-         # HELP strata_forecast_alert 1 when the forecast fill date is within catalog.forecast_alert_days.\n\
-         # TYPE strata_forecast_alert gauge\n",
-    );
-    let esc = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"");
-    for l in a.access.forecasts() {
-        if let Some(d) = l.forecast.as_ref().and_then(|f| f.days_low) {
-            s.push_str(&format!(
-                "strata_forecast_days_until_full{{kind=\"{}\",scope=\"{}\"}} {d}\n",
-                l.kind,
-                esc(&l.scope)
-            ));
-        }
-        s.push_str(&format!(
-            "strata_forecast_alert{{kind=\"{}\",scope=\"{}\"}} {}\n",
-            l.kind,
-            esc(&l.scope),
-            u8::from(l.alert)
-        ));
-    }
-    s.push_str(&format!(
-        "# HELP strata_access_times_dropped_total Reads not recorded as access times (pending set full).\n\
-         # TYPE strata_access_times_dropped_total counter\nstrata_access_times_dropped_total {}\n",
-        a.access.dropped.load(std::sync::atomic::Ordering::Relaxed)
-    ));
-    s
-}
-
-/// Expire scratch allocations past their TTL.
-pub async fn expire_scratch(a: &Agent) -> Result<u64> {
-    let now = a.catalog().now();
-    let mut n = 0;
-    for s in a.catalog().list_scratch(None).await? {
-        if s.expires_at <= now {
-            release_scratch(a, &s, SYSTEM, true).await?;
-            n += 1;
-        }
-    }
-    Ok(n)
-}
-
-/// I/O events buffered for access times between two drains (beyond: dropped and counted).
-const ACCESS_EVENTS_CAPACITY: usize = 16_384;
-/// How often buffered I/O events are turned into access times.
-const ACCESS_DRAIN_EVERY: Duration = Duration::from_millis(100);
-
-/// Start the background loops; they stop when `stop` is cancelled (pending access times are flushed first).
-pub fn spawn_background(
-    agent: Arc<Agent>,
-    stop: tokio_util::sync::CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    // Access times come from the I/O events (see `drain_access`). Drained on a short tick rather than awaited one by one: waking this task for every event costs a
-    // context switch per GET on a busy gateway. The channel holds a tick's worth at about 150k events/s.
-    let mut events = agent
-        .telemetry()
-        .subscribe_ops(ACCESS_EVENTS_CAPACITY, &[strata_types::Op::Get]);
-    let names: HashMap<String, String> = agent
-        .backends()
-        .iter()
-        .map(|b| (b.backend.id().to_string(), b.name.clone()))
-        .collect();
-    tokio::spawn(async move {
-        let sample_every = Duration::from_secs(agent.config().catalog.sample_interval_secs);
-        let mut drain = tokio::time::interval(ACCESS_DRAIN_EVERY);
-        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut flush = tokio::time::interval(Duration::from_secs(5));
-        let mut minute = tokio::time::interval(Duration::from_secs(60));
-        let mut sample = tokio::time::interval(sample_every);
-        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        minute.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = drain.tick() => drain_access(&agent, &names, &mut events),
-                _ = flush.tick() => {
-                    if let Err(e) = agent.access.flush(agent.catalog()).await {
-                        tracing::warn!(error = %e, "recording access times");
-                    }
-                }
-                _ = minute.tick() => {
-                    match agent.catalog().reap_reservations().await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(released = n, "released expired quota reservations"),
-                        Err(e) => tracing::warn!(error = %e, "reaping reservations"),
-                    }
-                    if let Err(e) = expire_scratch(&agent).await {
-                        tracing::warn!(error = %e, "expiring scratch");
-                    }
-                }
-                _ = sample.tick() => {
-                    if let Err(e) = sample_usage(&agent).await {
-                        tracing::warn!(error = %e, "sampling usage");
-                    }
-                    match compute_forecasts(&agent).await {
-                        Ok(lines) => {
-                            for l in lines.iter().filter(|l| l.alert) {
-                                tracing::warn!(
-                                    kind = %l.kind,
-                                    scope = %l.scope,
-                                    days = ?l.forecast.as_ref().and_then(|f| f.days_low),
-                                    "capacity forecast: fills within the alert threshold"
-                                );
-                            }
-                        }
-                        Err(e) => tracing::warn!(error = %e, "computing forecasts"),
-                    }
-                }
-            }
-        }
-        drain_access(&agent, &names, &mut events);
-        if let Err(e) = agent.access.flush(agent.catalog()).await {
-            tracing::warn!(error = %e, "recording access times at shutdown");
-        }
-    })
-}
-
-/// Turn the buffered I/O events into access times: every read served (by any tier) of a configured
-/// backend's object (`names`: backend id to name).
-fn drain_access(
-    agent: &Agent,
-    names: &HashMap<String, String>,
-    events: &mut tokio::sync::mpsc::Receiver<strata_types::IoEvent>,
-) {
-    while let Ok(ev) = events.try_recv() {
-        if ev.op == strata_types::Op::Get
-            && ev.outcome == strata_types::Outcome::Ok
-            && let Some(name) = names.get(ev.backend.as_ref())
-        {
-            let at = ev
-                .at
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0);
-            agent.access.record(name, &ev.key, at);
-        }
-    }
-}
-
-/// The methods a route table entry answers (for tests).
-pub fn method_of(doc: &RouteDoc) -> Method {
-    Method::from_bytes(doc.method.as_bytes()).unwrap_or(Method::GET)
 }

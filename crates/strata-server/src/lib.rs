@@ -3,17 +3,22 @@
 //! - [`config`]: the TOML configuration, overrides from flags and environment, validation, machine-sized
 //!   defaults.
 //! - [`Agent`]: owns the telemetry hub, the backends and the tiered cache; resolves URLs to backends.
-//! - [`api`]: the control API (axum): health, cache stats, Prometheus metrics, warm-up, pinning, reads.
+//! - [`routes`]: the one route table of the API (data plane [`api`], [`peer`], [`control`]): the router and
+//!   `/openapi.json`; [`http`]: the plumbing every handler shares (errors, request context, route docs).
+//! - [`gateway`]: the S3-compatible gateway (s3s).
 //! - [`serve`]: runs the agent until SIGTERM/SIGINT, then shuts down cleanly.
 //!
 //! This is an edge crate: it is the only one that knows about HTTP.
 
 pub mod api;
+pub mod background;
 pub mod config;
 pub mod control;
 pub mod gateway;
+pub mod http;
 mod metrics;
 pub mod peer;
+pub mod routes;
 mod sys;
 
 use std::collections::HashMap;
@@ -315,8 +320,8 @@ pub async fn serve(
             grace,
         )));
     }
-    let background = control::spawn_background(agent.clone(), stop.clone());
-    let app = api::router(agent.clone());
+    let background = background::spawn_background(agent.clone(), stop.clone());
+    let app = routes::router(agent.clone());
     let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
     let mut handle = tokio::spawn(async move { server.await });
     tokio::select! {

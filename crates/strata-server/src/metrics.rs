@@ -180,3 +180,35 @@ pub(crate) fn render_cache(s: &CacheStats) -> String {
     );
     o
 }
+
+/// Render the forecast metrics (appended to `/metrics`).
+pub(crate) fn render_forecasts(a: &crate::Agent) -> String {
+    let mut s = String::from(
+        "# HELP strata_forecast_days_until_full Days until a volume or a team's hard quota fills (earliest of the 95% interval).\n\
+         # TYPE strata_forecast_days_until_full gauge\n\
+         # HELP strata_forecast_alert 1 when the forecast fill date is within catalog.forecast_alert_days.\n\
+         # TYPE strata_forecast_alert gauge\n",
+    );
+    let esc = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"");
+    for l in a.access.forecasts() {
+        if let Some(d) = l.forecast.as_ref().and_then(|f| f.days_low) {
+            s.push_str(&format!(
+                "strata_forecast_days_until_full{{kind=\"{}\",scope=\"{}\"}} {d}\n",
+                l.kind,
+                esc(&l.scope)
+            ));
+        }
+        s.push_str(&format!(
+            "strata_forecast_alert{{kind=\"{}\",scope=\"{}\"}} {}\n",
+            l.kind,
+            esc(&l.scope),
+            u8::from(l.alert)
+        ));
+    }
+    s.push_str(&format!(
+        "# HELP strata_access_times_dropped_total Reads not recorded as access times (pending set full).\n\
+         # TYPE strata_access_times_dropped_total counter\nstrata_access_times_dropped_total {}\n",
+        a.access.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    ));
+    s
+}

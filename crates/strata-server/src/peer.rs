@@ -1,13 +1,9 @@
 //! The peer API: checkpoint shard replicas that other nodes' checkpointers push to this agent.
 //!
-//! | verb | path | what |
-//! | --- | --- | --- |
-//! | PUT | `/v1/peer/ckpt/{run}/{step}/{file}` | store a shard (`rank-N.safetensors`, verified against `x-strata-blake3` when given), a rank's record (`rank-N.json`) or a manifest (`manifest.json`), durably (fsync + rename) |
-//! | GET | `/v1/peer/ckpt/{run}/{step}/{file}` | read one back (the reader verifies it against the manifest) |
-//! | GET | `/v1/peer/ckpt/{run}` | `{"steps": [...], "committed": [...]}` |
-//! | DELETE | `/v1/peer/ckpt/{run}/{step}` | delete a step (manifest first) |
-//! | POST | `/v1/ckpt/handoff` | take over a save whose shard is durable in a local tier on this node ([`strata_ckpt::handoff`]) |
-//! | GET | `/v1/ckpt/handoff?run=&step=&rank=` | its state: `pending`, `done` or `failed` |
+//! Replicas are stored (`PUT .../{run}/{step}/{file}`: a shard, verified against `x-strata-blake3` when
+//! given, a rank's record or a manifest, durably with fsync + rename), read back (the reader verifies them
+//! against the manifest), listed and deleted (manifest first); training processes hand saves over
+//! (`/v1/ckpt/handoff`, [`strata_ckpt::handoff`]). The routes are in [`routes`] below.
 //!
 //! Replicas live under `<data-dir>/peer-checkpoints`, in the same layout as a checkpointer's local tier.
 //! Handed-over saves run two at a time; their states are kept for the last 1,024.
@@ -15,7 +11,6 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -26,24 +21,64 @@ use strata_ckpt::manifest::{MANIFEST, Manifest, ShardRecord, validate_run_id};
 use strata_types::{Error, ErrorKind, IoContext};
 
 use crate::Agent;
-use crate::api::ApiError;
+use crate::http::{ApiError, Plane, Route, RouteDoc};
 use strata_catalog::Principal;
 
 /// Largest replica accepted in one request.
 const MAX_REPLICA: usize = 64 << 30;
 
-/// Routes of the peer API.
-pub fn router(agent: Arc<Agent>) -> Router {
-    Router::new()
-        .route("/v1/peer/ckpt/{run}", get(list))
-        .route("/v1/peer/ckpt/{run}/{step}", axum::routing::delete(delete))
-        .route("/v1/peer/ckpt/{run}/{step}/{file}", get(read).put(write))
-        .route(
-            "/v1/ckpt/handoff",
-            axum::routing::post(handoff).get(handoff_status),
+/// Routes of the peer API, for the route table of [`crate::routes`].
+pub fn routes() -> Vec<Route> {
+    let r = |method, path, summary, h: axum::routing::MethodRouter<Arc<Agent>>| {
+        (
+            RouteDoc {
+                method,
+                path,
+                summary,
+                access: "any principal",
+                plane: Plane::Peer,
+            },
+            h.layer(DefaultBodyLimit::max(MAX_REPLICA)),
         )
-        .layer(DefaultBodyLimit::max(MAX_REPLICA))
-        .with_state(agent)
+    };
+    vec![
+        r(
+            "GET",
+            "/v1/peer/ckpt/{run}",
+            "Checkpoint replicas of a run",
+            get(list),
+        ),
+        r(
+            "DELETE",
+            "/v1/peer/ckpt/{run}/{step}",
+            "Delete a replica step",
+            axum::routing::delete(delete),
+        ),
+        r(
+            "GET",
+            "/v1/peer/ckpt/{run}/{step}/{file}",
+            "Read a replica file",
+            get(read),
+        ),
+        r(
+            "PUT",
+            "/v1/peer/ckpt/{run}/{step}/{file}",
+            "Store a replica file",
+            axum::routing::put(write),
+        ),
+        r(
+            "POST",
+            "/v1/ckpt/handoff",
+            "Hand a checkpoint save over to the agent",
+            axum::routing::post(handoff),
+        ),
+        r(
+            "GET",
+            "/v1/ckpt/handoff",
+            "State of a handed-over save",
+            get(handoff_status),
+        ),
+    ]
 }
 
 fn tier(agent: &Agent) -> Tier {

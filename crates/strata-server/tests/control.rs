@@ -11,7 +11,7 @@ use axum::body::Body;
 use http::{Method, Request};
 use serde_json::{Value, json};
 use strata_server::config::{Config, Overrides};
-use strata_server::{Agent, api, control};
+use strata_server::{Agent, control, routes};
 use tower::ServiceExt;
 
 struct Env {
@@ -45,7 +45,7 @@ async fn envs() -> Vec<Env> {
         let admin =
             std::fs::read_to_string(control::admin_token_file(&dir.path().join("d"))).unwrap();
         out.push(Env {
-            app: api::router(agent.clone()),
+            app: routes::router(agent.clone()),
             agent,
             admin: admin.trim().to_string(),
             _dir: dir,
@@ -267,9 +267,10 @@ async fn tenant_isolation_over_every_route() {
             .await
             .1;
         let paths = doc["paths"].as_object().unwrap();
-        let data_plane: Vec<(&str, &str)> = control::DATA_PLANE
+        let data_plane: Vec<(&str, &str)> = routes::table()
             .iter()
-            .map(|d| (d.method, d.path))
+            .filter(|(d, _)| d.plane != strata_server::http::Plane::Control)
+            .map(|(d, _)| (d.method, d.path))
             .collect();
         let mut checked = 0;
         for (path, ops) in paths {
@@ -450,7 +451,12 @@ async fn reservations_scratch_and_forecasts_through_the_api() {
         assert_eq!(v["error"], "resource_exhausted");
         // Expiry moves it to the trash and gives the bytes back.
         tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-        assert_eq!(control::expire_scratch(&e.agent).await.unwrap(), 1);
+        assert_eq!(
+            strata_server::background::expire_scratch(&e.agent)
+                .await
+                .unwrap(),
+            1
+        );
         assert!(!std::path::Path::new(s1["path"].as_str().unwrap()).exists());
         let q = ok(app, Method::GET, "/v1/quotas/t", mt, None).await;
         let scratch = q
@@ -597,7 +603,7 @@ mod bodies {
             .filter(|(d, _)| d.method != "GET")
             .map(|(d, _)| {
                 (
-                    control::method_of(&d),
+                    d.method(),
                     d.path
                         .replace("{team}", "team-a")
                         .replace("{scope}", "default")
@@ -665,7 +671,7 @@ async fn prefetch_starts_one_run_that_later_reads_find_in_the_cache() {
         })
         .unwrap();
     let agent = Agent::start(resolved).await.unwrap();
-    let app = api::router(agent.clone());
+    let app = routes::router(agent.clone());
     let admin = std::fs::read_to_string(control::admin_token_file(&data_dir)).unwrap();
     let admin = admin.trim();
     let blob: Vec<u8> = (0..(4 << 20) + 1000u32).map(|i| (i % 253) as u8).collect();

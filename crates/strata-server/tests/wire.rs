@@ -9,7 +9,7 @@ use axum::body::Body;
 use http::{Method, Request};
 use serde_json::Value;
 use strata_server::config::{Config, Overrides};
-use strata_server::{Agent, api, control};
+use strata_server::{Agent, control, routes};
 use tower::ServiceExt;
 
 struct Env {
@@ -31,7 +31,7 @@ async fn env() -> Env {
     let agent = Agent::start(resolved).await.unwrap();
     let admin = std::fs::read_to_string(control::admin_token_file(&dir.path().join("d"))).unwrap();
     Env {
-        app: api::router(agent.clone()),
+        app: routes::router(agent.clone()),
         _agent: agent,
         admin: admin.trim().to_string(),
         _dir: dir,

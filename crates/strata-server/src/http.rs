@@ -1,0 +1,98 @@
+//! HTTP plumbing shared by every handler of the agent's API: the error answer ([`ApiError`], one status per
+//! kind and the JSON body of [`strata_client::wire`]), the I/O context a request names in its headers, and the
+//! documentation record of a route ([`RouteDoc`]) that [`crate::routes`] builds the router and
+//! `/openapi.json` from. It knows no handler.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::MethodRouter;
+use strata_types::{Error, ErrorKind, IoContext};
+
+use crate::Agent;
+
+/// An error answered as JSON with a status that follows its kind.
+#[derive(Debug)]
+pub struct ApiError(pub Error);
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        Self(e)
+    }
+}
+
+/// A handler's result.
+pub type ApiResult<T> = std::result::Result<T, ApiError>;
+
+/// The HTTP status for an error kind ([`strata_client::wire::status_of`], the table clients read back).
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    StatusCode::from_u16(strata_client::wire::status_of(kind))
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = status_of(self.0.kind());
+        if status.is_server_error() {
+            tracing::warn!(error = %self.0, "request failed");
+        }
+        (status, Json(strata_client::wire::ErrorBody::of(&self.0))).into_response()
+    }
+}
+
+/// The I/O context a request names: the job from the `x-strata-job` header, the team from `x-strata-team`
+/// (values of at most 256 bytes; others are ignored).
+pub fn io_context(headers: &HeaderMap) -> IoContext {
+    let h = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.len() <= 256)
+            .map(Arc::from)
+    };
+    IoContext {
+        principal: None,
+        team: h("x-strata-team"),
+        job: h("x-strata-job"),
+    }
+}
+
+/// Which part of the API a route belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plane {
+    /// Answered without a token (`/healthz`, `/openapi.json`).
+    Public,
+    /// Data plane: reads, prefetches, cache state and pins, metrics.
+    Data,
+    /// Checkpoint replicas and handed-over saves, from other agents and training processes.
+    Peer,
+    /// Teams, tokens, quotas, usage, lifecycle: every route names team data.
+    Control,
+}
+
+/// Documentation of one route, the source of `/openapi.json`.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteDoc {
+    /// HTTP method.
+    pub method: &'static str,
+    /// Path, with `{param}` segments.
+    pub path: &'static str,
+    /// What it does.
+    pub summary: &'static str,
+    /// Who may call it.
+    pub access: &'static str,
+    /// The part of the API it belongs to.
+    pub plane: Plane,
+}
+
+impl RouteDoc {
+    /// The route's method.
+    pub fn method(&self) -> Method {
+        Method::from_bytes(self.method.as_bytes()).unwrap_or(Method::GET)
+    }
+}
+
+/// A route: its documentation and its handler.
+pub type Route = (RouteDoc, MethodRouter<Arc<Agent>>);
