@@ -32,7 +32,8 @@ use strata_object::Backend;
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta, Result};
 use tokio::sync::mpsc;
 
-use crate::{BlockCache, BudgetShare, CachedObject, ObjState};
+use crate::reader::{BudgetShare, CachedObject};
+use crate::state::{BlockCache, ObjState};
 
 /// The bytes a read asks for, as an HTTP `Range` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

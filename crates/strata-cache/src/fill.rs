@@ -1,0 +1,535 @@
+//! Fills: single-flight reads of blocks and runs of blocks from the backend (each block handed out as it
+//! arrives), their admission into the tiers, and the disk writers and streamers they feed.
+
+use crate::prelude::*;
+use crate::state::*;
+
+impl BlockCache {
+    /// Queue a block for the disk tier. For warm-ups this waits for room in the queue and returns a receiver
+    /// that fires once the block is on disk; otherwise a full queue drops the block (counted).
+    pub(crate) async fn store_disk(
+        &self,
+        key: &BlockKey,
+        d: Digest,
+        data: &Bytes,
+        mode: FillMode,
+    ) -> Option<oneshot::Receiver<()>> {
+        let Some(disk) = &self.inner.disk else {
+            return None;
+        };
+        let force = mode == FillMode::Warm;
+        let a = disk.reserve(key, d, data.len() as u64, self.is_pinned(key), force);
+        if !a.admitted {
+            return None;
+        }
+        let tx = self.inner.disk_tx.lock().clone();
+        let Some(tx) = tx else {
+            disk.drop_entry(&d);
+            return None;
+        };
+        let (done_tx, done_rx) = oneshot::channel();
+        let mut job = DiskJob {
+            key: key.clone(),
+            digest: d,
+            data: data.clone(),
+            done: force.then_some(done_tx),
+            _held: None,
+        };
+        if force {
+            if tx.send(job).await.is_err() {
+                disk.drop_entry(&d);
+                return None;
+            }
+            return Some(done_rx);
+        }
+        // A queued block the RAM tier did not admit, or has evicted since, is memory outside the RAM tier: a
+        // few may queue freely, more only with budget to hold (a fill faster than the disk writes is still
+        // cached whole, within the memory bound, until the budget is needed for reading).
+        let queued = tx.max_capacity() - tx.capacity();
+        if queued >= LOSSY_QUEUE_MAX {
+            let n = units(data.len() as u64);
+            job._held = self
+                .inner
+                .spill
+                .clone()
+                .try_acquire_many_owned(n)
+                .and_then(|s| Ok((s, self.inner.budget.clone().try_acquire_many_owned(n)?)))
+                .ok();
+        }
+        let queued_ok = queued < LOSSY_QUEUE_MAX || job._held.is_some();
+        if !queued_ok || tx.try_send(job).is_err() {
+            disk.drop_entry(&d);
+            self.inner
+                .counters
+                .writes_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        None
+    }
+
+    /// Fetch a block from the backend, or join the fetch already in flight. The fetch runs as its own task, so
+    /// a caller that gives up does not cancel it for the others.
+    pub(crate) fn fetch(
+        &self,
+        ctx: &IoContext,
+        obj: &Arc<ObjState>,
+        index: u64,
+        mode: FillMode,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> SharedFetch {
+        let mut v = self.fetch_run(ctx, obj, index, 1, mode, permit, None);
+        v.pop().unwrap_or_else(|| {
+            futures::future::ready(Err(Error::internal("empty fetch run")))
+                .boxed()
+                .shared()
+        })
+    }
+
+    /// Fetch `count` consecutive blocks from `first` with one backend request (fewer, larger requests for
+    /// sequential fills), registering each block for single-flight. If any of them is already in flight or in
+    /// RAM, falls back to block-by-block fetches that join what is in flight. `given`: the body of a request
+    /// already made for exactly these blocks (an open that read the object's start), used for the first
+    /// attempt instead of a new request.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fetch_run(
+        &self,
+        ctx: &IoContext,
+        obj: &Arc<ObjState>,
+        first: u64,
+        count: u64,
+        mode: FillMode,
+        permit: Option<OwnedSemaphorePermit>,
+        given: Option<ByteStream>,
+    ) -> Vec<SharedFetch> {
+        let keys: Vec<(BlockKey, Digest)> = (first..first + count)
+            .map(|i| {
+                let k = BlockKey::new(obj.id.clone(), i);
+                let d = k.digest();
+                (k, d)
+            })
+            .collect();
+        let mut inflight = self.inner.inflight.lock();
+        if count > 1 {
+            let ram = self.inner.ram.lock();
+            let busy = keys
+                .iter()
+                .any(|(_, d)| inflight.contains_key(d) || ram.map.contains_key(d));
+            drop(ram);
+            if busy {
+                drop(inflight);
+                drop(permit);
+                return (first..first + count)
+                    .map(|i| self.fetch(ctx, obj, i, mode, None))
+                    .collect();
+            }
+        } else if let Some((_, d)) = keys.first() {
+            if let Some(f) = inflight.get(d) {
+                self.inner.counters.joins.fetch_add(1, Ordering::Relaxed);
+                return vec![f.clone()];
+            }
+            // The fill may have finished between our lookup and taking this lock.
+            if let Some((_, b)) = self.inner.ram.lock().map.get(d) {
+                return vec![futures::future::ready(Ok(b.clone())).boxed().shared()];
+            }
+        }
+        let this = self.clone();
+        let (ctx, obj) = (ctx.clone(), obj.clone());
+        let digests: Vec<Digest> = keys.iter().map(|(_, d)| *d).collect();
+        let guard_digests = digests.clone();
+        // Each block resolves as soon as it is complete, not when the whole run is: a reader of a 50 MiB range
+        // sends its first block while the rest is still arriving.
+        let (mut done, waits): (Vec<_>, Vec<_>) = (0..keys.len())
+            .map(|_| {
+                let (tx, rx) = oneshot::channel::<Result<Bytes>>();
+                (Some(tx), rx)
+            })
+            .unzip();
+        self.inner.tasks.spawn(async move {
+            let guard = InflightGuard {
+                cache: this.clone(),
+                digests: guard_digests,
+            };
+            let cancel = this.inner.cancel.clone();
+            let mut given = given;
+            let r = tokio::select! {
+                r = this.fill_run(&ctx, &obj, &keys, mode, permit, &mut done, &mut given) => r,
+                _ = cancel.cancelled() => Err(Error::new(ErrorKind::Cancelled, "cache is shutting down")),
+            };
+            let r = r.and_then(|_| {
+                if done.iter().any(Option::is_some) {
+                    Err(Error::internal("fill returned too few blocks"))
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(e) = r {
+                for tx in done.iter_mut().filter_map(Option::take) {
+                    let _ = tx.send(Err(e.clone()));
+                }
+            }
+            drop(guard);
+        });
+        let mut out = Vec::with_capacity(count as usize);
+        for (d, rx) in digests.into_iter().zip(waits) {
+            let f = rx
+                .map(|r| r.unwrap_or_else(|_| Err(Error::internal("block fill task failed"))))
+                .boxed()
+                .shared();
+            inflight.insert(d, f.clone());
+            out.push(f);
+        }
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn fill_run(
+        &self,
+        ctx: &IoContext,
+        obj: &ObjState,
+        keys: &[(BlockKey, Digest)],
+        mode: FillMode,
+        permit: Option<OwnedSemaphorePermit>,
+        done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
+        given: &mut Option<ByteStream>,
+    ) -> Result<()> {
+        let bs = self.inner.cfg.block_size.bytes();
+        let (Some((first, _)), Some((last, _))) = (keys.first(), keys.last()) else {
+            return Ok(());
+        };
+        let start = first.index * bs;
+        let end = ((last.index + 1) * bs).min(obj.meta.size);
+        // Readahead's budget is held by the reader's prefetch buffer until the block is consumed.
+        let _permit = match (permit, mode) {
+            (Some(p), _) => Some(p),
+            (None, FillMode::Readahead) => None,
+            (None, _) => Some(
+                self.inner
+                    .budget
+                    .clone()
+                    .acquire_many_owned(units(end - start))
+                    .await
+                    .map_err(|_| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?,
+            ),
+        };
+        // Mid-stream failures (a reset connection) retry the whole run under the backend's retry policy;
+        // blocks completed before the failure are already cached and correct (the ETag is pinned).
+        let policy = obj.backend.retry_policy();
+        let c = &self.inner.counters;
+        let mut attempt = 0u32;
+        let r = loop {
+            match self
+                .receive_run(ctx, obj, keys, start..end, mode, done, given.take())
+                .await
+            {
+                Ok(()) => break Ok(()),
+                Err(e) if e.is_retryable() && attempt < policy.max_retries => {
+                    attempt += 1;
+                    self.inner.telemetry.record_retry(Op::Get, e.kind());
+                    tokio::time::sleep(policy.backoff(attempt)).await;
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        match r {
+            // Counted by `receive_run` before the last block goes to its readers.
+            Ok(()) => Ok(()),
+            Err(e) => {
+                c.fill_errors.fetch_add(1, Ordering::Relaxed);
+                if e.kind() == ErrorKind::PreconditionFailed {
+                    c.stale.fetch_add(1, Ordering::Relaxed);
+                    return Err(e.context(format!(
+                        "{} changed at the backend while being read; reopen it to read the new version",
+                        obj.meta.key
+                    )));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// One attempt at a run: stream `start..end` and cut it into blocks as the bytes arrive; each completed
+    /// block goes to the RAM tier and the disk queue at once, while it is still hot in the CPU cache, and to
+    /// its waiters (`done[i]`, taken when sent: a retried run does not send a block twice).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn receive_run(
+        &self,
+        ctx: &IoContext,
+        obj: &ObjState,
+        keys: &[(BlockKey, Digest)],
+        span: Range<u64>,
+        mode: FillMode,
+        done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
+        given: Option<ByteStream>,
+    ) -> Result<()> {
+        let bs = self.inner.cfg.block_size.bytes();
+        let (start, end) = (span.start, span.end);
+        let mut stream = match given {
+            Some(s) => s,
+            None => {
+                obj.backend
+                    .get_range_stream(ctx, &obj.meta.key, start..end, obj.meta.etag.as_deref())
+                    .await?
+            }
+        };
+        let mut out = 0usize;
+        let mut got = 0u64;
+        let mut written = Vec::new();
+        let block_len =
+            |i: usize| (((keys[i].0.index + 1) * bs).min(end) - keys[i].0.index * bs) as usize;
+        let pool = &self.inner.pool;
+        let mut warm_blocks = Vec::new();
+        let mut cur = pool.take(block_len(0));
+        // Warm-ups stream each received chunk straight to its block file while it is hot in the CPU cache.
+        // Other fills queue each whole block once complete (lossy): its buffer is page-aligned, so it goes to
+        // the file with `O_DIRECT` straight from that memory, with no copy through the staging buffer.
+        let streamer = match (&self.inner.disk, mode) {
+            (Some(disk), FillMode::Warm) => {
+                Some(DiskStreamer::start(disk.clone(), &self.inner.tasks))
+            }
+            _ => None,
+        };
+        let mut streaming = false;
+        while let Some(chunk) = stream.next().await {
+            let mut chunk = chunk?;
+            while !chunk.is_empty() {
+                let i = out;
+                if i >= keys.len() {
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "{}: the backend sent more bytes than requested",
+                            obj.meta.key
+                        ),
+                    ));
+                }
+                let (key, d) = &keys[i];
+                if cur.is_empty()
+                    && let Some(st) = &streamer
+                {
+                    streaming = st
+                        .begin(key, *d, block_len(i) as u64, self.is_pinned(key))
+                        .await;
+                }
+                let take = (block_len(i) - cur.len()).min(chunk.len());
+                let piece = chunk.split_to(take);
+                cur.extend_from_slice(&piece);
+                if streaming && let Some(st) = &streamer {
+                    streaming = st.chunk(piece).await;
+                }
+                if cur.len() == block_len(i) {
+                    let block = std::mem::take(&mut cur).freeze();
+                    self.insert_ram(
+                        key,
+                        *d,
+                        &block,
+                        mode == FillMode::Warm && self.inner.disk.is_none(),
+                    );
+                    if mode != FillMode::Warm {
+                        self.store_disk(key, *d, &block, mode).await;
+                    }
+                    if streaming
+                        && let Some(st) = &streamer
+                        && let Some(done) = st.end().await
+                    {
+                        written.push(done);
+                    }
+                    streaming = false;
+                    got += block.len() as u64;
+                    out += 1;
+                    if out == keys.len() {
+                        // Counted before the last block is handed out: a reader that has every byte sees
+                        // the fill in the stats.
+                        let c = &self.inner.counters;
+                        c.fill_requests.fetch_add(1, Ordering::Relaxed);
+                        c.fills.fetch_add(keys.len() as u64, Ordering::Relaxed);
+                        c.fill_bytes.fetch_add(end - start, Ordering::Relaxed);
+                    }
+                    // Warm-ups report a block only once it is on disk (below).
+                    if mode != FillMode::Warm
+                        && let Some(tx) = done[i].take()
+                    {
+                        let _ = tx.send(Ok(block));
+                    } else if mode == FillMode::Warm {
+                        warm_blocks.push((i, block));
+                    }
+                    if i + 1 < keys.len() {
+                        cur = pool.take(block_len(i + 1));
+                    }
+                }
+            }
+        }
+        if out != keys.len() {
+            let got = got + cur.len() as u64;
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "{}: short read, got {got} of {} bytes",
+                    obj.meta.key,
+                    end - start
+                ),
+            ));
+        }
+        for w in written {
+            let _ = w.await;
+        }
+        for (i, block) in warm_blocks {
+            if let Some(tx) = done[i].take() {
+                let _ = tx.send(Ok(block));
+            }
+        }
+        Ok(())
+    }
+
+    /// Read one block: tiers first, then the backend.
+    ///
+    /// A reader's own miss takes in-flight budget when it is free but does not wait for it: the reader may
+    /// hold budget for blocks it prefetched, and readers waiting on each other's budget would deadlock. So the
+    /// budget bounds prefetch, readahead and warm-ups strictly, and demand reads to one block per reader
+    /// beyond it.
+    pub(crate) async fn block(
+        &self,
+        ctx: &IoContext,
+        obj: &Arc<ObjState>,
+        index: u64,
+    ) -> Result<Bytes> {
+        let key = BlockKey::new(obj.id.clone(), index);
+        let d = obj.digest(index);
+        if let Some(b) = self.lookup(ctx, &key, &d).await {
+            return Ok(b);
+        }
+        let bs = self.inner.cfg.block_size.bytes();
+        let len = ((index + 1) * bs).min(obj.meta.size) - index * bs;
+        let permit = self
+            .inner
+            .budget
+            .clone()
+            .try_acquire_many_owned(units(len))
+            .ok();
+        self.fetch(ctx, obj, index, FillMode::Readahead, permit)
+            .await
+    }
+
+    /// Blocks per backend request for sequential fills.
+    pub(crate) fn run_blocks(&self) -> u64 {
+        let cfg = &self.inner.cfg;
+        (cfg.max_request_size.bytes() / cfg.block_size.bytes()).max(1)
+    }
+}
+
+/// A blocking writer that receives a warm-up run's chunks and writes them to block files as they arrive, while
+/// they are still hot in the CPU cache; the warm-up waits for it (backpressure, bounded channel). A block whose
+/// `End` never arrives is abandoned when the next one begins or the run ends. (Other fills queue whole blocks
+/// instead, see `receive_run`.)
+pub(crate) struct DiskStreamer {
+    pub(crate) tx: mpsc::Sender<StreamMsg>,
+    pub(crate) disk: Arc<DiskTier>,
+}
+
+pub(crate) enum StreamMsg {
+    Begin {
+        key: BlockKey,
+        digest: Digest,
+        len: u64,
+    },
+    Chunk(Bytes),
+    End(oneshot::Sender<()>),
+}
+
+impl DiskStreamer {
+    /// Start the writer on a blocking thread tracked by `tasks`, so shutdown waits for it.
+    pub(crate) fn start(disk: Arc<DiskTier>, tasks: &TaskTracker) -> Self {
+        // Chunks are a few KiB to a few hundred KiB; 512 of them let the writer lag a block or so behind.
+        let (tx, mut rx) = mpsc::channel::<StreamMsg>(512);
+        let d2 = disk.clone();
+        tasks.spawn_blocking(move || {
+            let disk = d2;
+            let abandon = |cur: &mut Option<(crate::disk::BlockFile, Digest)>| {
+                if let Some((f, d)) = cur.take() {
+                    drop(f);
+                    disk.drop_entry(&d);
+                    disk.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            };
+            let mut cur: Option<(crate::disk::BlockFile, Digest)> = None;
+            while let Some(msg) = rx.blocking_recv() {
+                match msg {
+                    StreamMsg::Begin { key, digest, len } => {
+                        abandon(&mut cur);
+                        cur = match disk.begin(&key, &digest, len) {
+                            Ok(f) => Some((f, digest)),
+                            Err(e) => {
+                                disk.fail(&digest, &e);
+                                None
+                            }
+                        };
+                    }
+                    StreamMsg::Chunk(b) => {
+                        if let Some((f, d)) = cur.as_mut()
+                            && let Err(e) = f.append(&b)
+                        {
+                            disk.fail(d, &e);
+                            cur = None;
+                        }
+                    }
+                    StreamMsg::End(done) => {
+                        if let Some((f, _)) = cur.take() {
+                            let _ = disk.finish(f);
+                        }
+                        let _ = done.send(());
+                    }
+                }
+            }
+            // The run ended mid-block (an error, shutdown, or a lost `End`).
+            abandon(&mut cur);
+        });
+        Self { tx, disk }
+    }
+
+    pub(crate) async fn send(&self, msg: StreamMsg) -> bool {
+        self.tx.send(msg).await.is_ok()
+    }
+
+    /// Reserve space for a block (forced admission, as for every warm-up) and open its file. False if the
+    /// tier did not admit it or the writer is gone.
+    pub(crate) async fn begin(&self, key: &BlockKey, digest: Digest, len: u64, pin: bool) -> bool {
+        if !self.disk.reserve(key, digest, len, pin, true).admitted {
+            return false;
+        }
+        let msg = StreamMsg::Begin {
+            key: key.clone(),
+            digest,
+            len,
+        };
+        if !self.send(msg).await {
+            self.disk.drop_entry(&digest);
+            self.disk.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Append to the current block; false when the writer is gone: send nothing more for it.
+    pub(crate) async fn chunk(&self, b: Bytes) -> bool {
+        self.send(StreamMsg::Chunk(b)).await
+    }
+
+    /// Finish the current block: a receiver that fires once it is on disk (or has failed, counted).
+    pub(crate) async fn end(&self) -> Option<oneshot::Receiver<()>> {
+        let (tx, rx) = oneshot::channel();
+        self.send(StreamMsg::End(tx)).await.then_some(rx)
+    }
+}
+
+pub(crate) struct InflightGuard {
+    pub(crate) cache: BlockCache,
+    pub(crate) digests: Vec<Digest>,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        let mut inflight = self.cache.inner.inflight.lock();
+        for d in &self.digests {
+            inflight.remove(d);
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! Opening an object: the metadata cache (TTL, refresh-ahead by HEAD or by one listing of a busy directory,
+//! revalidation of expired entries by a listing window), opens that learn the version from a GET of the
+//! object's start, and invalidation by writers.
+
+use crate::prelude::*;
+use crate::reader::*;
+use crate::state::*;
+
+impl BlockCache {
+    /// Look up the object's current version at the backend (or in the metadata cache, within
+    /// `metadata_ttl_ms`) and return a reader for it.
+    pub async fn open_object(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+    ) -> Result<CachedObject> {
+        if let Some(obj) = self.cached_state(ctx, backend, key) {
+            return Ok(self.object_from_state(ctx, obj));
+        }
+        if let Some(obj) = self.revalidate_by_listing(ctx, backend, key).await {
+            return Ok(self.object_from_state(ctx, obj));
+        }
+        let meta = backend.head(ctx, key).await?;
+        let obj = Arc::new(ObjState::new(backend, meta));
+        self.remember(&obj);
+        Ok(self.object_from_state(ctx, obj))
+    }
+
+    /// An expired entry of a directory with many known entries is revalidated by a listing, not a HEAD: the
+    /// open lists a window of the directory from its key ([`META_LIST_WINDOW`] objects, one S3 page), or
+    /// waits for the listing of the directory already in flight, and every entry the listing confirms is
+    /// renewed. A client reading many keys in order after the TTL ran out (a second pass over a data set)
+    /// costs one listing per thousand keys instead of a HEAD each. `None` (the caller sends a HEAD) when the
+    /// directory does not qualify, no refresh slot is free, or the listing did not confirm the entry.
+    pub(crate) async fn revalidate_by_listing(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+    ) -> Option<Arc<ObjState>> {
+        if !backend.lists_in_order() || self.metadata_ttl(backend).is_zero() {
+            return None;
+        }
+        // Twice at most: the listing joined may have been a window that ends before this key.
+        for _ in 0..2 {
+            let mut wait = {
+                let mut m = self.inner.meta.lock();
+                let bm = m.by_backend.get_mut(&**backend.id())?;
+                let e = bm.entries.get(key)?;
+                let dir = dir_of(key);
+                if !listing_confirms(&e.obj.meta)
+                    || bm.dirs.get(dir).is_none_or(|&n| n < META_LIST_MIN)
+                    || bm.sparse.contains(dir)
+                {
+                    return None;
+                }
+                match bm.listing.get(dir) {
+                    Some(rx) => rx.clone(),
+                    None => {
+                        let permit = self.inner.refreshes.clone().try_acquire_owned().ok()?;
+                        let (done, rx) = tokio::sync::watch::channel(());
+                        bm.listing.insert(dir.to_string(), rx.clone());
+                        drop(m);
+                        // From just below the key (the key less its last character), so the key itself
+                        // is listed.
+                        let mut from = key.to_string();
+                        from.pop();
+                        self.refresh_dir(
+                            ctx.clone(),
+                            backend.clone(),
+                            key.to_string(),
+                            Some(from),
+                            META_LIST_WINDOW,
+                            (permit, done),
+                        );
+                        rx
+                    }
+                }
+            };
+            // Resolves when the listing's task ends and drops its sender.
+            let _ = wait.changed().await;
+            if let Some(obj) = self.cached_state(ctx, backend, key) {
+                return Some(obj);
+            }
+        }
+        None
+    }
+
+    /// Like [`Self::open_object`], but a cold open reads the start of the object with the same request that
+    /// learns its version: the first `upto` bytes (rounded up to whole blocks, at least one block, at most half
+    /// the in-flight budget). One backend request instead of two for a small object, or for the first part of
+    /// a large object read in parts. The blocks read are cached and held for the returned reader.
+    pub async fn open_object_reading(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+        upto: u64,
+    ) -> Result<CachedObject> {
+        if let Some(obj) = self.cached_state(ctx, backend, key) {
+            return Ok(self.object_from_state(ctx, obj));
+        }
+        // Known before but expired: the blocks are probably cached, so revalidate with a HEAD instead of
+        // reading the data again.
+        if self.known_meta(backend, key) {
+            return self.open_object(ctx, backend, key).await;
+        }
+        let cfg = &self.inner.cfg;
+        let bs = cfg.block_size.bytes();
+        let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1) * bs;
+        // A read of more than one block from the start is a sequential reader (a client downloading in
+        // parts): the same request also reads the readahead window past it, which often is the rest of the
+        // object, one request where the next part would have needed another.
+        let ahead = if upto > bs {
+            u64::from(cfg.readahead_blocks) * bs
+        } else {
+            0
+        };
+        let len = upto
+            .div_ceil(bs)
+            .max(1)
+            .saturating_mul(bs)
+            .saturating_add(ahead)
+            .min(cap);
+        let permit = self
+            .inner
+            .budget
+            .clone()
+            .acquire_many_owned(units(len))
+            .await
+            .map_err(|_| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?;
+        let (meta, stream) = match backend.get_head_stream(ctx, key, len).await {
+            Ok(v) => v,
+            // An empty object has no satisfiable range: fall back to HEAD.
+            Err(e) if e.kind() == ErrorKind::InvalidInput => {
+                return self.open_object(ctx, backend, key).await;
+            }
+            Err(e) => return Err(e),
+        };
+        let state = Arc::new(ObjState::new(backend, meta));
+        self.remember(&state);
+        let obj = self.object_from_state(ctx, state);
+        let size = obj.meta().size;
+        // The response is the object's first `len` bytes, or all of it: whole blocks (`len` is a multiple of
+        // the block size). They fill as one run fed by this response, each block handed to the reader as soon
+        // as it has arrived; the budget taken for bytes the object does not have goes back now.
+        let end = len.min(size);
+        let nblocks = end.div_ceil(bs);
+        let mut permit = Some(permit);
+        if end < len
+            && let Some(p) = permit.as_mut()
+        {
+            drop(p.split(units(len - end) as usize));
+        }
+        if nblocks == 0 {
+            return Ok(obj);
+        }
+        let futs = self.fetch_run(
+            ctx,
+            &obj.obj,
+            0,
+            nblocks,
+            FillMode::Readahead,
+            None,
+            Some(stream),
+        );
+        let mut ra = obj.ra.lock();
+        for (k, f) in futs.into_iter().enumerate() {
+            let i = k as u64;
+            let share = if i + 1 == nblocks {
+                permit.take()
+            } else {
+                let blen = ((i + 1) * bs).min(size) - i * bs;
+                permit.as_mut().and_then(|p| p.split(units(blen) as usize))
+            };
+            ra.prefetched.insert(i, (f, share));
+        }
+        drop(ra);
+        Ok(obj)
+    }
+
+    /// How long `backend`'s metadata is trusted (see [`CacheConfig::metadata_ttl_ms`]).
+    pub(crate) fn metadata_ttl(&self, backend: &Backend) -> std::time::Duration {
+        let ms = match backend.scheme() {
+            "file" => self
+                .inner
+                .cfg
+                .metadata_ttl_ms
+                .min(LOCAL_METADATA_TTL_MAX_MS),
+            _ => self.inner.cfg.metadata_ttl_ms,
+        };
+        std::time::Duration::from_millis(ms)
+    }
+
+    /// The object's version if its metadata is still trusted. Refresh-ahead: once an entry is past its refresh
+    /// point (between half and three quarters of the TTL), the first open that uses it starts a refresh in
+    /// the background, so an object read over and over keeps fresh metadata without any open waiting for the
+    /// backend (and changes made at the backend are still seen within the TTL). The refresh is a HEAD of the
+    /// key, or, when its directory holds many entries and the backend lists in key order, one listing of the
+    /// directory that renews every entry it confirms ([`META_LIST_MIN`]).
+    pub(crate) fn cached_state(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+    ) -> Option<Arc<ObjState>> {
+        let ttl = self.metadata_ttl(backend);
+        if ttl.is_zero() {
+            return None;
+        }
+        let mut m = self.inner.meta.lock();
+        let bm = m.by_backend.get_mut(&**backend.id())?;
+        let e = bm.entries.get_mut(key)?;
+        let age = e.at.elapsed();
+        if age >= ttl {
+            return None;
+        }
+        // Learned through another `Backend` with the same id (other credentials, say): read through the
+        // caller's own.
+        let obj = if e.obj.backend.same(backend) {
+            e.obj.clone()
+        } else {
+            Arc::new(ObjState::new(backend, e.obj.meta.clone()))
+        };
+        if age < ttl.mul_f32(e.refresh_at) || e.refreshing {
+            return Some(obj);
+        }
+        let dir = dir_of(key);
+        let by_listing = backend.lists_in_order()
+            && listing_confirms(&e.obj.meta)
+            && bm.dirs.get(dir).is_some_and(|&n| n >= META_LIST_MIN)
+            && !bm.sparse.contains(dir);
+        if by_listing && bm.listing.contains_key(dir) {
+            // The listing in flight renews this entry too.
+            return Some(obj);
+        }
+        let Ok(permit) = self.inner.refreshes.clone().try_acquire_owned() else {
+            return Some(obj);
+        };
+        if by_listing {
+            let limit = (bm.dirs[dir] as usize)
+                .saturating_mul(META_LIST_PER_ENTRY)
+                .max(1_000);
+            let (done, rx) = tokio::sync::watch::channel(());
+            bm.listing.insert(dir.to_string(), rx);
+            drop(m);
+            self.refresh_dir(
+                ctx.clone(),
+                backend.clone(),
+                key.to_string(),
+                None,
+                limit,
+                (permit, done),
+            );
+        } else {
+            e.refreshing = true;
+            let from = e.at;
+            drop(m);
+            self.refresh_meta(ctx.clone(), backend.clone(), key.to_string(), from, permit);
+        }
+        Some(obj)
+    }
+
+    /// HEAD `key` in the background and renew its entry, unless the entry changed meanwhile (invalidated by a
+    /// write, or replaced by a newer lookup): a HEAD sent before a write must not bring the old version back.
+    pub(crate) fn refresh_meta(
+        &self,
+        ctx: IoContext,
+        backend: Backend,
+        key: String,
+        from: Instant,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let inner = self.inner.clone();
+        self.inner.tasks.spawn(async move {
+            let _permit = permit;
+            let got = tokio::select! {
+                _ = inner.cancel.cancelled() => return,
+                r = backend.head(&ctx, &key) => r,
+            };
+            inner
+                .counters
+                .meta_refreshes
+                .fetch_add(1, Ordering::Relaxed);
+            let mut m = inner.meta.lock();
+            let Some(e) = m.get_mut(backend.id(), &key).filter(|e| e.at == from) else {
+                return;
+            };
+            match got {
+                Ok(meta) => *e = MetaEntry::new(Arc::new(ObjState::new(&backend, meta))),
+                // Deleted at the backend: forget it now rather than at the end of the TTL.
+                Err(err) if err.kind() == ErrorKind::NotFound => m.remove(backend.id(), &key),
+                // Any other failure: the entry expires as usual and the next open asks again.
+                Err(_) => e.refreshing = false,
+            }
+        });
+    }
+
+    /// List the directory of `key` (recursively, at most `limit` objects) in the background and renew every
+    /// entry the listing confirms: same size, ETag and modification time as the entry's version. An entry
+    /// the listing contradicts (changed at the backend, or `key` itself missing from a complete listing:
+    /// deleted) is forgotten, so the next open asks the backend. Entries learned or renewed after the
+    /// listing started are left alone: a listing sent before a write must not bring the old version back.
+    /// `from`: list from there instead of the directory's start (a window around `key`).
+    pub(crate) fn refresh_dir(
+        &self,
+        ctx: IoContext,
+        backend: Backend,
+        key: String,
+        from: Option<String>,
+        limit: usize,
+        held: (
+            tokio::sync::OwnedSemaphorePermit,
+            tokio::sync::watch::Sender<()>,
+        ),
+    ) {
+        let inner = self.inner.clone();
+        self.inner.tasks.spawn(async move {
+            let _held = held;
+            let dir = dir_of(&key);
+            let (after, end) = dir_span(dir);
+            let after = match from.as_deref() {
+                Some(f) if f > after => f,
+                _ => after,
+            };
+            let started = Instant::now();
+            let got = tokio::select! {
+                _ = inner.cancel.cancelled() => return,
+                r = backend.list_span(&ctx, after, end.as_deref(), limit) => r,
+            };
+            let mut m = inner.meta.lock();
+            let Some(bm) = m.by_backend.get_mut(&**backend.id()) else {
+                return;
+            };
+            bm.listing.remove(dir);
+            // Any failure: entries expire as usual and the next due open asks again.
+            let Ok(span) = got else { return };
+            let (mut renewed, mut dropped) = (0u64, 0usize);
+            let mut saw_key = false;
+            for o in &span.objects {
+                saw_key |= o.key == key;
+                let Some(e) = bm.entries.get_mut(&o.key) else {
+                    continue;
+                };
+                if e.at >= started || !listing_confirms(&e.obj.meta) {
+                    continue;
+                }
+                if same_version(&e.obj.meta, o) {
+                    e.renew(started);
+                    renewed += 1;
+                } else if bm.remove(&o.key) {
+                    dropped += 1;
+                }
+            }
+            if !saw_key {
+                let past = span
+                    .objects
+                    .last()
+                    .is_some_and(|o| o.key.as_str() > key.as_str());
+                if span.complete || past {
+                    // Deleted at the backend: forget it now rather than at the end of the TTL.
+                    if bm.entries.get(&key).is_some_and(|e| e.at < started) && bm.remove(&key) {
+                        dropped += 1;
+                    }
+                } else {
+                    // The listing stopped before reaching the key: this directory is refreshed by HEADs.
+                    bm.sparse.insert(dir.to_string());
+                }
+            }
+            m.len -= dropped;
+            inner
+                .counters
+                .meta_refreshes
+                .fetch_add(renewed, Ordering::Relaxed);
+            inner
+                .counters
+                .meta_refresh_lists
+                .fetch_add(1, Ordering::Relaxed);
+        });
+    }
+
+    /// Whether metadata of `key` was learned before, fresh or not.
+    pub(crate) fn known_meta(&self, backend: &Backend, key: &str) -> bool {
+        self.inner.cfg.metadata_ttl_ms > 0 && self.inner.meta.lock().contains(backend.id(), key)
+    }
+
+    pub(crate) fn remember(&self, obj: &Arc<ObjState>) {
+        if self.inner.cfg.metadata_ttl_ms == 0 {
+            return;
+        }
+        self.inner
+            .meta
+            .lock()
+            .insert(obj.backend.id(), &obj.meta.key, MetaEntry::new(obj.clone()));
+    }
+
+    /// Forget what is known of `key`'s version: call after writing or deleting it, so the next open sees the
+    /// change even with a metadata TTL.
+    pub fn invalidate(&self, backend: &Backend, key: &str) {
+        self.inner.meta.lock().remove(backend.id(), key);
+    }
+
+    /// A reader for an object whose metadata the caller already has (from a listing, say).
+    pub fn object_from_meta(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        meta: ObjectMeta,
+    ) -> CachedObject {
+        self.object_from_state(ctx, Arc::new(ObjState::new(backend, meta)))
+    }
+
+    pub(crate) fn object_from_state(&self, ctx: &IoContext, obj: Arc<ObjState>) -> CachedObject {
+        CachedObject {
+            cache: self.clone(),
+            obj,
+            ctx: ctx.clone(),
+            ra: Mutex::new(Readahead::default()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_span_holds_exactly_the_keys_under_it() {
+        assert_eq!(dir_of("a/b/c"), "a/b/");
+        assert_eq!(dir_of("a/b/"), "a/b/");
+        assert_eq!(dir_of("top"), "");
+        let (after, end) = dir_span("a/b/");
+        let end = end.unwrap();
+        for inside in ["a/b/", "a/b/c", "a/b/\u{10ffff}", "a/b/z/y"] {
+            assert!(after < inside && inside < end.as_str(), "{inside}");
+        }
+        for outside in ["a/b", "a/b0", "a/c/x", "a/b1/x"] {
+            assert!(!(after < outside && outside < end.as_str()), "{outside}");
+        }
+        assert_eq!(dir_span(""), ("", None));
+    }
+}

@@ -1,0 +1,374 @@
+//! Readers of one object version: [`CachedObject`] (ranged reads, readahead, prefetch runs held with their
+//! budget shares, the hot path of one RAM-held block) and [`BudgetShare`].
+
+use crate::prelude::*;
+use crate::state::*;
+
+#[derive(Default)]
+pub(crate) struct Readahead {
+    /// The block a sequential reader would read next.
+    pub(crate) next: Option<u64>,
+    pub(crate) window: u32,
+    /// Blocks fetched ahead for this reader. Readahead holds budget with them; runs started by
+    /// [`CachedObject::prefetch`] took theirs while fetching.
+    pub(crate) prefetched: HashMap<u64, (SharedFetch, Option<OwnedSemaphorePermit>)>,
+}
+
+/// A reader of one version of one object through the cache. Reads are verified against that version: if the
+/// object changes at the backend, uncached blocks fail with [`ErrorKind::PreconditionFailed`] instead of mixing
+/// versions.
+pub struct CachedObject {
+    pub(crate) cache: BlockCache,
+    pub(crate) obj: Arc<ObjState>,
+    pub(crate) ctx: IoContext,
+    pub(crate) ra: Mutex<Readahead>,
+}
+
+/// A block's share of the in-flight budget, handed out with bytes that were fetched ahead for their reader or
+/// read from the disk tier ([`CachedObject::read_block`]): hold it until the bytes have left (a response body
+/// drops it when the connection asks for the next chunk), so that bytes on their way out stay inside the
+/// budget.
+#[derive(Debug)]
+pub struct BudgetShare(#[allow(dead_code)] OwnedSemaphorePermit);
+
+impl std::fmt::Debug for CachedObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedObject")
+            .field("id", &self.obj.id)
+            .finish()
+    }
+}
+
+impl CachedObject {
+    /// The object's metadata as of opening.
+    pub fn meta(&self) -> &ObjectMeta {
+        &self.obj.meta
+    }
+
+    /// The whole object.
+    pub async fn read_all(&self) -> Result<Bytes> {
+        self.read(0..self.obj.meta.size).await
+    }
+
+    /// Bytes `range`, which must lie inside one block, with the block's share of the in-flight budget when it
+    /// was fetched ahead for this reader or read from the disk tier (see [`BudgetShare`]). For senders that
+    /// stream block by block.
+    pub async fn read_block(&self, range: Range<u64>) -> Result<(Bytes, Option<BudgetShare>)> {
+        let size = self.obj.meta.size;
+        let bs = self.cache.inner.cfg.block_size.bytes();
+        let end = range.end.min(size);
+        if range.start > size || range.start > range.end {
+            return Err(Error::invalid_input(format!(
+                "range {}..{} is outside {} ({} bytes)",
+                range.start, range.end, self.obj.meta.key, size
+            )));
+        }
+        if range.start == end {
+            return Ok((Bytes::new(), None));
+        }
+        let i = range.start / bs;
+        if (end - 1) / bs != i {
+            return Err(Error::invalid_input(format!(
+                "range {}..{} spans more than one block",
+                range.start, range.end
+            )));
+        }
+        // Taken before readahead bookkeeping, which forgets prefetched entries at or before the read.
+        let pre = self.ra.lock().prefetched.remove(&i);
+        self.schedule_readahead(i, i, end);
+        let (b, share) = match pre {
+            Some((fut, permit)) => match fut.await {
+                Ok(b) => (b, permit.map(BudgetShare)),
+                Err(_) => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
+            },
+            None => {
+                let share = self.disk_read_share(i).await;
+                (self.cache.block(&self.ctx, &self.obj, i).await?, share)
+            }
+        };
+        let (lo, hi) = (range.start - i * bs, end - i * bs);
+        if hi > b.len() as u64 {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "block {i} of {} is shorter than expected",
+                    self.obj.meta.key
+                ),
+            ));
+        }
+        Ok((b.slice(lo as usize..hi as usize), share))
+    }
+
+    /// A share of the in-flight budget for block `i` when reading it makes fresh memory because only the disk
+    /// tier holds it: a sender's blocks read from disk are then inside the budget until sent, as fetched ones
+    /// are, however many large hot reads run at once. Waited for when this reader holds no budget of its own
+    /// (as in [`Self::prefetch`]: a reader never waits while holding some), else taken only if free.
+    pub(crate) async fn disk_read_share(&self, i: u64) -> Option<BudgetShare> {
+        if !self.cache.disk_only(&self.obj.digest(i)) {
+            return None;
+        }
+        let bs = self.cache.inner.cfg.block_size.bytes();
+        let len = ((i + 1) * bs).min(self.obj.meta.size) - i * bs;
+        let budget = self.cache.inner.budget.clone();
+        let holds_budget = self.ra.lock().prefetched.values().any(|(_, p)| p.is_some());
+        let permit = if holds_budget {
+            budget.try_acquire_many_owned(units(len)).ok()
+        } else {
+            budget.acquire_many_owned(units(len)).await.ok()
+        };
+        permit.map(BudgetShare)
+    }
+
+    /// Note a read of this version at `at` (seconds): true if none was noted in the `resolution` seconds
+    /// before, so the caller should record it. The mark is shared by every reader of the version while its
+    /// metadata is cached; for a hot object, at most one reader per `resolution` sees true.
+    pub fn mark_read(&self, at: i64, resolution: i64) -> bool {
+        self.obj.mark_read(at, resolution)
+    }
+
+    /// Bytes `range` if they lie in one block the RAM tier holds now and that was not fetched for this reader,
+    /// else `None` (read them with [`Self::read_block`] then). The hot path of a small read: one lookup, none of the readahead
+    /// bookkeeping; the request is recorded and the lookup emitted as for any read. An invalid range is
+    /// `None` too, and [`Self::read_block`] then says what is wrong with it.
+    pub fn read_cached(&self, range: Range<u64>) -> Option<Bytes> {
+        let bs = self.cache.inner.cfg.block_size.bytes();
+        let end = range.end.min(self.obj.meta.size);
+        if range.start >= end {
+            return None;
+        }
+        let i = range.start / bs;
+        if (end - 1) / bs != i {
+            return None;
+        }
+        // Fetched for this reader (a cold open that read the start of the object): `read_block` takes it with
+        // its budget share, and the fill is not counted as a hit.
+        if self.ra.lock().prefetched.contains_key(&i) {
+            return None;
+        }
+        let b = self
+            .cache
+            .ram_hit(&self.ctx, &self.obj.id, &self.obj.digest(i), Instant::now())?;
+        let (lo, hi) = ((range.start - i * bs) as usize, (end - i * bs) as usize);
+        (hi <= b.len()).then(|| b.slice(lo..hi))
+    }
+
+    /// Bytes `range`; the end is clamped to the object's size. A start past the end is an error.
+    pub async fn read(&self, range: Range<u64>) -> Result<Bytes> {
+        let size = self.obj.meta.size;
+        if range.start > size || range.start > range.end {
+            return Err(Error::invalid_input(format!(
+                "range {}..{} is outside {} ({} bytes)",
+                range.start, range.end, self.obj.meta.key, size
+            )));
+        }
+        let end = range.end.min(size);
+        if range.start == end {
+            return Ok(Bytes::new());
+        }
+        let bs = self.cache.inner.cfg.block_size.bytes();
+        let (first, last) = (range.start / bs, (end - 1) / bs);
+        if last > first {
+            self.prefetch(range.start..end, false).await;
+        }
+        self.schedule_readahead(first, last, end);
+        let par = self.cache.inner.cfg.read_parallelism;
+        let blocks: Vec<Bytes> = futures::stream::iter(first..=last)
+            .map(|i| self.block(i))
+            .buffered(par)
+            .try_collect()
+            .await?;
+        let slice_of = |i: u64, b: &Bytes| -> Result<Bytes> {
+            let bstart = i * bs;
+            let lo = range.start.max(bstart) - bstart;
+            let hi = end.min(bstart + b.len() as u64) - bstart;
+            if hi < lo || hi > b.len() as u64 {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "block {i} of {} is shorter than expected",
+                        self.obj.meta.key
+                    ),
+                ));
+            }
+            Ok(b.slice(lo as usize..hi as usize))
+        };
+        if blocks.len() == 1 {
+            return slice_of(first, &blocks[0]);
+        }
+        let mut out = BytesMut::with_capacity((end - range.start) as usize);
+        for (n, b) in blocks.iter().enumerate() {
+            out.extend_from_slice(&slice_of(first + n as u64, b)?);
+        }
+        Ok(out.freeze())
+    }
+
+    /// Start fetching the uncached blocks of `range` now, consecutive ones together: one backend request per
+    /// run of up to half the in-flight budget. A reader that knows it will read a whole range (a ranged GET of
+    /// the gateway) calls this first, so a cold 50 MiB range costs one backend request, not one per block.
+    ///
+    /// The fetched blocks are held for this reader, and their share of the in-flight budget with them, until
+    /// read. With `wait`, the first run waits for budget; later runs (and every run without `wait`) start only
+    /// if budget is free now, so a reader never waits for budget while holding some (no deadlock); blocks not
+    /// started here are fetched when read.
+    pub async fn prefetch(&self, range: Range<u64>, wait: bool) {
+        let size = self.obj.meta.size;
+        let end = range.end.min(size);
+        if range.start >= end {
+            return;
+        }
+        let cfg = &self.cache.inner.cfg;
+        let bs = cfg.block_size.bytes();
+        let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1);
+        let (first, last) = (range.start / bs, (end - 1) / bs);
+        let runs = {
+            let ra = self.ra.lock();
+            let mut run: Option<(u64, u64)> = None;
+            let mut runs = Vec::new();
+            for i in first..=last + 1 {
+                let missing = i <= last
+                    && !ra.prefetched.contains_key(&i)
+                    && !self.cache.holds(&self.obj.digest(i));
+                match (&mut run, missing) {
+                    (Some((_, n)), true) if *n < cap => *n += 1,
+                    (Some(r), _) => {
+                        runs.push(*r);
+                        run = missing.then_some((i, 1));
+                    }
+                    (None, true) => run = Some((i, 1)),
+                    (None, false) => {}
+                }
+            }
+            runs
+        };
+        let block_len = |i: u64| ((i + 1) * bs).min(size) - i * bs;
+        for (n, (start, count)) in runs.into_iter().enumerate() {
+            let len: u64 = (start..start + count).map(block_len).sum();
+            let budget = self.cache.inner.budget.clone();
+            // Wait only while holding no budget: a reader that holds some never waits for more.
+            let holds_budget = self.ra.lock().prefetched.values().any(|(_, p)| p.is_some());
+            let permit = if wait && n == 0 && !holds_budget {
+                budget.acquire_many_owned(units(len)).await.ok()
+            } else {
+                budget.try_acquire_many_owned(units(len)).ok()
+            };
+            let Some(permit) = permit else {
+                self.cache
+                    .inner
+                    .counters
+                    .readahead_skipped
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            let futs = self.cache.fetch_run(
+                &self.ctx,
+                &self.obj,
+                start,
+                count,
+                FillMode::Readahead,
+                None,
+                None,
+            );
+            // Each block carries its share of the budget until it is read.
+            let mut permit = Some(permit);
+            let mut ra = self.ra.lock();
+            for (k, f) in futs.into_iter().enumerate() {
+                let i = start + k as u64;
+                let share = if k as u64 + 1 == count {
+                    permit.take()
+                } else {
+                    permit
+                        .as_mut()
+                        .and_then(|p| p.split(units(block_len(i)) as usize))
+                };
+                ra.prefetched.insert(i, (f, share));
+            }
+        }
+    }
+
+    /// [`prefetch`](Self::prefetch) for someone else: the runs start now, into the cache, and keep their share
+    /// of the in-flight budget until they land, on a task of the cache's own (shut down with it). Returns once
+    /// they are started. For hints from another process, such as a loader asking its node agent for a shuffle
+    /// window's bytes before reading them sample by sample.
+    pub async fn prefetch_detached(self, range: Range<u64>) {
+        self.prefetch(range, false).await;
+        let pending: Vec<_> = self.ra.lock().prefetched.drain().map(|(_, v)| v).collect();
+        if pending.is_empty() {
+            return;
+        }
+        self.cache.inner.tasks.spawn(async move {
+            for (fill, permit) in pending {
+                let _ = fill.await;
+                drop(permit);
+            }
+        });
+    }
+
+    pub(crate) async fn block(&self, i: u64) -> Result<Bytes> {
+        let pre = self.ra.lock().prefetched.remove(&i);
+        if let Some((fut, permit)) = pre {
+            let r = fut.await;
+            drop(permit);
+            if r.is_ok() {
+                return r;
+            }
+        }
+        self.cache.block(&self.ctx, &self.obj, i).await
+    }
+
+    pub(crate) fn schedule_readahead(&self, first: u64, last: u64, end: u64) {
+        let cfg = &self.cache.inner.cfg;
+        if cfg.readahead_blocks == 0 {
+            return;
+        }
+        let bs = cfg.block_size.bytes();
+        let nblocks = self.obj.meta.size.div_ceil(bs);
+        let mut ra = self.ra.lock();
+        let sequential = match ra.next {
+            None => first == 0,
+            Some(n) => first == n || first + 1 == n,
+        };
+        ra.next = Some(end / bs);
+        if !sequential {
+            // A jump: readahead of the old position is useless (runs for the current read stay).
+            ra.window = 0;
+            ra.prefetched.retain(|&i, _| i >= first && i <= last);
+            return;
+        }
+        ra.window = (ra.window * 2).clamp(1, cfg.readahead_blocks);
+        ra.prefetched.retain(|&i, _| i > last);
+        let upto = (last + ra.window as u64).min(nblocks.saturating_sub(1));
+        for i in last + 1..=upto {
+            if ra.prefetched.contains_key(&i) {
+                continue;
+            }
+            let d = self.obj.digest(i);
+            if self.cache.holds(&d) {
+                continue;
+            }
+            let len = (self.obj.meta.size - i * bs).min(bs);
+            let Ok(permit) = self
+                .cache
+                .inner
+                .budget
+                .clone()
+                .try_acquire_many_owned(units(len))
+            else {
+                self.cache
+                    .inner
+                    .counters
+                    .readahead_skipped
+                    .fetch_add(1, Ordering::Relaxed);
+                break;
+            };
+            let fut = self
+                .cache
+                .fetch(&self.ctx, &self.obj, i, FillMode::Readahead, None);
+            self.cache
+                .inner
+                .counters
+                .readahead
+                .fetch_add(1, Ordering::Relaxed);
+            ra.prefetched.insert(i, (fut, Some(permit)));
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Statistics: the snapshot served as `GET /v1/cache` ([`CacheStats`]) and how it is taken.
+
+use crate::prelude::*;
+use crate::state::*;
+
+/// Statistics of one tier.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TierStats {
+    /// Capacity in bytes.
+    pub capacity_bytes: u64,
+    /// Bytes held.
+    pub used_bytes: u64,
+    /// Bytes held by pinned blocks.
+    pub pinned_bytes: u64,
+    /// Blocks held.
+    pub blocks: u64,
+    /// Lookups served by this tier.
+    pub hits: u64,
+    /// Blocks evicted.
+    pub evictions: u64,
+    /// Blocks the admission filter kept out.
+    pub admissions_rejected: u64,
+}
+
+/// Fault counters of the disk tier.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiskFaults {
+    /// Blocks whose checksum, length or header did not verify on read (dropped, served from elsewhere).
+    pub checksum_failures: u64,
+    /// Reads that failed with an I/O error (treated as misses).
+    pub read_errors: u64,
+    /// Writes that failed with an I/O error other than a full disk.
+    pub write_errors: u64,
+    /// Writes that failed because the device was full (ENOSPC).
+    pub no_space: u64,
+    /// Blocks not written because the write queue was full.
+    pub writes_dropped: u64,
+    /// Partial or damaged files removed when the tier was opened.
+    pub removed_on_start: u64,
+}
+
+/// A snapshot of the cache's state and counters (served as JSON by `GET /v1/cache`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CacheStats {
+    /// Block size in bytes.
+    pub block_size: u64,
+    /// Replacement policy.
+    pub policy: String,
+    /// RAM tier.
+    pub ram: TierStats,
+    /// Disk tier, if configured.
+    pub disk: Option<TierStats>,
+    /// Disk tier faults.
+    pub disk_faults: DiskFaults,
+    /// Lookups no tier could serve.
+    pub misses: u64,
+    /// Hits / (hits + misses) since start.
+    pub hit_ratio: f64,
+    /// Blocks filled from backends.
+    pub fills: u64,
+    /// Backend requests made to fill blocks (one request may fill several consecutive blocks).
+    pub fill_requests: u64,
+    /// Bytes read from backends to fill blocks.
+    pub fill_bytes: u64,
+    /// Lookups that joined a fill already in flight instead of reading the backend again.
+    pub single_flight_joins: u64,
+    /// Blocks fetched ahead of a sequential reader.
+    pub readahead_blocks: u64,
+    /// Readahead skipped because the in-flight budget was used up.
+    pub readahead_skipped: u64,
+    /// Reads refused because the object changed at the backend while it was being read.
+    pub stale_version_errors: u64,
+    /// Fills that failed at the backend.
+    pub fill_errors: u64,
+    /// Object metadata refreshed in the background before its TTL ran out (refresh-ahead), by a HEAD or
+    /// confirmed by a listing of its directory.
+    pub metadata_refreshes: u64,
+    /// Directory listings sent to refresh the metadata of many entries at once.
+    pub metadata_refresh_lists: u64,
+    /// Budget for bytes in flight from backends.
+    pub inflight_budget_bytes: u64,
+    /// Budget in use now: bytes being fetched or held for readers, and blocks waiting for the disk writers
+    /// past the first few.
+    pub inflight_bytes: u64,
+    /// Block buffers taken from the pool of freed ones (a fill or disk read that made no fresh memory).
+    pub pool_reused_blocks: u64,
+    /// Block buffers the pool had to allocate.
+    pub pool_allocated_blocks: u64,
+    /// Freed block buffers the pool gave back to the allocator (no room in the unused budget).
+    pub pool_released_blocks: u64,
+    /// Bytes of freed block buffers kept for reuse now.
+    pub pool_kept_bytes: u64,
+    /// Pinned prefixes.
+    pub pins: Vec<PinSpec>,
+}
+
+impl BlockCache {
+    /// A snapshot of the counters and usage.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.inner.counters;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (ram_cap, ram_used, ram_pinned, ram_blocks) = {
+            let r = self.inner.ram.lock();
+            (
+                r.policy.capacity(),
+                r.policy.used(),
+                r.policy.pinned_bytes(),
+                r.policy.len() as u64,
+            )
+        };
+        let ram = TierStats {
+            capacity_bytes: ram_cap,
+            used_bytes: ram_used,
+            pinned_bytes: ram_pinned,
+            blocks: ram_blocks,
+            hits: ld(&c.ram_hits),
+            evictions: ld(&c.ram_evictions),
+            admissions_rejected: ld(&c.ram_rejected),
+        };
+        let mut faults = DiskFaults {
+            writes_dropped: ld(&c.writes_dropped),
+            ..Default::default()
+        };
+        let disk = self.inner.disk.as_ref().map(|t| {
+            let (cap, used, pinned, blocks) = t.usage();
+            let dc = &t.counters;
+            faults.checksum_failures = ld(&dc.checksum_failures);
+            faults.read_errors = ld(&dc.read_errors);
+            faults.write_errors = ld(&dc.write_errors);
+            faults.no_space = ld(&dc.no_space);
+            faults.removed_on_start = ld(&dc.removed_on_start);
+            faults.writes_dropped += ld(&dc.dropped);
+            TierStats {
+                capacity_bytes: cap,
+                used_bytes: used,
+                pinned_bytes: pinned,
+                blocks: blocks as u64,
+                hits: ld(&c.disk_hits),
+                evictions: ld(&dc.evictions),
+                admissions_rejected: ld(&dc.rejected),
+            }
+        });
+        let hits = ram.hits + disk.as_ref().map_or(0, |d| d.hits);
+        let misses = ld(&c.misses);
+        let avail = self.inner.budget.available_permits() as u64;
+        CacheStats {
+            block_size: self.inner.cfg.block_size.bytes(),
+            policy: format!("{:?}", self.inner.cfg.policy).to_lowercase(),
+            ram,
+            disk,
+            disk_faults: faults,
+            misses,
+            hit_ratio: if hits + misses == 0 {
+                0.0
+            } else {
+                hits as f64 / (hits + misses) as f64
+            },
+            fills: ld(&c.fills),
+            fill_requests: ld(&c.fill_requests),
+            fill_bytes: ld(&c.fill_bytes),
+            single_flight_joins: ld(&c.joins),
+            readahead_blocks: ld(&c.readahead),
+            readahead_skipped: ld(&c.readahead_skipped),
+            stale_version_errors: ld(&c.stale),
+            fill_errors: ld(&c.fill_errors),
+            metadata_refreshes: ld(&c.meta_refreshes),
+            metadata_refresh_lists: ld(&c.meta_refresh_lists),
+            inflight_budget_bytes: self.inner.budget_units * UNIT,
+            inflight_bytes: self.inner.budget_units.saturating_sub(avail) * UNIT,
+            pool_reused_blocks: ld(&self.inner.pool.reused),
+            pool_allocated_blocks: ld(&self.inner.pool.allocated),
+            pool_released_blocks: ld(&self.inner.pool.released),
+            pool_kept_bytes: self.inner.pool.kept() as u64 * self.inner.cfg.block_size.bytes(),
+            pins: self.inner.pins.read().clone(),
+        }
+    }
+}

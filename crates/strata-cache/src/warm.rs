@@ -1,0 +1,213 @@
+//! Warm-up of a prefix into the disk tier, and pins (prefixes never evicted, capped, kept across restarts).
+
+use crate::prelude::*;
+use crate::state::*;
+
+/// Result of pinning a prefix.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PinReport {
+    /// Blocks already cached that are now pinned.
+    pub pinned_blocks: u64,
+    /// Blocks that could not be pinned because the pinned-bytes cap was reached.
+    pub refused_blocks: u64,
+}
+
+/// Progress of a warm-up, reported after each block.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WarmProgress {
+    /// Objects found under the prefix.
+    pub objects: u64,
+    /// Total bytes of those objects.
+    pub total_bytes: u64,
+    /// Bytes now cached (fetched or already there).
+    pub done_bytes: u64,
+    /// Blocks fetched from the backend.
+    pub fetched_blocks: u64,
+    /// Blocks that were already cached.
+    pub cached_blocks: u64,
+    /// Blocks that failed.
+    pub failed_blocks: u64,
+    /// The first errors (at most 10), as `key: message`.
+    pub errors: Vec<String>,
+}
+
+impl BlockCache {
+    /// Prefetch every object under `prefix` into the cache, `concurrency` blocks at a time (at least 1).
+    /// Blocks already cached are skipped. Errors of single objects are counted and reported, not fatal.
+    pub async fn warm(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        prefix: &str,
+        concurrency: usize,
+        progress: impl Fn(&WarmProgress),
+    ) -> Result<WarmProgress> {
+        let mut objects = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = backend
+                .list_page(ctx, prefix, after.as_deref(), 1000)
+                .await?;
+            objects.extend(page.objects);
+            match page.next_start_after {
+                Some(s) => after = Some(s),
+                None => break,
+            }
+        }
+        let bs = self.inner.cfg.block_size.bytes();
+        let mut p = WarmProgress {
+            objects: objects.len() as u64,
+            total_bytes: objects.iter().map(|o| o.size).sum(),
+            ..Default::default()
+        };
+        progress(&p);
+        // Work items are runs of consecutive uncached blocks, each fetched with one request of at most
+        // `max_request_size`.
+        let run_max = self.run_blocks();
+        let mut work = Vec::new();
+        for meta in objects {
+            let obj = Arc::new(ObjState::new(backend, meta));
+            let nblocks = obj.meta.size.div_ceil(bs);
+            let mut run_start: Option<u64> = None;
+            for i in 0..=nblocks {
+                let held = i < nblocks && self.warm_holds(&obj.digest(i));
+                if held {
+                    p.cached_blocks += 1;
+                    p.done_bytes += (obj.meta.size - i * bs).min(bs);
+                }
+                let end_run = i == nblocks || held || run_start.is_some_and(|s| i - s == run_max);
+                if end_run && let Some(s) = run_start.take() {
+                    work.push((obj.clone(), s, i - s));
+                }
+                if i < nblocks && !held && run_start.is_none() {
+                    run_start = Some(i);
+                }
+            }
+        }
+        progress(&p);
+        let cancel = self.inner.cancel.clone();
+        let mut stream = futures::stream::iter(work)
+            .map(|(obj, first, count)| async move {
+                let len = ((first + count) * bs).min(obj.meta.size) - first * bs;
+                let runs = self.fetch_run(ctx, &obj, first, count, FillMode::Warm, None, None);
+                let r = futures::future::try_join_all(runs).await;
+                // Blocks that were only in RAM (or joined another reader's fill) still go to disk.
+                if let Ok(blocks) = &r {
+                    for (i, b) in (first..).zip(blocks) {
+                        let key = BlockKey::new(obj.id.clone(), i);
+                        let d = key.digest();
+                        if !self.warm_holds(&d)
+                            && let Some(done) = self.store_disk(&key, d, b, FillMode::Warm).await
+                        {
+                            let _ = done.await;
+                        }
+                    }
+                }
+                (obj, count, len, r.map(|_| ()))
+            })
+            .buffer_unordered(concurrency.max(1));
+        loop {
+            let next = tokio::select! {
+                n = stream.next() => n,
+                _ = cancel.cancelled() => return Err(Error::new(ErrorKind::Cancelled, "cache is shutting down")),
+            };
+            let Some((obj, count, len, r)) = next else {
+                break;
+            };
+            match r {
+                Ok(()) => {
+                    p.fetched_blocks += count;
+                    p.done_bytes += len;
+                }
+                Err(e) => {
+                    p.failed_blocks += count;
+                    if p.errors.len() < 10 {
+                        p.errors.push(format!("{}: {e}", obj.meta.key));
+                    }
+                }
+            }
+            progress(&p);
+        }
+        Ok(p)
+    }
+
+    /// Pin `prefix` of `backend` (a canonical backend id): its cached blocks are not evicted, and blocks cached
+    /// later are pinned as they arrive, up to the pinned-bytes cap. Persisted across restarts.
+    pub fn pin(&self, backend: &str, prefix: &str) -> Result<PinReport> {
+        let spec = PinSpec {
+            backend: backend.to_string(),
+            prefix: prefix.to_string(),
+        };
+        {
+            let mut pins = self.inner.pins.write();
+            if !pins.contains(&spec) {
+                pins.push(spec.clone());
+            }
+        }
+        self.save_pins()?;
+        let (pinned, refused) = match &self.inner.disk {
+            Some(disk) => disk.pin_matching(|k| spec.matches(k)),
+            None => {
+                let mut ram = self.inner.ram.lock();
+                let ram = &mut *ram;
+                let (mut ok, mut refused) = (0, 0);
+                for (d, (k, _)) in ram.map.iter() {
+                    if spec.matches(k) {
+                        if ram.policy.pin(d) {
+                            ok += 1;
+                        } else {
+                            refused += 1;
+                        }
+                    }
+                }
+                (ok, refused)
+            }
+        };
+        Ok(PinReport {
+            pinned_blocks: pinned,
+            refused_blocks: refused,
+        })
+    }
+
+    /// Remove a pin. Returns whether it existed. Blocks still covered by another pin stay pinned.
+    pub fn unpin(&self, backend: &str, prefix: &str) -> Result<bool> {
+        let spec = PinSpec {
+            backend: backend.to_string(),
+            prefix: prefix.to_string(),
+        };
+        let existed = {
+            let mut pins = self.inner.pins.write();
+            let before = pins.len();
+            pins.retain(|p| *p != spec);
+            before != pins.len()
+        };
+        self.save_pins()?;
+        let rest = self.inner.pins.read().clone();
+        let release = |k: &BlockKey| spec.matches(k) && !rest.iter().any(|p| p.matches(k));
+        match &self.inner.disk {
+            Some(disk) => disk.unpin_matching(release),
+            None => {
+                let mut ram = self.inner.ram.lock();
+                let ram = &mut *ram;
+                for (d, (k, _)) in ram.map.iter() {
+                    if release(k) {
+                        ram.policy.unpin(d);
+                    }
+                }
+            }
+        }
+        Ok(existed)
+    }
+
+    pub(crate) fn save_pins(&self) -> Result<()> {
+        let Some(path) = &self.inner.pins_path else {
+            return Ok(());
+        };
+        let body = serde_json::to_vec_pretty(&*self.inner.pins.read())
+            .map_err(|e| Error::internal(format!("encoding pins: {e}")))?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, body)
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .map_err(|e| Error::from_io(e, format!("saving {}", path.display())))
+    }
+}
