@@ -313,7 +313,7 @@ pub async fn serve(
                 tracing::info!(s3 = %format!("http://{s3_addr}"), "S3 gateway ready")
             }
         }
-        gateway_task = Some(tokio::spawn(gateway::run(
+        gateway_task = Some(tokio::spawn(gateway::serve::run(
             gw,
             s3_listener,
             stop.clone(),

@@ -1,0 +1,389 @@
+//! Multipart uploads as S3 operations: Create, UploadPart, ListParts, Complete, Abort (the staging of parts
+//! is [`super::multipart`]), and the assembly of a completed upload.
+
+use super::attributes::*;
+use super::checksums::*;
+use super::*;
+
+impl Gateway {
+    pub(super) async fn s3_create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let who = self.who(&req).await?;
+        let owner = who.access_key.clone();
+        let input = req.input;
+        self.backend(&input.bucket)?;
+        check_key(&input.key)?;
+        self.tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+            .await?;
+        let id = self
+            .staging
+            .create(&UploadInfo {
+                bucket: input.bucket.clone(),
+                key: input.key.clone(),
+                owner,
+                attrs: attrs_of_input!(input)?,
+            })
+            .map_err(s3err)?;
+        Ok(S3Response::new(CreateMultipartUploadOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(id),
+            ..Default::default()
+        }))
+    }
+
+    pub(super) async fn s3_upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let who = self.who(&req).await?;
+        let owner = who.access_key.clone();
+        let trailers = req.trailing_headers;
+        let input = req.input;
+        if !(1..=10_000).contains(&input.part_number) {
+            return Err(s3_error!(InvalidArgument, "part numbers are 1..=10000"));
+        }
+        self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
+        let team = self
+            .tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+            .await?;
+        if team.is_some() {
+            let Some(len) = input.content_length else {
+                return Err(s3_error!(
+                    MissingContentLength,
+                    "a part charged to a quota needs its Content-Length"
+                ));
+            };
+            // Quota before bytes: each part is admitted before it is read.
+            self.tenancy
+                .admit_part(
+                    team.as_deref(),
+                    &input.bucket,
+                    &input.upload_id,
+                    input.part_number,
+                    len,
+                )
+                .await?;
+        }
+        let mut check = BodyCheck::new(
+            input.content_md5,
+            input.checksum_algorithm.as_ref(),
+            input.checksum_crc32,
+            input.checksum_crc32c,
+            input.checksum_sha1,
+            input.checksum_sha256,
+            input.checksum_crc64nvme,
+        )?
+        .with_trailers(trailers);
+        let tmp = self
+            .staging
+            .temp_part_path(&input.upload_id, input.part_number)
+            .map_err(s3err)?;
+        let result = async {
+            let mut f = tokio::fs::File::create(&tmp)
+                .await
+                .map_err(|e| s3err(Error::from_io(e, "staging a part")))?;
+            if let Some(mut body) = input.body {
+                while let Some(chunk) = body.next().await {
+                    let chunk =
+                        chunk.map_err(|e| s3_error!(IncompleteBody, "reading the part: {e}"))?;
+                    check.update(&chunk);
+                    f.write_all(&chunk)
+                        .await
+                        .map_err(|e| s3err(Error::from_io(e, "staging a part")))?;
+                }
+            }
+            f.flush()
+                .await
+                .map_err(|e| s3err(Error::from_io(e, "staging a part")))?;
+            let md5 = check.finish()?;
+            self.staging
+                .commit_part(&input.upload_id, input.part_number, &tmp, &md5)
+                .map_err(s3err)?;
+            Ok::<_, S3Error>(md5)
+        }
+        .await;
+        // A failed part gives its admission back, and so does one whose upload was aborted meanwhile.
+        if result.is_err() || self.staging.info(&input.upload_id).is_err() {
+            self.tenancy
+                .release_part(&input.upload_id, input.part_number)
+                .await;
+        }
+        match result {
+            Ok(md5) => Ok(S3Response::new(UploadPartOutput {
+                e_tag: Some(ETag::Strong(md5)),
+                ..Default::default()
+            })),
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) async fn s3_list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        let (_, owner) = self.caller(&req)?;
+        let input = req.input;
+        self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
+        let marker = input.part_number_marker.unwrap_or(0);
+        let max = input.max_parts.unwrap_or(1000).clamp(1, 1000) as usize;
+        let mut parts: Vec<_> = self
+            .staging
+            .parts(&input.upload_id)
+            .map_err(s3err)?
+            .into_iter()
+            .filter(|p| p.number > marker)
+            .collect();
+        let truncated = parts.len() > max;
+        parts.truncate(max);
+        let next = if truncated {
+            parts.last().map(|p| p.number)
+        } else {
+            None
+        };
+        Ok(S3Response::new(ListPartsOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(input.upload_id),
+            is_truncated: Some(truncated),
+            next_part_number_marker: next,
+            max_parts: Some(max as i32),
+            parts: Some(
+                parts
+                    .into_iter()
+                    .map(|p| Part {
+                        part_number: Some(p.number),
+                        e_tag: Some(ETag::Strong(p.md5)),
+                        size: Some(p.size as i64),
+                        last_modified: Some(Timestamp::from(p.modified)),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    }
+
+    pub(super) async fn s3_complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let who = self.who(&req).await?;
+        let (ctx, owner) = (who.ctx.clone(), who.access_key.clone());
+        let input = req.input;
+        let backend = self.backend(&input.bucket)?;
+        let info = self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
+        let team = self
+            .tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+            .await?;
+        let requested = input
+            .multipart_upload
+            .and_then(|m| m.parts)
+            .unwrap_or_default();
+        if requested.is_empty() {
+            return Err(s3_error!(
+                InvalidRequest,
+                "you must specify at least one part"
+            ));
+        }
+        let staged: HashMap<i32, multipart::StagedPart> = self
+            .staging
+            .parts(&input.upload_id)
+            .map_err(s3err)?
+            .into_iter()
+            .map(|p| (p.number, p))
+            .collect();
+        let mut chosen = Vec::with_capacity(requested.len());
+        let mut last = 0;
+        for (i, p) in requested.iter().enumerate() {
+            let n = p
+                .part_number
+                .ok_or_else(|| s3_error!(InvalidPart, "a part has no number"))?;
+            if n <= last {
+                return Err(s3_error!(
+                    InvalidPartOrder,
+                    "parts must be listed in ascending order"
+                ));
+            }
+            last = n;
+            let staged = staged
+                .get(&n)
+                .ok_or_else(|| s3_error!(InvalidPart, "part {n} was not uploaded"))?;
+            if let Some(e) = &p.e_tag
+                && !e.strong_cmp(&ETag::Strong(staged.md5.clone()))
+            {
+                return Err(s3_error!(
+                    InvalidPart,
+                    "part {n}: the ETag does not match the uploaded part"
+                ));
+            }
+            if i + 1 < requested.len() && staged.size < MIN_PART {
+                return Err(s3_error!(
+                    EntityTooSmall,
+                    "part {n} is smaller than 5 MiB and is not the last part"
+                ));
+            }
+            chosen.push(staged.clone());
+        }
+        // md5 of the part md5s, as S3 computes multipart ETags (returned when the backend gives none).
+        let mut md5 = s3s::crypto::Md5::new();
+        for p in &chosen {
+            let raw: Vec<u8> = (0..p.md5.len())
+                .step_by(2)
+                .filter_map(|i| {
+                    p.md5
+                        .get(i..i + 2)
+                        .and_then(|h| u8::from_str_radix(h, 16).ok())
+                })
+                .collect();
+            md5.update(&raw);
+        }
+        let s3_etag = format!("{}-{}", hex(&md5.finalize()), chosen.len());
+        let total: u64 = chosen.iter().map(|p| p.size).sum();
+        // The parts' bytes were admitted as they arrived; the object itself (and any bytes not admitted, after
+        // a restart) is admitted now, before anything is written to the backend.
+        let mut reservations = self.tenancy.take_parts(&input.upload_id);
+        let admitted: i64 = reservations.iter().map(|r| r.bytes).sum();
+        match self
+            .tenancy
+            .admit(
+                team.as_deref(),
+                &input.bucket,
+                (total as i64 - admitted).max(0),
+                1,
+            )
+            .await
+        {
+            Ok(r) => reservations.extend(r),
+            Err(e) => {
+                for r in reservations {
+                    self.tenancy.release(Some(r)).await;
+                }
+                return Err(e);
+            }
+        }
+        let written = self
+            .assemble(&ctx, &backend, &input.key, &chosen, total, &info.attrs)
+            .await;
+        let etag = match written {
+            Ok(e) => e,
+            Err(e) => {
+                for r in reservations {
+                    self.tenancy.release(Some(r)).await;
+                }
+                return Err(e);
+            }
+        };
+        self.agent.cache().invalidate(&backend, &input.key);
+        let _ = self.staging.remove(&input.upload_id);
+        self.tenancy
+            .written(
+                reservations,
+                &input.bucket,
+                &input.key,
+                total as i64,
+                etag.clone(),
+                team,
+                &who.caller,
+                ctx.job.as_deref().map(str::to_string),
+                who.dataset.clone(),
+            )
+            .await;
+        Ok(S3Response::new(CompleteMultipartUploadOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            e_tag: Some(
+                etag.as_deref()
+                    .map(plain_etag)
+                    .unwrap_or(ETag::Strong(s3_etag)),
+            ),
+            ..Default::default()
+        }))
+    }
+
+    pub(super) async fn s3_abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let who = self.who(&req).await?;
+        let owner = who.access_key;
+        let input = req.input;
+        self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
+        self.staging
+            .remove(&input.upload_id)
+            .map_err(|_| s3_error!(NoSuchUpload))?;
+        self.tenancy.release_parts(&input.upload_id).await;
+        Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+}
+
+impl Gateway {
+    /// Write an upload's chosen parts to the backend as one object.
+    pub(super) async fn assemble(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+        chosen: &[multipart::StagedPart],
+        total: u64,
+        attrs: &ObjectAttrs,
+    ) -> S3Result<Option<String>> {
+        let input_key = key;
+        let ctx = ctx.clone();
+        let etag = if total as usize <= SINGLE_PUT_MAX {
+            let mut all = Vec::with_capacity(total as usize);
+            for p in chosen {
+                all.extend_from_slice(
+                    &tokio::fs::read(&p.path)
+                        .await
+                        .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?,
+                );
+            }
+            backend
+                .put_with(&ctx, input_key, Bytes::from(all), PutMode::Overwrite, attrs)
+                .await
+                .map_err(s3err)?
+                .etag
+        } else {
+            let mut up = backend
+                .put_multipart_with(&ctx, input_key, BACKEND_PART, attrs)
+                .await
+                .map_err(s3err)?;
+            for p in chosen {
+                let mut f = tokio::fs::File::open(&p.path)
+                    .await
+                    .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?;
+                loop {
+                    use tokio::io::AsyncReadExt;
+                    let mut buf = vec![0u8; BACKEND_PART];
+                    let mut filled = 0;
+                    while filled < buf.len() {
+                        let n = f
+                            .read(&mut buf[filled..])
+                            .await
+                            .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?;
+                        if n == 0 {
+                            break;
+                        }
+                        filled += n;
+                    }
+                    if filled == 0 {
+                        break;
+                    }
+                    buf.truncate(filled);
+                    up.write(Bytes::from(buf)).await.map_err(s3err)?;
+                }
+            }
+            up.complete().await.map_err(s3err)?.etag
+        };
+        Ok(etag)
+    }
+}

@@ -1,0 +1,112 @@
+//! Serving the gateway: the accept loop with graceful shutdown ([`run`]), and the request-level scope check in
+//! front of s3s (requests signed for another region or service are refused before anything is parsed).
+
+use super::*;
+
+/// Serve the gateway on `listener` until `stop` is cancelled, then let in-flight requests finish (up to
+/// `grace`).
+pub async fn run(
+    gateway: Gateway,
+    listener: tokio::net::TcpListener,
+    stop: tokio_util::sync::CancellationToken,
+    grace: std::time::Duration,
+) {
+    let auth = gateway.auth();
+    let region = gateway.region.clone();
+    let mut builder = s3s::service::S3ServiceBuilder::new(gateway);
+    builder.set_auth(auth);
+    let service = ScopeCheck {
+        inner: builder.build(),
+        region: Arc::from(region.as_str()),
+    };
+    let http = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let socket = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((socket, _)) => socket,
+                Err(e) => {
+                    tracing::warn!(error = %e, "gateway: accepting a connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => break,
+        };
+        let _ = socket.set_nodelay(true);
+        let conn = http.serve_connection(hyper_util::rt::TokioIo::new(socket), service.clone());
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("gateway: requests still running after the grace period were cut off");
+    }
+}
+
+/// Refuses, before s3s parses anything, requests signed for another region or service: `403
+/// SignatureDoesNotMatch`, as for any signature that does not verify here. (s3s itself would answer 501 for an
+/// unknown service.)
+#[derive(Clone)]
+pub(super) struct ScopeCheck {
+    pub(super) inner: s3s::service::S3Service,
+    pub(super) region: Arc<str>,
+}
+
+impl ScopeCheck {
+    /// `(region, service)` from `Authorization: AWS4-HMAC-SHA256 Credential=AK/DATE/REGION/SERVICE/aws4_request`
+    /// or from a presigned URL's `X-Amz-Credential`.
+    fn scope(req: &http::Request<hyper::body::Incoming>) -> Option<(String, String)> {
+        let from_cred = |c: &str| {
+            let mut parts = c.split('/');
+            let (_ak, _date) = (parts.next()?, parts.next()?);
+            Some((parts.next()?.to_string(), parts.next()?.to_string()))
+        };
+        if let Some(auth) = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            && let Some(idx) = auth.find("Credential=")
+        {
+            let rest = &auth[idx + "Credential=".len()..];
+            return from_cred(rest.split([',', ' ']).next().unwrap_or_default());
+        }
+        let query = req.uri().query()?;
+        for pair in query.split('&') {
+            if let Some(v) = pair.strip_prefix("X-Amz-Credential=") {
+                let decoded = v.replace("%2F", "/").replace("%2f", "/");
+                return from_cred(&decoded);
+            }
+        }
+        None
+    }
+}
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeCheck {
+    type Response = s3s::HttpResponse;
+    type Error = s3s::HttpError;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        if let Some((region, service)) = Self::scope(&req)
+            && (region != *self.region || service != "s3")
+        {
+            let body = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SignatureDoesNotMatch</Code><Message>the request \
+                 is signed for region {region:?} and service {service:?}; this gateway is {:?}, service \"s3\"</Message></Error>",
+                self.region
+            );
+            let resp = http::Response::builder()
+                .status(http::StatusCode::FORBIDDEN)
+                .header(http::header::CONTENT_TYPE, "application/xml")
+                .body(s3s::Body::from(body))
+                .unwrap_or_default();
+            return Box::pin(futures::future::ready(Ok(resp)));
+        }
+        hyper::service::Service::call(&self.inner, req)
+    }
+}

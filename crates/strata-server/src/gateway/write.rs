@@ -1,0 +1,410 @@
+//! Writes: PutObject, DeleteObject, DeleteObjects, CopyObject, and the store every write goes through
+//! (quota admission, checksum checks, inventory).
+
+use super::attributes::*;
+use super::checksums::*;
+use super::*;
+
+impl Gateway {
+    /// Store a body at `bucket/key`: buffered for small bodies, streamed as a backend multipart upload for
+    /// large ones; checksums are verified before anything becomes visible.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn store(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+        body: StreamingBlob,
+        mut check: BodyCheck,
+        mode: PutMode,
+        attrs: &ObjectAttrs,
+    ) -> S3Result<(Option<String>, u64)> {
+        let mut body = body;
+        let mut buf: Vec<Bytes> = Vec::new();
+        let mut buffered = 0usize;
+        let mut received = 0u64;
+        let mut upload = None;
+        while let Some(chunk) = body.next().await {
+            let chunk =
+                chunk.map_err(|e| s3_error!(IncompleteBody, "reading the request body: {e}"))?;
+            check.update(&chunk);
+            received += chunk.len() as u64;
+            match upload.as_mut() {
+                None if buffered + chunk.len() <= SINGLE_PUT_MAX => {
+                    buffered += chunk.len();
+                    buf.push(chunk);
+                }
+                None => {
+                    if mode != PutMode::Overwrite {
+                        return Err(s3_error!(
+                            NotImplemented,
+                            "conditional writes are limited to 8 MiB bodies"
+                        ));
+                    }
+                    let mut up = backend
+                        .put_multipart_with(ctx, key, BACKEND_PART, attrs)
+                        .await
+                        .map_err(s3err)?;
+                    for b in buf.drain(..) {
+                        up.write(b).await.map_err(s3err)?;
+                    }
+                    up.write(chunk).await.map_err(s3err)?;
+                    upload = Some(up);
+                }
+                Some(up) => up.write(chunk).await.map_err(s3err)?,
+            }
+        }
+        let verified = check.finish();
+        match upload {
+            Some(up) => {
+                if let Err(e) = verified {
+                    let _ = up.abort().await;
+                    return Err(e);
+                }
+                Ok((up.complete().await.map_err(s3err)?.etag, received))
+            }
+            None => {
+                verified?;
+                let mut all = Vec::with_capacity(buffered);
+                for b in &buf {
+                    all.extend_from_slice(b);
+                }
+                Ok((
+                    backend
+                        .put_with(ctx, key, Bytes::from(all), mode, attrs)
+                        .await
+                        .map_err(s3err)?
+                        .etag,
+                    received,
+                ))
+            }
+        }
+    }
+
+    pub(super) async fn s3_put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let who = self.who(&req).await?;
+        let ctx = who.ctx.clone();
+        let decoded_len = req
+            .headers
+            .get("x-amz-decoded-content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i64>().ok());
+        let trailers = req.trailing_headers;
+        let input = req.input;
+        let backend = self.backend(&input.bucket)?;
+        check_key(&input.key)?;
+        let team = self
+            .tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+            .await?;
+        let size = match decoded_len.or(input.content_length) {
+            Some(n) => n,
+            None if team.is_some() => {
+                return Err(s3_error!(
+                    MissingContentLength,
+                    "a write charged to a quota needs its Content-Length"
+                ));
+            }
+            None => 0,
+        };
+        // Quota before bytes: admitted (reserved) before the body is read.
+        let res = self
+            .tenancy
+            .admit(team.as_deref(), &input.bucket, size, 1)
+            .await?;
+        let mode = match (&input.if_none_match, &input.if_match) {
+            (Some(c), _) if c.is_any() => PutMode::Create,
+            (_, Some(ETagCondition::ETag(e))) => PutMode::IfMatch(format!("\"{}\"", e.value())),
+            (None, None) => PutMode::Overwrite,
+            _ => return Err(s3_error!(NotImplemented, "unsupported conditional write")),
+        };
+        let check = BodyCheck::new(
+            input.content_md5,
+            input.checksum_algorithm.as_ref(),
+            input.checksum_crc32,
+            input.checksum_crc32c,
+            input.checksum_sha1,
+            input.checksum_sha256,
+            input.checksum_crc64nvme,
+        )?
+        .with_trailers(trailers);
+        let attrs = attrs_of_input!(input);
+        let attrs = match attrs {
+            Ok(a) => a,
+            Err(e) => {
+                self.tenancy.release(res).await;
+                return Err(e);
+            }
+        };
+        let body = input.body.unwrap_or_else(|| {
+            StreamingBlob::wrap(futures::stream::empty::<Result<Bytes, std::io::Error>>())
+        });
+        let etag = self
+            .store(&ctx, &backend, &input.key, body, check, mode, &attrs)
+            .await;
+        // Whatever happened at the backend, the next read asks it again.
+        self.agent.cache().invalidate(&backend, &input.key);
+        let (etag, received) = match etag {
+            Ok(e) => e,
+            Err(e) => {
+                self.tenancy.release(res).await;
+                return Err(e);
+            }
+        };
+        // Charged what was stored (a streaming upload's Content-Length counts its chunk framing too).
+        self.tenancy
+            .written(
+                res.into_iter().collect(),
+                &input.bucket,
+                &input.key,
+                received as i64,
+                etag.clone(),
+                team,
+                &who.caller,
+                ctx.job.as_deref().map(str::to_string),
+                who.dataset.clone(),
+            )
+            .await;
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: etag.as_deref().map(plain_etag),
+            ..Default::default()
+        }))
+    }
+
+    pub(super) async fn s3_delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let who = self.who(&req).await?;
+        let ctx = who.ctx;
+        let backend = self.backend(&req.input.bucket)?;
+        check_key(&req.input.key)?;
+        self.tenancy
+            .attribute(&req.input.bucket, &req.input.key, &who.caller, Role::Member)
+            .await?;
+        let r = backend.delete(&ctx, &req.input.key).await;
+        self.agent.cache().invalidate(&backend, &req.input.key);
+        r.map_err(s3err)?;
+        self.tenancy
+            .deleted(&req.input.bucket, &req.input.key)
+            .await;
+        Ok(S3Response::new(DeleteObjectOutput::default()))
+    }
+
+    pub(super) async fn s3_delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let who = self.who(&req).await?;
+        let ctx = who.ctx;
+        let input = req.input;
+        let backend = self.backend(&input.bucket)?;
+        if input.delete.objects.len() > 1000 {
+            return Err(s3_error!(
+                MalformedXML,
+                "at most 1000 keys per DeleteObjects request"
+            ));
+        }
+        let quiet = input.delete.quiet.unwrap_or(false);
+        let (mut deleted, mut errors) = (Vec::new(), Vec::new());
+        for o in input.delete.objects {
+            let r = match validate_key(&o.key) {
+                Ok(_) => {
+                    match self
+                        .tenancy
+                        .attribute(&input.bucket, &o.key, &who.caller, Role::Member)
+                        .await
+                    {
+                        Ok(_) => {
+                            let r = backend.delete(&ctx, &o.key).await;
+                            self.agent.cache().invalidate(&backend, &o.key);
+                            if r.is_ok() {
+                                self.tenancy.deleted(&input.bucket, &o.key).await;
+                            }
+                            r
+                        }
+                        Err(e) => Err(Error::new(
+                            ErrorKind::PermissionDenied,
+                            e.message().unwrap_or("access denied").to_string(),
+                        )),
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(()) if !quiet => deleted.push(DeletedObject {
+                    key: Some(o.key),
+                    ..Default::default()
+                }),
+                Ok(()) => {}
+                Err(e) => {
+                    let s3 = s3err(e);
+                    errors.push(s3s::dto::Error {
+                        key: Some(o.key),
+                        code: Some(s3.code().as_str().to_string()),
+                        message: s3.message().map(str::to_string),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+        Ok(S3Response::new(DeleteObjectsOutput {
+            deleted: Some(deleted),
+            errors: Some(errors),
+            ..Default::default()
+        }))
+    }
+
+    pub(super) async fn s3_copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let who = self.who(&req).await?;
+        let ctx = who.ctx.clone();
+        let input = req.input;
+        let (src_bucket, src_key) = match &input.copy_source {
+            CopySource::Bucket { bucket, key, .. } => (bucket.to_string(), key.to_string()),
+            _ => return Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
+        };
+        check_key(&src_key)?;
+        check_key(&input.key)?;
+        let src = self.backend(&src_bucket)?;
+        let dst = self.backend(&input.bucket)?;
+        self.tenancy
+            .attribute(&src_bucket, &src_key, &who.caller, Role::Reader)
+            .await?;
+        let team = self
+            .tenancy
+            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+            .await?;
+        let meta = src.head(&ctx, &src_key).await.map_err(s3err)?;
+        // `REPLACE` gives the copy the request's attributes; `COPY` (the default) keeps the source's.
+        let replace = input
+            .metadata_directive
+            .as_ref()
+            .is_some_and(|d| d.as_str().eq_ignore_ascii_case(MetadataDirective::REPLACE));
+        let new_attrs = if replace {
+            Some(attrs_of_input!(input)?)
+        } else {
+            None
+        };
+        if src_bucket == input.bucket && src_key == input.key && !replace {
+            return Err(s3_error!(
+                InvalidRequest,
+                "This copy request is illegal because it is trying to copy an object to itself without changing \
+                 the object's metadata, storage class, website redirect location or encryption attributes."
+            ));
+        }
+        let matches = |c: &ETagCondition| match c {
+            ETagCondition::Any => true,
+            ETagCondition::ETag(e) => etag_of(&meta).is_some_and(|cur| cur.strong_cmp(e)),
+        };
+        if input
+            .copy_source_if_match
+            .as_ref()
+            .is_some_and(|c| !matches(c))
+            || input
+                .copy_source_if_none_match
+                .as_ref()
+                .is_some_and(matches)
+        {
+            return Err(s3_error!(PreconditionFailed));
+        }
+        let res = self
+            .tenancy
+            .admit(team.as_deref(), &input.bucket, meta.size as i64, 1)
+            .await?;
+        let copied = self
+            .copy_bytes(
+                &ctx,
+                &src,
+                &dst,
+                &src_bucket,
+                &src_key,
+                &input.bucket,
+                &input.key,
+                &meta,
+                new_attrs.as_ref(),
+            )
+            .await;
+        if let Err(e) = copied {
+            self.tenancy.release(res).await;
+            return Err(e);
+        }
+        self.agent.cache().invalidate(&dst, &input.key);
+        let new = dst.head(&ctx, &input.key).await.map_err(s3err)?;
+        self.tenancy
+            .written(
+                res.into_iter().collect(),
+                &input.bucket,
+                &input.key,
+                new.size as i64,
+                new.etag.clone(),
+                team,
+                &who.caller,
+                ctx.job.as_deref().map(str::to_string),
+                who.dataset.clone(),
+            )
+            .await;
+        Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: etag_of(&new),
+                last_modified: Some(timestamp(new.last_modified_unix)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+}
+
+impl Gateway {
+    /// The byte-moving half of CopyObject.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn copy_bytes(
+        &self,
+        ctx: &IoContext,
+        src: &Backend,
+        dst: &Backend,
+        src_bucket: &str,
+        src_key: &str,
+        dst_bucket: &str,
+        dst_key: &str,
+        meta: &ObjectMeta,
+        new_attrs: Option<&ObjectAttrs>,
+    ) -> S3Result<()> {
+        let (input_bucket, input_key) = (dst_bucket, dst_key);
+        let ctx = ctx.clone();
+        if src_bucket == input_bucket && new_attrs.is_none() {
+            // Server-side: the backend keeps the source's attributes with the copy.
+            src.copy(&ctx, src_key, input_key).await.map_err(s3err)?;
+        } else {
+            // Through the cache: to another backend, or with new attributes (which a server-side copy cannot
+            // set); a copy onto itself is safe, as nothing is visible before `complete`.
+            let keep = meta.attrs.as_deref().cloned().unwrap_or_default();
+            let attrs = new_attrs.unwrap_or(&keep);
+            let obj = self.agent.cache().object_from_meta(&ctx, src, meta.clone());
+            let mut up = dst
+                .put_multipart_with(&ctx, input_key, BACKEND_PART, attrs)
+                .await
+                .map_err(s3err)?;
+            let bs = self.agent.cache().config().block_size.bytes();
+            let mut off = 0;
+            while off < meta.size {
+                let next = (off + bs).min(meta.size);
+                match obj.read(off..next).await {
+                    Ok(b) => up.write(b).await.map_err(s3err)?,
+                    Err(e) => {
+                        let _ = up.abort().await;
+                        return Err(s3err(e));
+                    }
+                }
+                off = next;
+            }
+            up.complete().await.map_err(s3err)?;
+        }
+        Ok(())
+    }
+}
