@@ -52,21 +52,21 @@ enum Command {
     /// Teams and their members.
     Team {
         #[command(subcommand)]
-        cmd: admin::TeamCommand,
+        cmd: admin::team::TeamCommand,
         #[command(flatten)]
         out: admin::Out,
     },
     /// API tokens and S3 access keys (principals).
     Token {
         #[command(subcommand)]
-        cmd: admin::TokenCommand,
+        cmd: admin::token::TokenCommand,
         #[command(flatten)]
         out: admin::Out,
     },
     /// Quotas per team and scope: soft limit with a grace period, hard limit, on bytes and objects.
     Quota {
         #[command(subcommand)]
-        cmd: admin::QuotaCommand,
+        cmd: admin::quota::QuotaCommand,
         #[command(flatten)]
         out: admin::Out,
     },
@@ -77,35 +77,35 @@ enum Command {
         #[arg(long, default_value = "team")]
         by: String,
         #[command(subcommand)]
-        sub: Option<admin::UsageCommand>,
+        sub: Option<admin::usage::UsageCommand>,
         #[command(flatten)]
         out: admin::Out,
     },
     /// Prefix ownership: which team a prefix of a backend belongs to.
     Prefix {
         #[command(subcommand)]
-        cmd: admin::PrefixCommand,
+        cmd: admin::prefix::PrefixCommand,
         #[command(flatten)]
         out: admin::Out,
     },
     /// Retention policies: ttl, stale (not read for), keep_last checkpoints.
     Policy {
         #[command(subcommand)]
-        cmd: admin::PolicyCommand,
+        cmd: admin::policy::PolicyCommand,
         #[command(flatten)]
         out: admin::Out,
     },
     /// Pins and claims: data the clean-up never touches.
     Protect {
         #[command(subcommand)]
-        cmd: admin::ProtectCommand,
+        cmd: admin::protect::ProtectCommand,
         #[command(flatten)]
         out: admin::Out,
     },
     /// Clean-up: plan (dry run), run (through a trash), restore, purge.
     Cleanup {
         #[command(subcommand)]
-        cmd: admin::CleanupCommand,
+        cmd: admin::cleanup::CleanupCommand,
         #[command(flatten)]
         out: admin::Out,
     },
@@ -128,7 +128,7 @@ enum Command {
     /// Scratch space allocations, charged to a team's quota until released or expired.
     Scratch {
         #[command(subcommand)]
-        cmd: admin::ScratchCommand,
+        cmd: admin::scratch::ScratchCommand,
         #[command(flatten)]
         out: admin::Out,
     },
@@ -398,20 +398,20 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Cache(c) => cache(c).await,
-        Command::Team { cmd: c, out } => admin::team(c, out).await,
-        Command::Token { cmd: c, out } => admin::token(c, out).await,
-        Command::Quota { cmd: c, out } => admin::quota(c, out).await,
+        Command::Team { cmd: c, out } => admin::team::run(c, out).await,
+        Command::Token { cmd: c, out } => admin::token::run(c, out).await,
+        Command::Quota { cmd: c, out } => admin::quota::run(c, out).await,
         Command::Usage { by, sub, out } => {
-            admin::sanity(&by)?;
-            admin::usage(by, sub, out).await
+            admin::usage::sanity(&by)?;
+            admin::usage::run(by, sub, out).await
         }
-        Command::Prefix { cmd: c, out } => admin::prefix(c, out).await,
-        Command::Policy { cmd: c, out } => admin::policy(c, out).await,
-        Command::Protect { cmd: c, out } => admin::protect(c, out).await,
-        Command::Cleanup { cmd: c, out } => admin::cleanup(c, out).await,
-        Command::Forecast { out } => admin::forecast(out).await,
-        Command::Audit { team, limit, out } => admin::audit(team, limit, out).await,
-        Command::Scratch { cmd: c, out } => admin::scratch(c, out).await,
+        Command::Prefix { cmd: c, out } => admin::prefix::run(c, out).await,
+        Command::Policy { cmd: c, out } => admin::policy::run(c, out).await,
+        Command::Protect { cmd: c, out } => admin::protect::run(c, out).await,
+        Command::Cleanup { cmd: c, out } => admin::cleanup::run(c, out).await,
+        Command::Forecast { out } => admin::forecast::run(out).await,
+        Command::Audit { team, limit, out } => admin::audit::run(team, limit, out).await,
+        Command::Scratch { cmd: c, out } => admin::scratch::run(c, out).await,
         Command::Ckpt(c) => ckpt(c).await,
         Command::Dataset(DatasetCommand::Index {
             dataset,

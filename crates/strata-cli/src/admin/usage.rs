@@ -1,0 +1,172 @@
+//! `strata usage`: usage by team, prefix, job or dataset; reconciliation and POSIX scans.
+
+use super::*;
+
+#[derive(Debug, Subcommand)]
+pub enum UsageCommand {
+    /// List a backend completely and correct the inventory and every team's usage on it (administrators).
+    Reconcile {
+        /// Backend name.
+        backend: String,
+        /// For a local-directory backend: scan its tree in parallel (per project = top-level directory,
+        /// charged to the team owning it) instead of listing it object by object.
+        #[arg(long)]
+        posix: bool,
+    },
+    /// Scan a POSIX directory tree in parallel: usage per owner (uid) and per project (top-level directory),
+    /// like a parallel file system's project quota. Runs locally, no agent needed.
+    Scan {
+        /// Root directory.
+        path: std::path::PathBuf,
+        /// Worker threads (0 = one per core).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Path components below the root that name a project.
+        #[arg(long, default_value_t = 1)]
+        project_depth: usize,
+        /// Also descend into other file systems.
+        #[arg(long)]
+        cross_devices: bool,
+    },
+}
+
+pub async fn run(by: String, sub: Option<UsageCommand>, out: Out) -> Result<()> {
+    match sub {
+        Some(UsageCommand::Scan {
+            path,
+            threads,
+            project_depth,
+            cross_devices,
+        }) => {
+            let opts = strata_quota::scan::ScanOptions {
+                threads,
+                one_file_system: !cross_devices,
+                project_depth,
+            };
+            let started = std::time::Instant::now();
+            let r = tokio::task::spawn_blocking(move || strata_quota::scan::scan(&path, &opts))
+                .await??;
+            let v = serde_json::to_value(&r)?;
+            return emit(&out, &v, |_| {
+                println!(
+                    "{} in {} files, {} directories ({} apparent), scanned in {:.2} s",
+                    indicatif::HumanBytes(r.total.bytes),
+                    r.total.files,
+                    r.total.dirs,
+                    indicatif::HumanBytes(r.total.apparent_bytes),
+                    started.elapsed().as_secs_f64()
+                );
+                let rows =
+                    |m: Vec<(String, &strata_quota::scan::UsageTotals)>| -> Vec<Vec<String>> {
+                        m.into_iter()
+                            .map(|(k, t)| {
+                                vec![
+                                    k,
+                                    indicatif::HumanBytes(t.bytes).to_string(),
+                                    t.files.to_string(),
+                                    t.dirs.to_string(),
+                                ]
+                            })
+                            .collect()
+                    };
+                table(
+                    &["owner uid", "bytes", "files", "dirs"],
+                    rows(r.by_owner.iter().map(|(k, t)| (k.to_string(), t)).collect()),
+                );
+                table(
+                    &["project", "bytes", "files", "dirs"],
+                    rows(r.by_project.iter().map(|(k, t)| (k.clone(), t)).collect()),
+                );
+                if r.errors_total > 0 {
+                    eprintln!("{} entries could not be read, e.g.:", r.errors_total);
+                    for e in r.errors.iter().take(5) {
+                        eprintln!("  {e}");
+                    }
+                }
+            });
+        }
+        Some(UsageCommand::Reconcile {
+            backend,
+            posix: true,
+        }) => {
+            let api = Api::new(&out.api)?;
+            let v = api
+                .post("/v1/usage/scan", json!({"backend": backend}))
+                .await?;
+            return emit(&out, &v, |v| {
+                println!(
+                    "{backend}: {} files ({}) scanned in {:.2} s",
+                    text(&v["total"]["files"]),
+                    bytes(&v["total"]["file_bytes"]),
+                    v["secs"].as_f64().unwrap_or(0.0)
+                );
+                if let Some(t) = v["teams"].as_object() {
+                    table(
+                        &["team", "bytes", "files"],
+                        t.iter()
+                            .map(|(k, x)| vec![k.clone(), bytes(&x[0]), text(&x[1])])
+                            .collect(),
+                    );
+                }
+            });
+        }
+        Some(UsageCommand::Reconcile { backend, .. }) => {
+            let api = Api::new(&out.api)?;
+            let v = api
+                .post("/v1/usage/reconcile", json!({"backend": backend}))
+                .await?;
+            return emit(&out, &v, |v| {
+                println!(
+                    "{backend}: {} objects ({}) listed in {:.2} s; {} added, {} updated, {} removed",
+                    text(&v["listed"]),
+                    bytes(&v["listed_bytes"]),
+                    v["list_secs"].as_f64().unwrap_or(0.0),
+                    text(&v["added"]),
+                    text(&v["updated"]),
+                    text(&v["removed"])
+                );
+            });
+        }
+        None => {}
+    }
+    let api = Api::new(&out.api)?;
+    let v = api.get(&format!("/v1/usage?by={}", enc(&by))).await?;
+    emit(&out, &v, |v| {
+        let headers: &[&str] = if by == "team" {
+            &["team", "bytes", "objects"]
+        } else {
+            &[by.as_str(), "team", "bytes", "objects"]
+        };
+        table(
+            headers,
+            arr(v)
+                .iter()
+                .map(|l| {
+                    let group = if l["group"] == "" {
+                        "(none)".into()
+                    } else {
+                        text(&l["group"])
+                    };
+                    let mut row = vec![
+                        group,
+                        text(&l["team"]),
+                        bytes(&l["bytes"]),
+                        text(&l["objects"]),
+                    ];
+                    if by == "team" {
+                        row.remove(1);
+                    }
+                    row
+                })
+                .collect(),
+        )
+    })
+}
+
+/// Refuse obviously wrong combinations early (clap cannot express them all).
+pub fn sanity(by: &str) -> Result<()> {
+    if !matches!(by, "team" | "prefix" | "job" | "dataset") {
+        bail!("--by must be team, prefix, job or dataset");
+    }
+    Ok(())
+}
