@@ -1,0 +1,218 @@
+//! Lifecycle: retention policies, protections, clean-up plans (plan, run through the trash, restore, purge).
+
+use super::common::*;
+
+pub(super) async fn list_policies(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+) -> ApiResult<Json> {
+    ok(a.catalog()
+        .list_policies(p.visible_teams().as_deref())
+        .await?)
+}
+
+pub(super) async fn add_policy(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    b: Bytes,
+) -> ApiResult<Json> {
+    let pol: Policy = body(&b)?;
+    p.require(&pol.team, Role::TeamAdmin)?;
+    configured_backend(&a, &pol.backend)?;
+    ok(a.catalog().add_policy(&p.id, pol).await?)
+}
+
+pub(super) async fn delete_policy(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    UrlPath(id): UrlPath<String>,
+) -> ApiResult<Json> {
+    let pol = a
+        .catalog()
+        .policy(&id)
+        .await
+        .map_err(|_| not_found("policy", &id))?;
+    if !p.can(&pol.team, Role::TeamAdmin) {
+        return Err(not_found("policy", &id));
+    }
+    a.catalog().delete_policy(&p.id, &id).await?;
+    ok(serde_json::json!({"deleted": id}))
+}
+
+pub(super) async fn list_protections(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+) -> ApiResult<Json> {
+    ok(a.catalog()
+        .list_protections(p.visible_teams().as_deref())
+        .await?)
+}
+
+pub(super) async fn add_protection(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    b: Bytes,
+) -> ApiResult<Json> {
+    let prot: Protection = body(&b)?;
+    p.require(&prot.team, Role::Member)?;
+    ok(a.catalog().add_protection(&p.id, prot).await?)
+}
+
+pub(super) async fn delete_protection(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    UrlPath(id): UrlPath<String>,
+) -> ApiResult<Json> {
+    let visible = a
+        .catalog()
+        .list_protections(p.visible_teams().as_deref())
+        .await?
+        .into_iter()
+        .find(|x| x.id == id)
+        .ok_or_else(|| not_found("pin or claim", &id))?;
+    if !p.can(&visible.team, Role::Member) {
+        return Err(not_found("pin or claim", &id));
+    }
+    a.catalog().delete_protection(&p.id, &id).await?;
+    ok(serde_json::json!({"deleted": id}))
+}
+
+pub(super) async fn list_plans(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+) -> ApiResult<Json> {
+    ok(a.catalog().list_plans(p.visible_teams().as_deref()).await?)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PlanBody {
+    team: Option<String>,
+}
+
+pub(super) async fn make_plan(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    b: Bytes,
+) -> ApiResult<Json> {
+    let req: PlanBody = if b.is_empty() {
+        PlanBody::default()
+    } else {
+        body(&b)?
+    };
+    match &req.team {
+        Some(t) => {
+            p.require(t, Role::Member)?;
+            a.catalog().team(t).await?;
+        }
+        None => p.require_admin()?,
+    }
+    ok(cleanup::plan(a.catalog(), &a.backend_map(), &p.id, req.team.as_deref()).await?)
+}
+
+pub(super) async fn visible_plan(
+    a: &Agent,
+    p: &Principal,
+    id: &str,
+    need: Role,
+) -> ApiResult<strata_catalog::lifecycle::Plan> {
+    let plan = a
+        .catalog()
+        .plan(id)
+        .await
+        .map_err(|_| not_found("clean-up plan", id))?;
+    let allowed = match &plan.team {
+        Some(t) => p.can(t, need),
+        None => p.is_admin,
+    };
+    if !allowed {
+        return Err(not_found("clean-up plan", id));
+    }
+    Ok(plan)
+}
+
+pub(super) async fn get_plan(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    UrlPath(id): UrlPath<String>,
+) -> ApiResult<Json> {
+    let plan = visible_plan(&a, &p, &id, Role::Reader).await?;
+    let items = a.catalog().plan_items(&id).await?;
+    ok(serde_json::json!({"plan": plan, "items": items}))
+}
+
+pub(super) async fn run_plan(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    UrlPath(id): UrlPath<String>,
+    b: Bytes,
+) -> ApiResult<Json> {
+    visible_plan(&a, &p, &id, Role::TeamAdmin).await?;
+    let caps: Caps = if b.is_empty() {
+        Caps::default()
+    } else {
+        body(&b)?
+    };
+    if caps
+        .max_team_percent
+        .is_some_and(|x| !(0.0..=100.0).contains(&x))
+    {
+        return Err(ApiError(Error::invalid_input(
+            "max_team_percent must be between 0 and 100",
+        )));
+    }
+    ok(cleanup::run(a.catalog(), &a.backend_map(), &p.id, &id, &caps).await?)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RestoreBody {
+    key_prefix: Option<String>,
+}
+
+pub(super) async fn restore_plan(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    UrlPath(id): UrlPath<String>,
+    b: Bytes,
+) -> ApiResult<Json> {
+    visible_plan(&a, &p, &id, Role::TeamAdmin).await?;
+    let req: RestoreBody = if b.is_empty() {
+        RestoreBody::default()
+    } else {
+        body(&b)?
+    };
+    let (restored, refused) = cleanup::restore(
+        a.catalog(),
+        &a.backend_map(),
+        &p.id,
+        &id,
+        req.key_prefix.as_deref(),
+    )
+    .await?;
+    ok(serde_json::json!({"restored": restored, "refused": refused}))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PurgeBody {
+    grace_secs: Option<i64>,
+}
+
+pub(super) async fn purge(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    b: Bytes,
+) -> ApiResult<Json> {
+    p.require_admin()?;
+    let req: PurgeBody = if b.is_empty() {
+        PurgeBody::default()
+    } else {
+        body(&b)?
+    };
+    let grace = req
+        .grace_secs
+        .unwrap_or(a.config().catalog.trash_grace_secs);
+    let (n, bytes) = cleanup::purge(a.catalog(), &a.backend_map(), &p.id, grace).await?;
+    ok(serde_json::json!({"purged": n, "bytes": bytes}))
+}

@@ -1,0 +1,131 @@
+//! Scratch allocations: quota-admitted directories with a TTL.
+
+use super::common::*;
+
+pub(super) fn scratch_dir(a: &Agent) -> std::path::PathBuf {
+    a.config().data_dir.join("scratch")
+}
+
+pub(super) async fn list_scratch(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+) -> ApiResult<Json> {
+    ok(a.catalog()
+        .list_scratch(p.visible_teams().as_deref())
+        .await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ScratchBody {
+    team: String,
+    bytes: i64,
+    ttl_secs: i64,
+}
+
+pub(super) async fn alloc_scratch(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    b: Bytes,
+) -> ApiResult<Json> {
+    let req: ScratchBody = body(&b)?;
+    p.require(&req.team, Role::Member)?;
+    if req.bytes <= 0 || req.ttl_secs <= 0 || req.ttl_secs > 90 * 86_400 {
+        return Err(ApiError(Error::invalid_input(
+            "scratch needs bytes > 0 and 0 < ttl_secs <= 90 days",
+        )));
+    }
+    a.catalog().team(&req.team).await?;
+    let cat = a.catalog();
+    // Quota before bytes: the allocation is admitted, then charged in full.
+    let res = cat.reserve(&req.team, "scratch", req.bytes, 1, 600).await?;
+    let now = cat.now();
+    let id = format!("scr_{now}_{:08x}", rand::random::<u32>());
+    let path = scratch_dir(&a).join(&id);
+    if let Err(e) = std::fs::create_dir_all(&path) {
+        cat.release_reservation(&res).await?;
+        return Err(ApiError(Error::from_io(
+            e,
+            format!("creating {}", path.display()),
+        )));
+    }
+    cat.commit_reservation(&res, req.bytes, 1).await?;
+    let s = Scratch {
+        id: id.clone(),
+        team: req.team.clone(),
+        bytes: req.bytes,
+        path: path.display().to_string(),
+        expires_at: now + req.ttl_secs,
+        created_at: now,
+        released_at: None,
+    };
+    cat.insert_scratch(&s).await?;
+    cat.audit(
+        &p.id,
+        Some(&req.team),
+        "scratch.alloc",
+        &id,
+        serde_json::json!({"bytes": req.bytes, "ttl_secs": req.ttl_secs}),
+    )
+    .await?;
+    ok(s)
+}
+
+pub(super) async fn free_scratch(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    UrlPath(id): UrlPath<String>,
+) -> ApiResult<Json> {
+    let s = a
+        .catalog()
+        .list_scratch(p.visible_teams().as_deref())
+        .await?
+        .into_iter()
+        .find(|s| s.id == id)
+        .ok_or_else(|| not_found("scratch allocation", &id))?;
+    p.require(&s.team, Role::Member)?;
+    release_scratch(&a, &s, &p.id, false).await?;
+    ok(serde_json::json!({"released": id}))
+}
+
+/// Release a scratch allocation: its directory is deleted (or, on expiry, moved to the scratch trash) and its
+/// bytes are given back to the team's quota.
+pub(crate) async fn release_scratch(
+    a: &Agent,
+    s: &Scratch,
+    actor: &str,
+    expired: bool,
+) -> Result<()> {
+    let dir = std::path::PathBuf::from(&s.path);
+    if dir.starts_with(scratch_dir(a)) && dir.exists() {
+        if expired {
+            let trash = a.config().data_dir.join("scratch-trash");
+            std::fs::create_dir_all(&trash)
+                .map_err(|e| Error::from_io(e, format!("creating {}", trash.display())))?;
+            std::fs::rename(&dir, trash.join(&s.id))
+                .map_err(|e| Error::from_io(e, format!("moving {} to the trash", dir.display())))?;
+        } else {
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| Error::from_io(e, format!("deleting {}", dir.display())))?;
+        }
+    }
+    if a.catalog().release_scratch(&s.id).await? {
+        a.catalog()
+            .adjust_usage(&s.team, "scratch", -s.bytes, -1)
+            .await?;
+        a.catalog()
+            .audit(
+                actor,
+                Some(&s.team),
+                if expired {
+                    "scratch.expire"
+                } else {
+                    "scratch.release"
+                },
+                &s.id,
+                serde_json::json!({"bytes": s.bytes}),
+            )
+            .await?;
+    }
+    Ok(())
+}
