@@ -522,18 +522,8 @@ mod tests {
             r.cache.disk.as_ref().unwrap().dir,
             dir.path().join("d/cache")
         );
-    }
-
-    #[test]
-    fn the_agent_s_cache_defaults_are_the_cache_crate_s() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = Config::default()
-            .resolve(&Overrides {
-                data_dir: Some(dir.path().join("d")),
-                ..Default::default()
-            })
-            .unwrap();
-        // Everything but the machine-sized capacities comes from one place.
+        // The agent's cache defaults are the cache crate's: everything but the machine-sized capacities comes
+        // from one place.
         let want = CacheConfig {
             ram_capacity: r.cache.ram_capacity,
             disk: r.cache.disk.clone(),

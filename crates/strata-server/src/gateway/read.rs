@@ -34,39 +34,74 @@ pub(super) fn get_options(
     o
 }
 
+/// The fields of GetObject and HeadObject a read through the cache takes.
+pub(super) trait ReadInput {
+    fn bucket(&self) -> &str;
+    fn key(&self) -> &str;
+    fn options(&self) -> GetOptions;
+}
+
+macro_rules! read_input {
+    ($t:ty) => {
+        impl ReadInput for $t {
+            fn bucket(&self) -> &str {
+                &self.bucket
+            }
+            fn key(&self) -> &str {
+                &self.key
+            }
+            fn options(&self) -> GetOptions {
+                get_options(
+                    self.range.as_ref(),
+                    self.if_match.as_ref(),
+                    self.if_none_match.as_ref(),
+                    self.if_modified_since.as_ref(),
+                    self.if_unmodified_since.as_ref(),
+                )
+            }
+        }
+    };
+}
+read_input!(GetObjectInput);
+read_input!(HeadObjectInput);
+
 impl Gateway {
-    pub(super) async fn s3_get_object(
+    /// Who is calling, may they read the key, and the cache's answer (`head`: metadata only); 304 when a
+    /// condition says "not modified".
+    async fn read_through_cache<I: ReadInput>(
         &self,
-        req: S3Request<GetObjectInput>,
-    ) -> S3Result<S3Response<GetObjectOutput>> {
+        req: S3Request<I>,
+        head: bool,
+    ) -> S3Result<(I, strata_cache::GetResult)> {
         let who = self.who(&req).await?;
-        let ctx = who.ctx;
         let input = req.input;
-        let backend = self.backend(&input.bucket)?;
-        check_key(&input.key)?;
+        let backend = self.backend(input.bucket())?;
+        check_key(input.key())?;
         self.tenancy
-            .attribute(&input.bucket, &input.key, &who.caller, Role::Reader)
+            .attribute(input.bucket(), input.key(), &who.caller, Role::Reader)
             .await?;
+        let opts = if head {
+            input.options().head()
+        } else {
+            input.options()
+        };
         let res = self
             .agent
             .cache()
-            .get(
-                &ctx,
-                &backend,
-                &input.key,
-                get_options(
-                    input.range.as_ref(),
-                    input.if_match.as_ref(),
-                    input.if_none_match.as_ref(),
-                    input.if_modified_since.as_ref(),
-                    input.if_unmodified_since.as_ref(),
-                ),
-            )
+            .get(&who.ctx, &backend, input.key(), opts)
             .await
             .map_err(s3err)?;
         if res.not_modified {
             return Err(s3_error!(NotModified));
         }
+        Ok((input, res))
+    }
+
+    pub(super) async fn s3_get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let (input, res) = self.read_through_cache(req, false).await?;
         let now = self.agent.catalog().now();
         // One access-time record per object version and second: a hot object read thousands of times a
         // second takes the access log's lock once.
@@ -103,35 +138,7 @@ impl Gateway {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        let who = self.who(&req).await?;
-        let ctx = who.ctx;
-        let input = req.input;
-        let backend = self.backend(&input.bucket)?;
-        check_key(&input.key)?;
-        self.tenancy
-            .attribute(&input.bucket, &input.key, &who.caller, Role::Reader)
-            .await?;
-        let res = self
-            .agent
-            .cache()
-            .get(
-                &ctx,
-                &backend,
-                &input.key,
-                get_options(
-                    input.range.as_ref(),
-                    input.if_match.as_ref(),
-                    input.if_none_match.as_ref(),
-                    input.if_modified_since.as_ref(),
-                    input.if_unmodified_since.as_ref(),
-                )
-                .head(),
-            )
-            .await
-            .map_err(s3err)?;
-        if res.not_modified {
-            return Err(s3_error!(NotModified));
-        }
+        let (_, res) = self.read_through_cache(req, true).await?;
         let content_range = res.content_range();
         let len = res.range.end - res.range.start;
         let meta = res.meta;
