@@ -1,14 +1,11 @@
 //! The agent's wire as clients see it: every error kind answered with its own status and a JSON body that
 //! carries the kind and the retryable flag, so that no client has to guess either from the status.
 
-#![allow(clippy::unwrap_used)]
-
 use std::sync::Arc;
 
 use axum::body::Body;
 use http::{Method, Request};
 use serde_json::Value;
-use strata_server::config::{Config, Overrides};
 use strata_server::{Agent, control, routes};
 use tower::ServiceExt;
 
@@ -20,15 +17,7 @@ struct Env {
 }
 
 async fn env() -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let resolved = Config::default()
-        .resolve(&Overrides {
-            data_dir: Some(dir.path().join("d")),
-            api_listen: Some("127.0.0.1:0".into()),
-            ..Default::default()
-        })
-        .unwrap();
-    let agent = Agent::start(resolved).await.unwrap();
+    let (agent, dir) = super::common::agent().await;
     let admin = std::fs::read_to_string(control::admin_token_file(&dir.path().join("d"))).unwrap();
     Env {
         app: routes::router(agent.clone()),

@@ -3,14 +3,11 @@
 //! validation, request checks and checksum enforcement. The real clients (boto3, the aws cli, s5cmd) and SigV4
 //! are tested in `tests/python`.
 
-#![allow(clippy::unwrap_used)]
-
 use bytes::Bytes;
 use futures::TryStreamExt;
 use s3s::auth::Credentials;
 use s3s::dto::*;
 use s3s::{S3, S3ErrorCode, S3Request};
-use strata_server::config::{Config, Overrides};
 use strata_server::gateway::Gateway;
 use strata_server::gateway::auth::AccessKey;
 
@@ -23,15 +20,7 @@ struct Env {
 }
 
 async fn env() -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let resolved = Config::default()
-        .resolve(&Overrides {
-            data_dir: Some(dir.path().join("d")),
-            api_listen: Some("127.0.0.1:0".into()),
-            ..Default::default()
-        })
-        .unwrap();
-    let agent = strata_server::Agent::start(resolved).await.unwrap();
+    let (agent, dir) = super::common::agent().await;
     let keys = vec![AccessKey {
         access_key: KEY.into(),
         secret_key: SECRET.into(),
