@@ -402,7 +402,7 @@ impl BlockCache {
     }
 
     /// A reader for an object whose metadata the caller already has (from a listing, say).
-    pub fn object_from_meta(
+    pub(crate) fn object_from_meta(
         &self,
         ctx: &IoContext,
         backend: &Backend,

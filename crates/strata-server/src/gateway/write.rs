@@ -385,23 +385,29 @@ impl Gateway {
             // set); a copy onto itself is safe, as nothing is visible before `complete`.
             let keep = meta.attrs.as_deref().cloned().unwrap_or_default();
             let attrs = new_attrs.unwrap_or(&keep);
-            let obj = self.agent.cache().object_from_meta(&ctx, src, meta.clone());
             let mut up = dst
                 .put_multipart_with(&ctx, input_key, BACKEND_PART, attrs)
                 .await
                 .map_err(s3err)?;
-            let bs = self.agent.cache().config().block_size.bytes();
-            let mut off = 0;
-            while off < meta.size {
-                let next = (off + bs).min(meta.size);
-                match obj.read(off..next).await {
+            // The source's version as the copy saw it: a source changed meanwhile fails the copy.
+            let opts = strata_cache::GetOptions::default().version(meta.clone());
+            let read = self.agent.cache().get(&ctx, src, src_key, opts).await;
+            let mut body = match read {
+                Ok(r) => r.body,
+                Err(e) => {
+                    let _ = up.abort().await;
+                    return Err(s3err(e));
+                }
+            };
+            while let Some(chunk) = body.next().await {
+                match chunk {
+                    Ok(b) if b.is_empty() => {}
                     Ok(b) => up.write(b).await.map_err(s3err)?,
                     Err(e) => {
                         let _ = up.abort().await;
                         return Err(s3err(e));
                     }
                 }
-                off = next;
             }
             up.complete().await.map_err(s3err)?;
         }
