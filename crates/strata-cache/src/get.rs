@@ -2,8 +2,9 @@
 //!
 //! A caller says what it wants (an object, a [`ByteRange`] of it, conditions on its version, or exactly a
 //! version it learned before) and gets a [`GetResult`]: the metadata, the resolved range and a [`GetBody`]
-//! stream of `Bytes`. Everything about *how* is decided here, not by the S3 gateway, the agent's `/v1/read` or
-//! the loader:
+//! stream of `Bytes`. Everything about *how* is decided here, not by the caller (the S3 gateway's GetObject,
+//! HeadObject and CopyObject, the agent's `/v1/prefetch`; `/v1/read` and the loader's in-process source still
+//! use readers, see ARCHITECTURE.md's next steps):
 //!
 //! - **How to open.** A read of the object's start (no range, or `bytes=0-N`) learns the version from a GET
 //!   of those bytes ([`BlockCache::open_object_reading`]): one origin request for a whole small object or the
@@ -347,8 +348,8 @@ impl Stream for GetBody {
 }
 
 impl BlockCache {
-    /// Read an object, or part of it, through the cache: the one read call of every front end (the S3
-    /// gateway's GetObject and HeadObject, the agent's `/v1/read`, the loader's in-process source). See the
+    /// Read an object, or part of it, through the cache: the read call of the front ends (the S3 gateway's
+    /// GetObject, HeadObject and CopyObject). See the
     /// module docs of `get.rs` for what it decides.
     pub async fn get(
         &self,
