@@ -1,5 +1,9 @@
 //! [`Backend`]: one storage system named by URL, on `object_store`, with Strata's errors, retries and events.
 //!
+//! One room on purpose, though long: every operation here is the same shape (open the store, one retried
+//! request, classify the failure, emit the event), and splitting them by operation would put that shape in
+//! as many files. The URL parsing and options (the first part) are the candidate to move out next.
+//!
 //! - **Identity**: [`Backend::id`] is canonical (scheme, bucket, prefix and, for S3, the endpoint; never a
 //!   credential) and part of every cache key. A URL's prefix becomes a `PrefixStore`; a `file://` URL a
 //!   local directory (created if missing).
