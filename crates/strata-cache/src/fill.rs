@@ -162,12 +162,14 @@ impl BlockCache {
                     Ok(())
                 }
             });
+            // Out of the in-flight map before the readers hear of a failure: a read that starts once it has
+            // seen the error starts a new fill instead of joining the failed one.
+            drop(guard);
             if let Err(e) = r {
                 for tx in done.iter_mut().filter_map(Option::take) {
                     let _ = tx.send(Err(e.clone()));
                 }
             }
-            drop(guard);
         });
         let mut out = Vec::with_capacity(count as usize);
         for (d, rx) in digests.into_iter().zip(waits) {
