@@ -48,6 +48,18 @@ pub struct CacheConfig {
     /// Blocks waiting to be written to the disk tier; past this, new blocks are not written (lossy, counted).
     /// Default 32.
     pub disk_write_queue: usize,
+    /// How long a block fetched for a prefetch hint ([`crate::BlockCache::prefetch`]) is held, with its share
+    /// of the in-flight budget, for the read that takes it, in milliseconds. Default [`DEFAULT_PREFETCH_HOLD_MS`]
+    /// (30 s); at most 10 minutes. Staged blocks hold at most half the budget.
+    #[serde(default = "default_prefetch_hold_ms")]
+    pub prefetch_hold_ms: u64,
+}
+
+/// How long a hinted block waits for its read by default: 30 s, a shuffle window of a slow reader.
+pub const DEFAULT_PREFETCH_HOLD_MS: u64 = 30_000;
+
+fn default_prefetch_hold_ms() -> u64 {
+    DEFAULT_PREFETCH_HOLD_MS
 }
 
 /// How long object metadata is trusted by default: 60 s, as mountpoint-s3 with a cache. A hot small object
@@ -87,6 +99,7 @@ impl CacheConfig {
             read_parallelism: 8,
             metadata_ttl_ms: DEFAULT_METADATA_TTL_MS,
             disk_write_queue: 32,
+            prefetch_hold_ms: DEFAULT_PREFETCH_HOLD_MS,
         }
     }
 
@@ -149,6 +162,12 @@ impl CacheConfig {
             return Err(Error::config(format!(
                 "cache.metadata_ttl_ms = {}: at most one hour (3600000)",
                 self.metadata_ttl_ms
+            )));
+        }
+        if self.prefetch_hold_ms > 600_000 {
+            return Err(Error::config(format!(
+                "cache.prefetch_hold_ms = {}: at most ten minutes (600000)",
+                self.prefetch_hold_ms
             )));
         }
         if !(1..=4096).contains(&self.disk_write_queue) {

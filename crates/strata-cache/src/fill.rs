@@ -205,12 +205,9 @@ impl BlockCache {
             (Some(p), _) => Some(p),
             (None, FillMode::Readahead) => None,
             (None, _) => Some(
-                self.inner
-                    .budget
-                    .clone()
-                    .acquire_many_owned(units(end - start))
+                self.acquire_budget(units(end - start))
                     .await
-                    .map_err(|_| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?,
+                    .ok_or_else(|| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?,
             ),
         };
         // Mid-stream failures (a reset connection) retry the whole run under the backend's retry policy;
@@ -396,6 +393,13 @@ impl BlockCache {
     ) -> Result<Bytes> {
         let key = BlockKey::new(obj.id.clone(), index);
         let d = obj.digest(index);
+        if let Some((fill, share)) = self.take_staged(&d) {
+            let r = fill.await;
+            drop(share);
+            if r.is_ok() {
+                return r;
+            }
+        }
         if let Some(b) = self.lookup(ctx, &key, &d).await {
             return Ok(b);
         }

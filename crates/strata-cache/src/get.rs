@@ -3,8 +3,7 @@
 //! A caller says what it wants (an object, a [`ByteRange`] of it, conditions on its version, or exactly a
 //! version it learned before) and gets a [`GetResult`]: the metadata, the resolved range and a [`GetBody`]
 //! stream of `Bytes`. Everything about *how* is decided here, not by the caller (the S3 gateway's GetObject,
-//! HeadObject and CopyObject, the agent's `/v1/prefetch`; `/v1/read` and the loader's in-process source still
-//! use readers, see ARCHITECTURE.md's next steps):
+//! HeadObject and CopyObject, the agent's `/v1/read` and `/v1/prefetch`, the loader's in-process source):
 //!
 //! - **How to open.** A read of the object's start (no range, or `bytes=0-N`) learns the version from a GET
 //!   of those bytes ([`BlockCache::open_object_reading`]): one origin request for a whole small object or the
@@ -349,7 +348,7 @@ impl Stream for GetBody {
 
 impl BlockCache {
     /// Read an object, or part of it, through the cache: the read call of the front ends (the S3 gateway's
-    /// GetObject, HeadObject and CopyObject). See the
+    /// GetObject, HeadObject and CopyObject, the agent's `/v1/read`, the loader's in-process source). See the
     /// module docs of `get.rs` for what it decides.
     pub async fn get(
         &self,
@@ -380,8 +379,13 @@ impl BlockCache {
             // Hot and inside one block (most small objects): no readahead bookkeeping.
             Some(b) => GetBody::ready(b),
             None => {
-                // One backend request for the whole range when it is cold, not one per block.
-                obj.prefetch(range.clone(), true).await;
+                // One backend request for the whole range when it is cold, not one per block. A one-block
+                // read takes no part in that: it never waits for budget (as a reader's own miss never does),
+                // so a node busy with hints and readahead still answers small reads at once.
+                let bs = self.config().block_size.bytes();
+                if range.start / bs != range.end.saturating_sub(1) / bs {
+                    obj.prefetch(range.clone(), true).await;
+                }
                 self.stream(obj, range.clone()).await?
             }
         };
@@ -397,7 +401,9 @@ impl BlockCache {
 
     /// Start fetching what `opts` names into the cache (runs of consecutive cold blocks, one backend request
     /// each, as far as the in-flight budget allows now) and return once they are started: a hint, for a loader
-    /// entering a shuffle window. Conditions are checked as by [`BlockCache::get`].
+    /// entering a shuffle window. The blocks are *staged*: held with their budget share, whatever the tiers
+    /// admit, until the first read of each takes it or [`crate::CacheConfig::prefetch_hold_ms`] passes (`stage.rs`), so the
+    /// bytes a hint fetched are not fetched again. Conditions are checked as by [`BlockCache::get`].
     pub async fn prefetch(
         &self,
         ctx: &IoContext,
@@ -414,7 +420,7 @@ impl BlockCache {
             Some(r) => r.resolve(obj.meta().size)?,
             None => 0..obj.meta().size,
         };
-        obj.prefetch_detached(range).await;
+        self.stage(ctx, &obj.obj, range);
         Ok(())
     }
 

@@ -99,6 +99,7 @@ pub mod policy;
 mod pool;
 mod prelude;
 mod reader;
+mod stage;
 mod state;
 mod stats;
 mod tier;
@@ -107,7 +108,10 @@ mod warm;
 use crate::prelude::*;
 use crate::state::*;
 
-pub use config::{CacheConfig, DEFAULT_METADATA_TTL_MS, DiskConfig, LOCAL_METADATA_TTL_MAX_MS};
+pub use config::{
+    CacheConfig, DEFAULT_METADATA_TTL_MS, DEFAULT_PREFETCH_HOLD_MS, DiskConfig,
+    LOCAL_METADATA_TTL_MAX_MS,
+};
 pub use get::{ByteRange, ETagMatch, GetBody, GetOptions, GetResult, plain_etag};
 pub use policy::PolicyKind;
 pub use reader::{BudgetShare, CachedObject};
@@ -178,6 +182,7 @@ impl BlockCache {
             cancel: CancellationToken::new(),
             meta: Mutex::new(MetaMap::default()),
             refreshes: Arc::new(Semaphore::new(META_REFRESH_MAX)),
+            staged: Mutex::new(Default::default()),
         });
         if let Some(disk) = &inner.disk {
             for p in &pins {
@@ -203,7 +208,9 @@ impl BlockCache {
                 });
             }
         }
-        Ok(Self { inner })
+        let cache = Self { inner };
+        cache.start_stage_sweeper();
+        Ok(cache)
     }
 
     /// The configuration in use.

@@ -124,12 +124,9 @@ impl BlockCache {
             .saturating_add(ahead)
             .min(cap);
         let permit = self
-            .inner
-            .budget
-            .clone()
-            .acquire_many_owned(units(len))
+            .acquire_budget(units(len))
             .await
-            .map_err(|_| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?;
+            .ok_or_else(|| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?;
         let (meta, stream) = match backend.get_head_stream(ctx, key, len).await {
             Ok(v) => v,
             // An empty object has no satisfiable range: fall back to HEAD.

@@ -81,10 +81,17 @@ impl CachedObject {
                 Ok(b) => (b, permit.map(BudgetShare)),
                 Err(_) => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
             },
-            None => {
-                let share = self.disk_read_share(i).await;
-                (self.cache.block(&self.ctx, &self.obj, i).await?, share)
-            }
+            None => match self.cache.take_staged(&self.obj.digest(i)) {
+                // Staged by a hint: the fill's share goes out with the bytes.
+                Some((fill, permit)) => match fill.await {
+                    Ok(b) => (b, permit.map(BudgetShare)),
+                    Err(_) => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
+                },
+                None => {
+                    let share = self.disk_read_share(i).await;
+                    (self.cache.block(&self.ctx, &self.obj, i).await?, share)
+                }
+            },
         };
         let (lo, hi) = (range.start - i * bs, end - i * bs);
         if hi > b.len() as u64 {
@@ -114,7 +121,7 @@ impl CachedObject {
         let permit = if holds_budget {
             budget.try_acquire_many_owned(units(len)).ok()
         } else {
-            budget.acquire_many_owned(units(len)).await.ok()
+            self.cache.acquire_budget(units(len)).await
         };
         permit.map(BudgetShare)
     }
@@ -145,9 +152,12 @@ impl CachedObject {
         if self.ra.lock().prefetched.contains_key(&i) {
             return None;
         }
+        let d = self.obj.digest(i);
         let b = self
             .cache
-            .ram_hit(&self.ctx, &self.obj.id, &self.obj.digest(i), Instant::now())?;
+            .ram_hit(&self.ctx, &self.obj.id, &d, Instant::now())?;
+        // The RAM tier kept a block a hint staged: its read is here, so the staged copy goes back.
+        self.cache.forget_staged(&d);
         let (lo, hi) = ((range.start - i * bs) as usize, (end - i * bs) as usize);
         (hi <= b.len()).then(|| b.slice(lo..hi))
     }
@@ -222,23 +232,12 @@ impl CachedObject {
         let (first, last) = (range.start / bs, (end - 1) / bs);
         let runs = {
             let ra = self.ra.lock();
-            let mut run: Option<(u64, u64)> = None;
-            let mut runs = Vec::new();
-            for i in first..=last + 1 {
-                let missing = i <= last
-                    && !ra.prefetched.contains_key(&i)
-                    && !self.cache.holds(&self.obj.digest(i));
-                match (&mut run, missing) {
-                    (Some((_, n)), true) if *n < cap => *n += 1,
-                    (Some(r), _) => {
-                        runs.push(*r);
-                        run = missing.then_some((i, 1));
-                    }
-                    (None, true) => run = Some((i, 1)),
-                    (None, false) => {}
-                }
-            }
-            runs
+            crate::stage::cold_runs(first, last, cap, |i| {
+                let d = self.obj.digest(i);
+                !ra.prefetched.contains_key(&i)
+                    && !self.cache.holds(&d)
+                    && !self.cache.is_staged(&d)
+            })
         };
         let block_len = |i: u64| ((i + 1) * bs).min(size) - i * bs;
         for (n, (start, count)) in runs.into_iter().enumerate() {
@@ -247,7 +246,7 @@ impl CachedObject {
             // Wait only while holding no budget: a reader that holds some never waits for more.
             let holds_budget = self.ra.lock().prefetched.values().any(|(_, p)| p.is_some());
             let permit = if wait && n == 0 && !holds_budget {
-                budget.acquire_many_owned(units(len)).await.ok()
+                self.cache.acquire_budget(units(len)).await
             } else {
                 budget.try_acquire_many_owned(units(len)).ok()
             };
@@ -283,24 +282,6 @@ impl CachedObject {
                 ra.prefetched.insert(i, (f, share));
             }
         }
-    }
-
-    /// [`prefetch`](Self::prefetch) for someone else: the runs start now, into the cache, and keep their share
-    /// of the in-flight budget until they land, on a task of the cache's own (shut down with it). Returns once
-    /// they are started. For hints from another process, such as a loader asking its node agent for a shuffle
-    /// window's bytes before reading them sample by sample.
-    pub async fn prefetch_detached(self, range: Range<u64>) {
-        self.prefetch(range, false).await;
-        let pending: Vec<_> = self.ra.lock().prefetched.drain().map(|(_, v)| v).collect();
-        if pending.is_empty() {
-            return;
-        }
-        self.cache.inner.tasks.spawn(async move {
-            for (fill, permit) in pending {
-                let _ = fill.await;
-                drop(permit);
-            }
-        });
     }
 
     pub(crate) async fn block(&self, i: u64) -> Result<Bytes> {
@@ -342,7 +323,7 @@ impl CachedObject {
                 continue;
             }
             let d = self.obj.digest(i);
-            if self.cache.holds(&d) {
+            if self.cache.holds(&d) || self.cache.is_staged(&d) {
                 continue;
             }
             let len = (self.obj.meta.size - i * bs).min(bs);

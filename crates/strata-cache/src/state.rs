@@ -47,6 +47,8 @@ pub(crate) struct Counters {
     pub(crate) joins: AtomicU64,
     pub(crate) readahead: AtomicU64,
     pub(crate) readahead_skipped: AtomicU64,
+    pub(crate) hints_reclaimed: AtomicU64,
+    pub(crate) hints_read: AtomicU64,
     pub(crate) stale: AtomicU64,
     pub(crate) fill_errors: AtomicU64,
     pub(crate) writes_dropped: AtomicU64,
@@ -100,6 +102,8 @@ pub(crate) struct Inner {
     pub(crate) cancel: CancellationToken,
     pub(crate) meta: Mutex<MetaMap>,
     pub(crate) refreshes: Arc<Semaphore>,
+    /// Blocks fetched for prefetch hints, held until read (`stage.rs`).
+    pub(crate) staged: Mutex<crate::stage::Staged>,
 }
 
 /// Object metadata by backend id, then key: looked up by `&str`, so a hit allocates nothing.

@@ -68,6 +68,18 @@ pub struct CacheStats {
     pub readahead_blocks: u64,
     /// Readahead skipped because the in-flight budget was used up.
     pub readahead_skipped: u64,
+    /// Blocks fetched for prefetch hints and not read yet (held at most `prefetch_hold_ms`).
+    #[serde(default)]
+    pub staged_blocks: u64,
+    /// In-flight budget those staged blocks hold, in bytes.
+    #[serde(default)]
+    pub staged_bytes: u64,
+    /// Block reads served by a staged block (the hint's own fill), not by a tier or a new origin read.
+    #[serde(default)]
+    pub staged_read: u64,
+    /// Staged blocks that gave their budget back, unread, to a reader waiting for it.
+    #[serde(default)]
+    pub staged_reclaimed: u64,
     /// Reads refused because the object changed at the backend while it was being read.
     pub stale_version_errors: u64,
     /// Fills that failed at the backend.
@@ -143,6 +155,7 @@ impl BlockCache {
         let hits = ram.hits + disk.as_ref().map_or(0, |d| d.hits);
         let misses = ld(&c.misses);
         let avail = self.inner.budget.available_permits() as u64;
+        let (staged_blocks, staged_bytes) = self.staged_stats();
         CacheStats {
             block_size: self.inner.cfg.block_size.bytes(),
             policy: format!("{:?}", self.inner.cfg.policy).to_lowercase(),
@@ -161,6 +174,10 @@ impl BlockCache {
             single_flight_joins: ld(&c.joins),
             readahead_blocks: ld(&c.readahead),
             readahead_skipped: ld(&c.readahead_skipped),
+            staged_blocks,
+            staged_bytes,
+            staged_read: ld(&c.hints_read),
+            staged_reclaimed: ld(&c.hints_reclaimed),
             stale_version_errors: ld(&c.stale),
             fill_errors: ld(&c.fill_errors),
             metadata_refreshes: ld(&c.meta_refreshes),

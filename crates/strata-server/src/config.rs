@@ -171,6 +171,9 @@ pub struct CacheSection {
     /// and deletes through Strata invalidate it at once; changes made at the origin by others are seen
     /// within this time.
     pub metadata_ttl_ms: u64,
+    /// How long a block fetched for a prefetch hint (`POST /v1/prefetch`) waits for its read, holding its
+    /// share of the in-flight budget, in ms. Default 30000; at most 600000.
+    pub prefetch_hold_ms: u64,
 }
 
 impl Default for CacheSection {
@@ -190,6 +193,7 @@ impl Default for CacheSection {
             read_parallelism: d.read_parallelism,
             disk_write_queue: d.disk_write_queue,
             metadata_ttl_ms: d.metadata_ttl_ms,
+            prefetch_hold_ms: d.prefetch_hold_ms,
         }
     }
 }
@@ -345,6 +349,7 @@ impl Config {
             read_parallelism: c.read_parallelism,
             metadata_ttl_ms: c.metadata_ttl_ms,
             disk_write_queue: c.disk_write_queue,
+            prefetch_hold_ms: c.prefetch_hold_ms,
         };
         cache.validate()?;
         if self.retry.max_retries > 20 {

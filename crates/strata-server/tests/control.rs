@@ -711,8 +711,8 @@ async fn prefetch_starts_one_run_that_later_reads_find_in_the_cache() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    // Reading those bytes now is three RAM hits and no miss (the reader's own readahead may fetch the block
-    // after them).
+    // Reading those bytes now takes the three staged blocks: no miss (the reader's own readahead may fetch
+    // the block after them), nothing left staged.
     let req = Request::builder()
         .uri("/v1/read?location=default/data/blob.bin")
         .header("authorization", format!("Bearer {admin}"))
@@ -727,8 +727,8 @@ async fn prefetch_starts_one_run_that_later_reads_find_in_the_cache() {
     assert_eq!(got.as_ref(), &blob[1 << 20..4 << 20]);
     let s = stats(app.clone()).await;
     assert_eq!(
-        (&s["misses"], &s["ram"]["hits"]),
-        (&json!(0), &json!(3)),
+        (&s["misses"], &s["staged_read"], &s["staged_blocks"]),
+        (&json!(0), &json!(3), &json!(0)),
         "{s}"
     );
     // Without a range: the rest of the object; a missing object is a 404; a bad range a 400.
