@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use strata_cache::{BlockCache, CacheConfig, CachedObject, DiskConfig};
+use strata_cache::{BlockCache, CacheConfig, DiskConfig, GetOptions};
 use strata_object::Backend;
 use strata_object::{BackendOptions, RetryPolicy};
 use strata_telemetry::Telemetry;
@@ -35,12 +35,9 @@ pub struct AgentSource {
 pub struct LocalSource {
     backend: Backend,
     cache: BlockCache,
-    /// Readers opened once per shard: the version seen first is the one read all epoch. A reader holds the
-    /// blocks prefetched for it (and their budget) until it reads them, whatever the RAM tier admits, which
-    /// the shuffle window relies on; [`BlockCache::get`] has no reader-held prefetch, so this source keeps
-    /// its readers (measured: through `get` with detached prefetches, 6,000 small MDS samples ran at 0.3-0.4x
-    /// and cost the origin 5x the CPU).
-    open: Arc<Mutex<HashMap<String, Arc<CachedObject>>>>,
+    /// The version of each shard seen first, read all epoch ([`GetOptions::version`]: a shard that changes
+    /// fails its reads instead of mixing versions).
+    versions: Arc<Mutex<HashMap<String, ObjectMeta>>>,
     root: String,
     /// Exclusive lock on the disk tier's directory, held while this source lives.
     _dir_lock: Option<Arc<std::fs::File>>,
@@ -217,7 +214,7 @@ impl LocalSource {
         Self {
             backend,
             cache,
-            open: Arc::new(Mutex::new(HashMap::new())),
+            versions: Arc::new(Mutex::new(HashMap::new())),
             root: root.to_string(),
             _dir_lock: None,
         }
@@ -233,21 +230,22 @@ impl LocalSource {
         &self.cache
     }
 
-    /// The reader of `shard`'s version, checked against the index the first time.
-    async fn object(&self, ctx: &IoContext, shard: &Shard) -> Result<Arc<CachedObject>> {
-        if let Some(o) = self.open.lock().get(&shard.key) {
-            return Ok(o.clone());
+    /// The version of `shard` read all epoch, checked against the index the first time.
+    async fn version(&self, ctx: &IoContext, shard: &Shard) -> Result<ObjectMeta> {
+        if let Some(m) = self.versions.lock().get(&shard.key) {
+            return Ok(m.clone());
         }
-        let obj = self
+        let meta = self
             .cache
-            .open_object(ctx, &self.backend, &shard.key)
-            .await?;
-        check_version(shard, obj.meta())?;
+            .get(ctx, &self.backend, &shard.key, GetOptions::default().head())
+            .await?
+            .meta;
+        check_version(shard, &meta)?;
         Ok(self
-            .open
+            .versions
             .lock()
             .entry(shard.key.clone())
-            .or_insert(Arc::new(obj))
+            .or_insert(meta)
             .clone())
     }
 }
@@ -288,8 +286,8 @@ impl Source {
         let (start, len) = (range.start, range.end - range.start);
         let bytes = match self {
             Source::Local(l) => {
-                let obj = l.object(ctx, shard).await?;
-                let size = obj.meta().size;
+                let meta = l.version(ctx, shard).await?;
+                let size = meta.size;
                 if range.end > size {
                     return Err(Error::new(
                         ErrorKind::Corrupt,
@@ -299,7 +297,13 @@ impl Source {
                         ),
                     ));
                 }
-                obj.read(range).await?
+                if range.is_empty() {
+                    Bytes::new()
+                } else {
+                    let opts = GetOptions::default().bytes(range.clone()).version(meta);
+                    let got = l.cache.get(ctx, &l.backend, &shard.key, opts).await?;
+                    got.body.collect().await?
+                }
             }
             Source::Agent(a) => {
                 let (etag, total, body) =
@@ -338,9 +342,12 @@ impl Source {
     pub async fn prefetch(&self, ctx: &IoContext, shard: &Shard, range: Range<u64>) -> Result<()> {
         match self {
             Source::Local(l) => {
-                let obj = l.object(ctx, shard).await?;
-                obj.prefetch(range, false).await;
-                Ok(())
+                let meta = l.version(ctx, shard).await?;
+                if range.start >= range.end.min(meta.size) {
+                    return Ok(());
+                }
+                let opts = GetOptions::default().bytes(range).version(meta);
+                l.cache.prefetch(ctx, &l.backend, &shard.key, opts).await
             }
             Source::Shared(c) => c.prefetch(&shard.key, range).await,
             Source::Agent(a) => a.prefetch(ctx, &shard.key, range).await,
@@ -372,7 +379,7 @@ impl Source {
     /// Current metadata of a shard's object.
     pub async fn meta(&self, ctx: &IoContext, shard: &Shard) -> Result<ObjectMeta> {
         match self {
-            Source::Local(l) => Ok(l.object(ctx, shard).await?.meta().clone()),
+            Source::Local(l) => l.version(ctx, shard).await,
             Source::Agent(a) => {
                 let (etag, total, _) = a.get(ctx, &shard.key, Some(0..1), false).await?;
                 Ok(ObjectMeta {

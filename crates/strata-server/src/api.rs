@@ -318,12 +318,9 @@ fn get_options(headers: &HeaderMap) -> ApiResult<strata_cache::GetOptions> {
     )
 }
 
-/// An object's bytes, or its `Range`, streamed block by block.
-///
-/// This route still reads through a [`strata_cache::CachedObject`] (an open, then `read_block` per block),
-/// not [`strata_cache::BlockCache::get`]: measured A/B, the loader's small MDS samples through the agent ran at
-/// 0.6-0.75x warm and 0.8-0.9x cold through `get` (`bench/RESULTS.md`, twelfth session). The cause is not
-/// found yet; until it is, the route keeps the path it had.
+/// An object's bytes, or its `Range`, through [`strata_cache::BlockCache::get`]: the body streams block by
+/// block (a large object never sits in memory whole) and keeps a block's in-flight budget share until the
+/// connection asks for the next one.
 async fn read(
     State(agent): State<Arc<Agent>>,
     headers: HeaderMap,
@@ -331,51 +328,26 @@ async fn read(
 ) -> ApiResult<Response> {
     let (backend, key) = agent.resolve(&q.location)?;
     let ctx = io_context(&headers);
-    let obj = agent.cache().open_object(&ctx, &backend, &key).await?;
-    let size = obj.meta().size;
-    let (range, partial) = match get_options(&headers)?.range {
-        Some(r) => (r.resolve(size)?, true),
-        None => (0..size, false),
-    };
-    let status = if partial {
+    let res = agent
+        .cache()
+        .get(&ctx, &backend, &key, get_options(&headers)?)
+        .await?;
+    let status = if res.partial {
         StatusCode::PARTIAL_CONTENT
     } else {
         StatusCode::OK
     };
     let mut resp = Response::builder()
         .status(status)
-        .header(header::CONTENT_LENGTH, range.end - range.start)
+        .header(header::CONTENT_LENGTH, res.range.end - res.range.start)
         .header(header::CONTENT_TYPE, "application/octet-stream");
-    if let Some(etag) = &obj.meta().etag {
+    if let Some(etag) = &res.meta.etag {
         resp = resp.header(header::ETAG, etag);
     }
-    if partial {
-        resp = resp.header(
-            header::CONTENT_RANGE,
-            format!(
-                "bytes {}-{}/{size}",
-                range.start,
-                range.end.saturating_sub(1)
-            ),
-        );
+    if let Some(cr) = res.content_range() {
+        resp = resp.header(header::CONTENT_RANGE, cr);
     }
-    // Stream block by block so a large object never sits in memory whole; a block fetched ahead keeps its
-    // in-flight budget share until the connection asks for the next one (the state carries it until then).
-    let chunk = agent.cache().config().block_size.bytes();
-    let end = range.end;
-    let start: (_, _, Option<strata_cache::BudgetShare>) = (obj, range.start, None);
-    let stream = futures::stream::unfold(start, move |(obj, off, held)| async move {
-        drop(held);
-        if off >= end {
-            return None;
-        }
-        let next = (off + chunk - off % chunk).min(end);
-        match obj.read_block(off..next).await {
-            Ok((b, share)) => Some((Ok::<_, std::io::Error>(b), (obj, next, share))),
-            Err(e) => Some((Err(std::io::Error::other(e.to_string())), (obj, end, None))),
-        }
-    });
-    resp.body(Body::from_stream(stream))
+    resp.body(Body::from_stream(res.body))
         .map_err(|e| ApiError(Error::internal(format!("building response: {e}"))))
 }
 
