@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use strata_cache::{BlockCache, CacheConfig, DiskConfig, PolicyKind};
+use strata_cache::{BlockCache, CacheConfig, DiskConfig, GetOptions, PolicyKind};
 use strata_object::{Backend, BackendOptions, PutMode, RetryPolicy};
 use strata_telemetry::Telemetry;
 use strata_types::{ByteSize, IoContext};
@@ -46,10 +46,10 @@ async fn run(
     for _ in 0..scans {
         let before = cache.stats();
         for i in 0..dataset {
-            cache
-                .read(&ctx, backend, &format!("ds/{i:06}"), 0..BLOCK)
-                .await
-                .expect("read");
+            let key = format!("ds/{i:06}");
+            let opts = GetOptions::default().bytes(0..BLOCK);
+            let got = cache.get(&ctx, backend, &key, opts).await.expect("read");
+            got.body.collect().await.expect("read");
         }
         // let queued disk writes land before counting, as a paced reader would
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -33,7 +33,8 @@ pub struct CacheConfig {
     /// Largest single backend request when filling consecutive blocks (warm-up): fewer, larger requests.
     /// Default 32 MiB; at least one block, at most the in-flight budget.
     pub max_request_size: ByteSize,
-    /// Blocks fetched concurrently for one large read. Default 8.
+    /// Accepted for compatibility, no longer used: a cold range is fetched as runs of consecutive blocks (one
+    /// request each, up to `max_request_size`), not block by block. Default 8.
     pub read_parallelism: usize,
     /// How long object metadata (size, ETag) looked up at the backend is trusted, in milliseconds. Default
     /// [`DEFAULT_METADATA_TTL_MS`] (60 s; the agent's `[cache] metadata_ttl_ms` uses the same); 0 looks the

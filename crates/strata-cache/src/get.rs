@@ -275,7 +275,8 @@ impl GetResult {
     }
 
     /// Note a read of this version at `at` (seconds): true if none was noted in the `resolution` seconds
-    /// before, so the caller should record it (see [`CachedObject::mark_read`]).
+    /// before, so the caller should record it. The mark is shared by every read of the version while its
+    /// metadata is cached: for a hot object, at most one read per `resolution` sees true.
     pub fn mark_read(&self, at: i64, resolution: i64) -> bool {
         self.object.mark_read(at, resolution)
     }

@@ -13,7 +13,8 @@
 //! - **The front door** ([`BlockCache::get`], `get.rs`): front ends say what they want ([`GetOptions`]: a
 //!   range, conditions, a pinned version, HEAD) and get a [`GetResult`] whose body streams block by block;
 //!   how to open, when to prefetch and who holds budget are decided there. The lower-level calls below
-//!   (`open_object*`, [`CachedObject`]) remain for warm-up, pins and the cache's own tests.
+//!   (`open_object*`, `CachedObject`) are private to the crate. [`BlockCache::prefetch`] is its hint: the
+//!   blocks it fetches are staged (`stage.rs`), held with their budget until read.
 //! - **Tiers** ([`BlockCache`]): RAM (a map of `Bytes`) and disk ([`disk`] module: one checksummed file per
 //!   block). Both use the scan-resistant [`policy`] (CLOCK order + TinyLFU admission; warm-ups force admission
 //!   into the disk tier). The disk tier is advisory: any error there is a miss plus a counter. Every lookup
@@ -25,7 +26,7 @@
 //!   Prefetch runs, readahead and warm-ups are bounded strictly; a reader's own miss takes budget when it is
 //!   free but never waits for it (it may hold budget for blocks it prefetched, and readers waiting on each
 //!   other's budget would deadlock), so demand reads exceed the budget by at most one block per reader.
-//! - **Readahead** ([`CachedObject`]): a reader that moves forward block by block gets a window that doubles up
+//! - **Readahead** (`CachedObject`): a reader that moves forward block by block gets a window that doubles up
 //!   to `readahead_blocks`, using only budget that is free; prefetched blocks are held by the reader (and their
 //!   budget with them) until used or dropped.
 //! - **Pinning**: a pinned prefix's blocks are never evicted from the pinning tier (disk when present); pinned
@@ -33,7 +34,7 @@
 //!
 //! # Opening an object: the metadata cache
 //!
-//! [`BlockCache::open_object`] learns the object's version from a HEAD, or, within `metadata_ttl_ms`, from
+//! `BlockCache::open_object` learns the object's version from a HEAD, or, within `metadata_ttl_ms`, from
 //! the metadata cache (local-directory backends trust it at most [`LOCAL_METADATA_TTL_MAX_MS`]; writers call
 //! [`BlockCache::invalidate`]). Entries are keyed by backend id, then key (looked up by `&str`, so a hit
 //! allocates nothing), keep the version's object state (id, first block's digest, last read mark), and are
@@ -54,7 +55,7 @@
 //!   1,000 objects from its key, or waits for the listing in flight (a `watch` whose sender
 //!   the listing's task drops), then uses the entry if the listing confirmed it, else sends a HEAD.
 //!
-//! [`BlockCache::open_object_reading`] instead learns the version of an object it has never seen from a GET
+//! `BlockCache::open_object_reading` instead learns the version of an object it has never seen from a GET
 //! of its first `upto` bytes ([`strata_object::Backend::get_head_stream`]: whole blocks, at most half the
 //! in-flight budget), returning once the response headers are in; the body feeds a fill run like any other.
 //! When `upto` is more than one block (a client downloading in parts), the same request also reads the
@@ -63,7 +64,7 @@
 //!
 //! # Fills
 //!
-//! - [`CachedObject::prefetch`] starts the uncached blocks of a range as **runs**: one backend request per run
+//! - `CachedObject::prefetch` starts the uncached blocks of a range as **runs**: one backend request per run
 //!   of consecutive blocks, up to half the in-flight budget (warm-ups: up to `max_request_size`).
 //! - Each block of a run is registered for single-flight separately and **resolves as soon as it has
 //!   arrived** (a oneshot per block), not when the whole run has. Warm-ups resolve a block once it is on disk.
@@ -81,12 +82,12 @@
 //!
 //! # Senders
 //!
-//! [`CachedObject::read_block`] hands out each block with its [`BudgetShare`] when it was fetched ahead or
+//! `CachedObject::read_block` hands out each block with its `BudgetShare` when it was fetched ahead or
 //! read from the disk tier (fresh memory, like a fill; waited for only when the reader holds no budget, else
 //! taken if free): a sender drops it once the connection has taken the block, so bytes on their way to slow
-//! clients stay inside the budget whether or not the RAM tier admitted them. [`CachedObject::read_cached`]
+//! clients stay inside the budget whether or not the RAM tier admitted them. `CachedObject::read_cached`
 //! serves a range inside one RAM-held block without readahead bookkeeping (the hot path of small GETs).
-//! [`CachedObject::mark_read`] rate-limits access-time records per object version.
+//! `CachedObject::mark_read` rate-limits access-time records per object version.
 //!
 //! Every background task (fills, disk writers, disk streamers, refreshes, readahead) is tracked and stops on
 //! [`BlockCache::shutdown`].
@@ -102,8 +103,14 @@ mod reader;
 mod stage;
 mod state;
 mod stats;
+#[cfg(test)]
+mod tests;
 mod tier;
 mod warm;
+
+// The tests' shared helpers name the crate as its users do.
+#[cfg(test)]
+extern crate self as strata_cache;
 
 use crate::prelude::*;
 use crate::state::*;
@@ -114,7 +121,6 @@ pub use config::{
 };
 pub use get::{ByteRange, ETagMatch, GetBody, GetOptions, GetResult, plain_etag};
 pub use policy::PolicyKind;
-pub use reader::{BudgetShare, CachedObject};
 pub use state::{BlockCache, PinSpec};
 pub use stats::{CacheStats, DiskFaults, TierStats};
 pub use warm::{PinReport, WarmProgress};
@@ -223,8 +229,9 @@ impl BlockCache {
         &self.inner.telemetry
     }
 
-    /// Bytes `range` of `key`, through the cache (opens the object, then reads).
-    pub async fn read(
+    /// Bytes `range` of `key`, through the cache (opens the object, then reads); the crate's tests' shorthand.
+    #[cfg(test)]
+    pub(crate) async fn read(
         &self,
         ctx: &IoContext,
         backend: &Backend,

@@ -9,7 +9,7 @@ use crate::state::*;
 impl BlockCache {
     /// Look up the object's current version at the backend (or in the metadata cache, within
     /// `metadata_ttl_ms`) and return a reader for it.
-    pub async fn open_object(
+    pub(crate) async fn open_object(
         &self,
         ctx: &IoContext,
         backend: &Backend,
@@ -91,7 +91,7 @@ impl BlockCache {
     /// learns its version: the first `upto` bytes (rounded up to whole blocks, at least one block, at most half
     /// the in-flight budget). One backend request instead of two for a small object, or for the first part of
     /// a large object read in parts. The blocks read are cached and held for the returned reader.
-    pub async fn open_object_reading(
+    pub(crate) async fn open_object_reading(
         &self,
         ctx: &IoContext,
         backend: &Backend,

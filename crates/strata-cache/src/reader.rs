@@ -17,7 +17,7 @@ pub(crate) struct Readahead {
 /// A reader of one version of one object through the cache. Reads are verified against that version: if the
 /// object changes at the backend, uncached blocks fail with [`ErrorKind::PreconditionFailed`] instead of mixing
 /// versions.
-pub struct CachedObject {
+pub(crate) struct CachedObject {
     pub(crate) cache: BlockCache,
     pub(crate) obj: Arc<ObjState>,
     pub(crate) ctx: IoContext,
@@ -29,7 +29,7 @@ pub struct CachedObject {
 /// drops it when the connection asks for the next chunk), so that bytes on their way out stay inside the
 /// budget.
 #[derive(Debug)]
-pub struct BudgetShare(#[allow(dead_code)] OwnedSemaphorePermit);
+pub(crate) struct BudgetShare(#[allow(dead_code)] OwnedSemaphorePermit);
 
 impl std::fmt::Debug for CachedObject {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -41,19 +41,23 @@ impl std::fmt::Debug for CachedObject {
 
 impl CachedObject {
     /// The object's metadata as of opening.
-    pub fn meta(&self) -> &ObjectMeta {
+    pub(crate) fn meta(&self) -> &ObjectMeta {
         &self.obj.meta
     }
 
     /// The whole object.
-    pub async fn read_all(&self) -> Result<Bytes> {
+    #[cfg(test)]
+    pub(crate) async fn read_all(&self) -> Result<Bytes> {
         self.read(0..self.obj.meta.size).await
     }
 
     /// Bytes `range`, which must lie inside one block, with the block's share of the in-flight budget when it
     /// was fetched ahead for this reader or read from the disk tier (see [`BudgetShare`]). For senders that
     /// stream block by block.
-    pub async fn read_block(&self, range: Range<u64>) -> Result<(Bytes, Option<BudgetShare>)> {
+    pub(crate) async fn read_block(
+        &self,
+        range: Range<u64>,
+    ) -> Result<(Bytes, Option<BudgetShare>)> {
         let size = self.obj.meta.size;
         let bs = self.cache.inner.cfg.block_size.bytes();
         let end = range.end.min(size);
@@ -129,7 +133,8 @@ impl CachedObject {
     /// Note a read of this version at `at` (seconds): true if none was noted in the `resolution` seconds
     /// before, so the caller should record it. The mark is shared by every reader of the version while its
     /// metadata is cached; for a hot object, at most one reader per `resolution` sees true.
-    pub fn mark_read(&self, at: i64, resolution: i64) -> bool {
+    #[cfg(test)]
+    pub(crate) fn mark_read(&self, at: i64, resolution: i64) -> bool {
         self.obj.mark_read(at, resolution)
     }
 
@@ -137,7 +142,7 @@ impl CachedObject {
     /// else `None` (read them with [`Self::read_block`] then). The hot path of a small read: one lookup, none of the readahead
     /// bookkeeping; the request is recorded and the lookup emitted as for any read. An invalid range is
     /// `None` too, and [`Self::read_block`] then says what is wrong with it.
-    pub fn read_cached(&self, range: Range<u64>) -> Option<Bytes> {
+    pub(crate) fn read_cached(&self, range: Range<u64>) -> Option<Bytes> {
         let bs = self.cache.inner.cfg.block_size.bytes();
         let end = range.end.min(self.obj.meta.size);
         if range.start >= end {
@@ -163,7 +168,8 @@ impl CachedObject {
     }
 
     /// Bytes `range`; the end is clamped to the object's size. A start past the end is an error.
-    pub async fn read(&self, range: Range<u64>) -> Result<Bytes> {
+    #[cfg(test)]
+    pub(crate) async fn read(&self, range: Range<u64>) -> Result<Bytes> {
         let size = self.obj.meta.size;
         if range.start > size || range.start > range.end {
             return Err(Error::invalid_input(format!(
@@ -220,7 +226,7 @@ impl CachedObject {
     /// read. With `wait`, the first run waits for budget; later runs (and every run without `wait`) start only
     /// if budget is free now, so a reader never waits for budget while holding some (no deadlock); blocks not
     /// started here are fetched when read.
-    pub async fn prefetch(&self, range: Range<u64>, wait: bool) {
+    pub(crate) async fn prefetch(&self, range: Range<u64>, wait: bool) {
         let size = self.obj.meta.size;
         let end = range.end.min(size);
         if range.start >= end {
@@ -284,6 +290,7 @@ impl CachedObject {
         }
     }
 
+    #[cfg(test)]
     pub(crate) async fn block(&self, i: u64) -> Result<Bytes> {
         let pre = self.ra.lock().prefetched.remove(&i);
         if let Some((fut, permit)) = pre {

@@ -24,13 +24,7 @@ async fn full_or_failing_disk_never_fails_a_read() {
         Telemetry::new(),
     );
     for _ in 0..2 {
-        assert!(
-            cache
-                .read(&ctx(), &backend, "x.bin", 0..u64::MAX)
-                .await
-                .unwrap()
-                == data
-        );
+        assert!(get_bytes(&cache, &backend, "x.bin", None).await.unwrap() == data);
     }
     cache.shutdown().await; // waits for queued writes
     let s = cache.stats();
@@ -58,13 +52,7 @@ async fn full_or_failing_disk_never_fails_a_read() {
         config(Some(dir2.path()), 64, 16, 64, PolicyKind::Tinylfu),
         Telemetry::new(),
     );
-    assert!(
-        cache
-            .read(&ctx(), &backend, "x.bin", 0..u64::MAX)
-            .await
-            .unwrap()
-            == data
-    );
+    assert!(get_bytes(&cache, &backend, "x.bin", None).await.unwrap() == data);
     // disk writes are queued: wait until all 8 have failed before lifting the fault
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while cache.stats().disk_faults.no_space < 8 {
@@ -97,13 +85,7 @@ async fn full_or_failing_disk_never_fails_a_read() {
         .unwrap();
     assert_eq!(cache.stats().disk.unwrap().blocks, 8);
     fail::cfg("disk-read", "return").unwrap();
-    assert!(
-        cache
-            .read(&ctx(), &backend, "x.bin", 0..u64::MAX)
-            .await
-            .unwrap()
-            == data
-    );
+    assert!(get_bytes(&cache, &backend, "x.bin", None).await.unwrap() == data);
     let s = cache.stats();
     assert!(
         s.disk_faults.read_errors >= 7,
@@ -135,12 +117,10 @@ async fn a_fill_faster_than_the_disk_queues_within_the_budget() {
     assert_eq!(budget, 16 * bs);
     let cache = open(cfg, Telemetry::new());
     fail::cfg("disk-write", "pause").unwrap();
-    let obj = cache
-        .open_object(&ctx(), &backend, "burst.bin")
-        .await
-        .unwrap();
     for i in 0..n {
-        let b = obj.read(i * bs..(i + 1) * bs).await.unwrap();
+        let b = get_bytes(&cache, &backend, "burst.bin", Some(i * bs..(i + 1) * bs))
+            .await
+            .unwrap();
         assert!(b == data.slice((i * bs) as usize..((i + 1) * bs) as usize));
     }
     // Two blocks are with the (paused) writers, 8 queue freely, 8 more hold half the budget. The last demand
@@ -176,15 +156,13 @@ async fn a_fill_faster_than_the_disk_queues_within_the_budget() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    drop(obj);
     // Everything written reads back right from the disk tier (the RAM tier is dropped with a new cache).
     cache.shutdown().await;
     let mut cfg = config(Some(dir.path()), 64, 2, 64, PolicyKind::Lru);
     cfg.readahead_blocks = 0;
     let cache = open(cfg, Telemetry::new());
     assert!(
-        cache
-            .read(&ctx(), &backend, "burst.bin", 0..u64::MAX)
+        get_bytes(&cache, &backend, "burst.bin", None)
             .await
             .unwrap()
             == data

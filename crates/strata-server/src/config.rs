@@ -161,7 +161,7 @@ pub struct CacheSection {
     pub inflight_budget: ByteSize,
     /// Largest backend request when filling consecutive blocks (warm-up). Default 32MiB.
     pub max_request_size: ByteSize,
-    /// Blocks fetched in parallel for one large read. Default 8.
+    /// Accepted for compatibility, no longer used (cold ranges are fetched as runs). Default 8.
     pub read_parallelism: usize,
     /// Disk write queue length in blocks. Default 32.
     pub disk_write_queue: usize,

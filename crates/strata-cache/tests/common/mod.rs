@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use strata_cache::{BlockCache, CacheConfig, DiskConfig, PolicyKind};
+use strata_cache::{BlockCache, CacheConfig, DiskConfig, GetOptions, PolicyKind};
 use strata_object::{Backend, BackendOptions, PutMode, RetryPolicy};
 use strata_telemetry::Telemetry;
 use strata_types::{ByteSize, IoContext};
@@ -96,4 +96,23 @@ pub async fn put(b: &Backend, key: &str, data: &Bytes) {
     b.put(&ctx(), key, data.clone(), PutMode::Overwrite)
         .await
         .unwrap();
+}
+
+/// Bytes `range` of `key` (the whole object when `None`) through [`BlockCache::get`].
+pub async fn get_bytes(
+    cache: &BlockCache,
+    backend: &Backend,
+    key: &str,
+    range: Option<std::ops::Range<u64>>,
+) -> strata_types::Result<Bytes> {
+    let opts = match range {
+        Some(r) => GetOptions::default().bytes(r),
+        None => GetOptions::default(),
+    };
+    cache
+        .get(&ctx(), backend, key, opts)
+        .await?
+        .body
+        .collect()
+        .await
 }

@@ -1,14 +1,11 @@
-//! Integration tests of the tiered block cache against real backends (in-memory, and a real S3 server behind a
-//! counting, fault-injecting proxy).
-
-#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
-
-mod common;
+//! Tests of the tiered block cache against real backends (in-memory, and a real S3 server behind a counting,
+//! fault-injecting proxy). Inside the crate, because many of them drive the readers under `BlockCache::get`
+//! (readahead, budget shares, opens that read), which are not public.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use super::common::*;
 use strata_cache::{BlockCache, PolicyKind};
 use strata_telemetry::Telemetry;
 use strata_testkit::{FaultProxy, S3Server};
@@ -452,7 +449,7 @@ mod reference_model {
     //! The cache against a reference model: random puts (overwrites), ranged reads, restarts and disk damage.
     //! Whatever happens, every read returns exactly the model's bytes (or NotFound for absent objects).
 
-    use super::common::*;
+    use crate::tests::common::*;
     use proptest::prelude::*;
     use std::collections::HashMap;
     use strata_cache::PolicyKind;
@@ -1183,13 +1180,17 @@ async fn get_opens_by_reading_checks_conditions_and_pins_versions() {
     let etag = r.meta.etag.clone().unwrap();
     let tag = strata_cache::plain_etag(&etag).to_string();
     proxy.clear();
-    let mut o = GetOptions::default();
-    o.if_none_match = Some(ETagMatch::Strong(tag.clone()));
+    let o = GetOptions {
+        if_none_match: Some(ETagMatch::Strong(tag.clone())),
+        ..Default::default()
+    };
     let r = cache.get(&ctx(), &backend, "later.bin", o).await.unwrap();
     assert!(r.not_modified);
     assert!(r.body.collect().await.unwrap().is_empty());
-    let mut o = GetOptions::default();
-    o.if_match = Some(ETagMatch::Strong("not-the-etag".into()));
+    let o = GetOptions {
+        if_match: Some(ETagMatch::Strong("not-the-etag".into())),
+        ..Default::default()
+    };
     let e = cache
         .get(&ctx(), &backend, "later.bin", o)
         .await
