@@ -189,12 +189,7 @@ impl Backend {
             "s3" | "s3a" => {
                 let bucket = host_of(&parsed, url)?;
                 let store = build_s3(&bucket, options, url)?;
-                let endpoint = options
-                    .endpoint
-                    .clone()
-                    .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-                    .or_else(|| std::env::var("AWS_ENDPOINT").ok())
-                    .unwrap_or_else(|| "aws".into());
+                let endpoint = s3_endpoint(options).unwrap_or_else(|| "aws".into());
                 let id = format!("s3://{bucket}/{prefix}@{}", endpoint.trim_end_matches('/'));
                 ("s3", Arc::new(store), id)
             }
@@ -1183,14 +1178,21 @@ fn host_of(url: &url::Url, raw: &str) -> Result<String> {
     }
 }
 
+/// The S3 endpoint: the options', else the standard AWS environment's (`AWS_ENDPOINT_URL`, `AWS_ENDPOINT`).
+/// The rest of the AWS environment (credentials chain, web identity, container credentials, region) is read
+/// by object_store's builder ([`object_store::aws::AmazonS3Builder::from_env`]), as every AWS client does; these
+/// and the region below are the only variables Strata's own code reads here.
+fn s3_endpoint(o: &BackendOptions) -> Option<String> {
+    o.endpoint
+        .clone()
+        .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+        .or_else(|| std::env::var("AWS_ENDPOINT").ok())
+}
+
 fn build_s3(bucket: &str, o: &BackendOptions, url: &str) -> Result<object_store::aws::AmazonS3> {
     use object_store::aws::AmazonS3Builder;
     let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
-    let endpoint = o
-        .endpoint
-        .clone()
-        .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-        .or_else(|| std::env::var("AWS_ENDPOINT").ok());
+    let endpoint = s3_endpoint(o);
     if let Some(ep) = &endpoint {
         b = b
             .with_endpoint(ep)
