@@ -51,7 +51,7 @@ pub struct CacheConfig {
     pub disk_write_queue: usize,
     /// How long a block fetched for a prefetch hint ([`crate::BlockCache::prefetch`]) is held, with its share
     /// of the in-flight budget, for the read that takes it, in milliseconds. Default [`DEFAULT_PREFETCH_HOLD_MS`]
-    /// (30 s); at most 10 minutes. Staged blocks hold at most half the budget.
+    /// (30 s); at most 10 minutes. A read waiting for budget takes it back from staged blocks that have landed.
     #[serde(default = "default_prefetch_hold_ms")]
     pub prefetch_hold_ms: u64,
 }
