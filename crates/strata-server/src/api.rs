@@ -18,7 +18,9 @@ use serde::{Deserialize, Serialize};
 use strata_types::{Error, IoContext};
 
 use crate::Agent;
+use crate::access::Caller;
 use crate::http::{ApiError, ApiResult, Plane, Route, RouteDoc, io_context};
+use strata_catalog::{Principal, Role};
 
 /// The data-plane routes (and `/healthz`, `/metrics`), for the route table of [`crate::routes`].
 pub fn routes() -> Vec<Route> {
@@ -71,7 +73,7 @@ pub fn routes() -> Vec<Route> {
             "POST",
             "/v1/cache/warm",
             "Prefetch a prefix (NDJSON progress)",
-            "any principal",
+            "reader of the teams owning the prefix and any owned prefix under it",
             Plane::Data,
             post(warm),
         ),
@@ -79,7 +81,7 @@ pub fn routes() -> Vec<Route> {
             "POST",
             "/v1/cache/pin",
             "Pin a prefix in the cache",
-            "any principal",
+            "member of the teams owning the prefix and any owned prefix under it; charged to the owner",
             Plane::Data,
             post(pin),
         ),
@@ -87,7 +89,7 @@ pub fn routes() -> Vec<Route> {
             "POST",
             "/v1/cache/unpin",
             "Unpin a prefix",
-            "any principal",
+            "member of the team the pin is charged to",
             Plane::Data,
             post(unpin),
         ),
@@ -95,7 +97,7 @@ pub fn routes() -> Vec<Route> {
             "GET",
             "/v1/read",
             "Read an object through the cache: ?location=",
-            "any principal",
+            "reader of the team owning the key (any principal outside owned prefixes)",
             Plane::Data,
             get(read),
         ),
@@ -103,7 +105,7 @@ pub fn routes() -> Vec<Route> {
             "POST",
             "/v1/prefetch",
             "Start fetching an object (or its Range) into the cache: ?location=",
-            "any principal",
+            "reader of the team owning the key (any principal outside owned prefixes)",
             Plane::Data,
             post(prefetch),
         ),
@@ -171,6 +173,7 @@ pub struct WarmLine {
 
 async fn warm(
     State(agent): State<Arc<Agent>>,
+    Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     Json(req): Json<WarmRequest>,
 ) -> ApiResult<Response> {
@@ -180,7 +183,10 @@ async fn warm(
             Error::invalid_input(format!("concurrency = {concurrency}: must be 1..=256")).into(),
         );
     }
-    let (backend, prefix) = agent.resolve(&req.location)?;
+    let caller = Caller::Principal(principal);
+    let (backend, prefix, _) = agent
+        .authorize(&caller, &req.location, Role::Reader, true)
+        .await?;
     let ctx = io_context(&headers);
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let line = |p: &strata_cache::WarmProgress, done: bool, error: Option<String>| {
@@ -241,12 +247,16 @@ fn pin_key(backend: &strata_object::Backend, prefix: &str) -> String {
 
 async fn pin(
     State(agent): State<Arc<Agent>>,
-    Extension(principal): Extension<strata_catalog::Principal>,
+    Extension(principal): Extension<Principal>,
     Json(req): Json<PinRequest>,
 ) -> ApiResult<Json<strata_cache::PinReport>> {
-    let (backend, prefix) = agent.resolve(&req.location)?;
-    // Quota before bytes: the prefix's size is admitted on the team's `cache` scope before it is pinned.
-    let charged = match &principal.team {
+    let caller = Caller::Principal(principal.clone());
+    let (backend, prefix, owner) = agent
+        .authorize(&caller, &req.location, Role::Member, true)
+        .await?;
+    // Quota before bytes: the prefix's size is admitted on the owning team's `cache` scope (the caller's
+    // home team outside owned prefixes) before it is pinned.
+    let charged = match owner.or_else(|| principal.team.clone()) {
         Some(team) => {
             let page = backend
                 .list_page(&IoContext::default(), &prefix, None, usize::MAX)
@@ -254,9 +264,9 @@ async fn pin(
             let bytes: i64 = page.objects.iter().map(|o| o.size as i64).sum();
             let res = agent
                 .catalog()
-                .reserve(team, CACHE_SCOPE, bytes, 1, 600)
+                .reserve(&team, CACHE_SCOPE, bytes, 1, 600)
                 .await?;
-            Some((team.clone(), bytes, res))
+            Some((team, bytes, res))
         }
         None => None,
     };
@@ -289,9 +299,22 @@ async fn pin(
 
 async fn unpin(
     State(agent): State<Arc<Agent>>,
+    Extension(principal): Extension<Principal>,
     Json(req): Json<PinRequest>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let (backend, prefix) = agent.resolve(&req.location)?;
+    // The pin belongs to the team it is charged to: only its members (or an administrator) remove it. A pin
+    // with no team (an administrator's) only an administrator removes.
+    if !principal.is_admin {
+        let rec = agent
+            .catalog()
+            .object(CACHE_SCOPE, &pin_key(&backend, &prefix))
+            .await?;
+        match rec.and_then(|r| r.team) {
+            Some(team) => principal.require(&team, Role::Member)?,
+            None => principal.require_admin()?,
+        }
+    }
     let removed = agent.cache().unpin(backend.id(), &prefix)?;
     agent
         .catalog()
@@ -323,10 +346,14 @@ fn get_options(headers: &HeaderMap) -> ApiResult<strata_cache::GetOptions> {
 /// connection asks for the next one.
 async fn read(
     State(agent): State<Arc<Agent>>,
+    Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     Query(q): Query<ReadQuery>,
 ) -> ApiResult<Response> {
-    let (backend, key) = agent.resolve(&q.location)?;
+    let caller = Caller::Principal(principal);
+    let (backend, key, _) = agent
+        .authorize(&caller, &q.location, Role::Reader, false)
+        .await?;
     let ctx = io_context(&headers);
     let res = agent
         .cache()
@@ -356,10 +383,14 @@ async fn read(
 /// when it enters a shuffle window, before reading the window's samples one by one.
 async fn prefetch(
     State(agent): State<Arc<Agent>>,
+    Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     Query(q): Query<ReadQuery>,
 ) -> ApiResult<Response> {
-    let (backend, key) = agent.resolve(&q.location)?;
+    let caller = Caller::Principal(principal);
+    let (backend, key, _) = agent
+        .authorize(&caller, &q.location, Role::Reader, false)
+        .await?;
     let ctx = io_context(&headers);
     agent
         .cache()

@@ -10,6 +10,7 @@
 //!
 //! This is an edge crate: it is the only one that knows about HTTP.
 
+pub mod access;
 pub mod api;
 pub mod background;
 pub mod config;
@@ -60,6 +61,7 @@ pub struct Agent {
     handoffs: peer::Handoffs,
     catalog: strata_catalog::Catalog,
     access: control::AccessLog,
+    ownership: Arc<access::Ownership>,
     _lock: std::fs::File,
 }
 
@@ -113,6 +115,7 @@ impl Agent {
             backends,
             adhoc: Mutex::new(HashMap::new()),
             handoffs: peer::Handoffs::default(),
+            ownership: Arc::new(access::Ownership::new(catalog.clone())),
             catalog,
             access: control::AccessLog::default(),
             _lock: lock,
@@ -191,13 +194,45 @@ impl Agent {
     /// Local paths that are not under a configured backend are refused: the API must not become a way to read
     /// arbitrary files of the agent's host.
     pub fn resolve(&self, location: &str) -> Result<(Backend, String)> {
+        self.locate(location).map(|(_, b, k)| (b, k))
+    }
+
+    /// [`Self::resolve`] `location` for `caller` and check that it holds `need` on the key (or, with `prefix`,
+    /// on every key under it) as [`access`] decides: the backend, the key and the team that owns it.
+    pub async fn authorize(
+        &self,
+        caller: &access::Caller,
+        location: &str,
+        need: strata_catalog::Role,
+        prefix: bool,
+    ) -> Result<(Backend, String, Option<String>)> {
+        let (name, backend, key) = self.locate(location)?;
+        // Ad-hoc buckets are named by their URL, which no owned prefix names.
+        let name = name.unwrap_or_else(|| backend.id().to_string());
+        let owner = if prefix {
+            self.ownership
+                .check_prefix(caller, &name, &key, need)
+                .await?
+        } else {
+            self.ownership.check_key(caller, &name, &key, need).await?
+        };
+        Ok((backend, key, owner))
+    }
+
+    /// Who owns which prefix (the access decision of the gateway and the data plane).
+    pub fn ownership(&self) -> &Arc<access::Ownership> {
+        &self.ownership
+    }
+
+    /// The configured backend's name (ad hoc: none), the backend and the key of `location`.
+    fn locate(&self, location: &str) -> Result<(Option<String>, Backend, String)> {
         if location.contains('\0') {
             return Err(Error::invalid_input("location contains a NUL byte"));
         }
         if !location.contains("://") {
             let (name, key) = location.split_once('/').unwrap_or((location, ""));
             return match self.backends.iter().find(|b| b.name == name) {
-                Some(b) => Ok((b.backend.clone(), key.to_string())),
+                Some(b) => Ok((Some(b.name.clone()), b.backend.clone(), key.to_string())),
                 None => Err(Error::new(
                     ErrorKind::NotFound,
                     format!(
@@ -213,12 +248,12 @@ impl Agent {
         }
         for b in &self.backends {
             if location == b.url {
-                return Ok((b.backend.clone(), String::new()));
+                return Ok((Some(b.name.clone()), b.backend.clone(), String::new()));
             }
             if let Some(rest) = location.strip_prefix(&b.url)
                 && let Some(key) = rest.strip_prefix('/')
             {
-                return Ok((b.backend.clone(), key.to_string()));
+                return Ok((Some(b.name.clone()), b.backend.clone(), key.to_string()));
             }
         }
         let Some(rest) = location.strip_prefix("s3://") else {
@@ -230,7 +265,7 @@ impl Agent {
         let root = format!("s3://{bucket}");
         let mut adhoc = self.adhoc.lock();
         if let Some(b) = adhoc.get(&root) {
-            return Ok((b.clone(), key.to_string()));
+            return Ok((None, b.clone(), key.to_string()));
         }
         if adhoc.len() >= MAX_ADHOC_BACKENDS {
             return Err(Error::new(
@@ -247,7 +282,7 @@ impl Agent {
             self.telemetry.clone(),
         )?;
         adhoc.insert(root, b.clone());
-        Ok((b, key.to_string()))
+        Ok((None, b, key.to_string()))
     }
 }
 

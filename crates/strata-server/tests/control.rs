@@ -757,3 +757,136 @@ async fn prefetch_starts_one_run_that_later_reads_find_in_the_cache() {
         400
     );
 }
+
+/// Issue a token for `team` with `role`.
+async fn token_for(e: &Env, name: &str, team: &str, role: &str) -> String {
+    let v = ok(
+        &e.app,
+        Method::POST,
+        "/v1/tokens",
+        &e.admin,
+        Some(json!({"name": name, "kind": "token", "team": team, "role": role})),
+    )
+    .await;
+    v["token"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_plane_routes_apply_prefix_ownership() {
+    for e in envs().await {
+        let (a_admin, _) = setup(&e).await; // team-b owns default/team-b
+        let b_reader = token_for(&e, "b-reader", "team-b", "reader").await;
+        let b_member = token_for(&e, "b-member", "team-b", "member").await;
+        let (backend, _) = e.agent.resolve("default/").unwrap();
+        let ctx = strata_types::IoContext::default();
+        let secret = bytes::Bytes::from_static(b"team b's weights");
+        for key in ["team-b/secret.bin", "open/x.bin"] {
+            backend
+                .put(&ctx, key, secret.clone(), strata_object::PutMode::Overwrite)
+                .await
+                .unwrap();
+        }
+        let read = |t: String, loc: &'static str| {
+            let app = e.app.clone();
+            async move {
+                call(
+                    &app,
+                    Method::GET,
+                    &format!("/v1/read?location={loc}"),
+                    Some(&t),
+                    None,
+                )
+                .await
+                .0
+            }
+        };
+        let post = |t: String, path: String, body: Option<Value>| {
+            let app = e.app.clone();
+            async move { call(&app, Method::POST, &path, Some(&t), body).await }
+        };
+
+        // Another team's key: every data-plane route refuses it, as the gateway does.
+        assert_eq!(
+            read(a_admin.clone(), "default/team-b/secret.bin").await,
+            403
+        );
+        let (s, v) = post(
+            a_admin.clone(),
+            "/v1/prefetch?location=default/team-b/secret.bin".into(),
+            None,
+        )
+        .await;
+        assert_eq!(s, 403, "{v}");
+        for loc in ["default/team-b/", "default/"] {
+            let (s, v) = post(
+                a_admin.clone(),
+                "/v1/cache/warm".into(),
+                Some(json!({"location": loc})),
+            )
+            .await;
+            assert_eq!(s, 403, "warm {loc}: {v}");
+            let (s, v) = post(
+                a_admin.clone(),
+                "/v1/cache/pin".into(),
+                Some(json!({"location": loc})),
+            )
+            .await;
+            assert_eq!(s, 403, "pin {loc}: {v}");
+        }
+        // Keys nobody owns stay open; the owner's reader reads; pinning needs a member.
+        assert_eq!(read(a_admin.clone(), "default/open/x.bin").await, 200);
+        assert_eq!(
+            read(b_reader.clone(), "default/team-b/secret.bin").await,
+            200
+        );
+        assert_eq!(
+            read(e.admin.clone(), "default/team-b/secret.bin").await,
+            200
+        );
+        let (s, _) = post(
+            b_reader.clone(),
+            "/v1/cache/pin".into(),
+            Some(json!({"location": "default/team-b/"})),
+        )
+        .await;
+        assert_eq!(s, 403, "a reader does not pin");
+        let (s, v) = post(
+            b_member.clone(),
+            "/v1/cache/pin".into(),
+            Some(json!({"location": "default/team-b/"})),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+        let usage = |t: String| {
+            let app = e.app.clone();
+            async move {
+                call(&app, Method::GET, "/v1/quotas?team=team-b", Some(&t), None)
+                    .await
+                    .1
+            }
+        };
+        let before = usage(e.admin.clone()).await;
+        // Team A cannot remove team B's pin (nor zero its cache usage); team B's member can.
+        let (s, v) = post(
+            a_admin.clone(),
+            "/v1/cache/unpin".into(),
+            Some(json!({"location": "default/team-b/"})),
+        )
+        .await;
+        assert_eq!(s, 403, "{v}");
+        let pins = call(&e.app, Method::GET, "/v1/cache", Some(&e.admin), None)
+            .await
+            .1["pins"]
+            .clone();
+        assert_eq!(pins.as_array().map(Vec::len), Some(1), "{pins}");
+        assert_eq!(usage(e.admin.clone()).await, before);
+        let (s, v) = post(
+            b_member.clone(),
+            "/v1/cache/unpin".into(),
+            Some(json!({"location": "default/team-b/"})),
+        )
+        .await;
+        assert_eq!((s, &v["removed"]), (200, &json!(true)), "{v}");
+        e.agent.catalog().close().await;
+    }
+}

@@ -141,6 +141,7 @@ impl Gateway {
         let staging = Staging::open(&agent.config().data_dir.join("uploads"))?;
         let tenancy = Tenancy::new(
             agent.catalog().clone(),
+            agent.ownership().clone(),
             agent.config().catalog.reservation_ttl_secs,
         );
         Ok(Self {

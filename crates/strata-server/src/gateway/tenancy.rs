@@ -6,12 +6,10 @@
 //! before its body is read; nothing is stored. Multipart uploads are admitted part by part (each part's
 //! bytes are reserved before the part is accepted), so concurrent writers can never overshoot a limit.
 //!
-//! A [`Caller`] is either a root key (configuration, environment, generated), held to neither ownership nor
-//! quotas unless it names a team, or a catalog principal (global admins pass every ownership check). A key
-//! under a prefix owned by a team belongs to that team (longest owned prefix, segment-aware): the caller
-//! needs the role the operation asks for there, and listings drop what it may not read. Other keys belong to
-//! the writer's home team. S3 keys and the owned prefixes are read from the catalog at most every 5 s, so a
-//! revoked key or a new owner takes effect within that. Recording a write or a deletion in the catalog is
+//! Who may read or write a key is decided by [`crate::access`], the same decision the data-plane routes use:
+//! a key under a prefix owned by a team belongs to that team and needs the operation's role there; listings
+//! drop what the caller may not read; other keys count against the writer's home team. S3 keys are read from
+//! the catalog at most every 5 s, so a revoked key takes effect within that. Recording a write or a deletion in the catalog is
 //! best effort: a failure is logged and reconciliation corrects the usage.
 
 use std::collections::HashMap;
@@ -83,46 +81,14 @@ async fn lookup(
     Ok(v)
 }
 
-/// Who is calling: a root key (configuration, environment, generated) or a catalog principal.
-#[derive(Debug, Clone)]
-pub enum Caller {
-    /// A key from the configuration or environment: not subject to ownership or quotas unless it names a team.
-    Root {
-        /// The team the configured key acts for, if any.
-        team: Option<String>,
-    },
-    /// A principal from the catalog.
-    Principal(Principal),
-}
-
-impl Caller {
-    fn is_root(&self) -> bool {
-        match self {
-            Caller::Root { .. } => true,
-            Caller::Principal(p) => p.is_admin,
-        }
-    }
-    fn home_team(&self) -> Option<String> {
-        match self {
-            Caller::Root { team } => team.clone(),
-            Caller::Principal(p) => p.team.clone(),
-        }
-    }
-    /// The principal id recorded in the inventory.
-    pub fn id(&self) -> Option<String> {
-        match self {
-            Caller::Root { .. } => None,
-            Caller::Principal(p) => Some(p.id.clone()),
-        }
-    }
-}
+pub use crate::access::Caller;
 
 /// The gateway's tenancy state.
 #[derive(Debug)]
 pub struct Tenancy {
     catalog: Catalog,
     keys: Arc<KeyCache>,
-    prefixes: Mutex<Option<(Instant, Arc<Vec<OwnedPrefix>>)>>,
+    ownership: Arc<crate::access::Ownership>,
     parts: Mutex<HashMap<(String, i32), Reservation>>,
     ttl_secs: i64,
 }
@@ -142,12 +108,13 @@ fn unavailable(e: Error) -> S3Error {
 }
 
 impl Tenancy {
-    /// Tenancy over `catalog`; reservations expire after `ttl_secs` if never settled.
-    pub fn new(catalog: Catalog, ttl_secs: i64) -> Self {
+    /// Tenancy over `catalog`, deciding access with the agent's `ownership`; reservations expire after
+    /// `ttl_secs` if never settled.
+    pub fn new(catalog: Catalog, ownership: Arc<crate::access::Ownership>, ttl_secs: i64) -> Self {
         Self {
             catalog,
             keys: Arc::new(Mutex::new(HashMap::new())),
-            prefixes: Mutex::new(None),
+            ownership,
             parts: Mutex::new(HashMap::new()),
             ttl_secs,
         }
@@ -170,14 +137,7 @@ impl Tenancy {
     }
 
     async fn prefixes(&self) -> S3Result<Arc<Vec<OwnedPrefix>>> {
-        if let Some((at, p)) = self.prefixes.lock().as_ref()
-            && at.elapsed() < TTL
-        {
-            return Ok(p.clone());
-        }
-        let p = Arc::new(self.catalog.list_prefixes().await.map_err(unavailable)?);
-        *self.prefixes.lock() = Some((Instant::now(), p.clone()));
-        Ok(p)
+        self.ownership.owned().await.map_err(unavailable)
     }
 
     /// The team a key of `bucket` belongs to, checking that `caller` holds `need` there. Keys under a prefix
@@ -190,22 +150,16 @@ impl Tenancy {
         caller: &Caller,
         need: Role,
     ) -> S3Result<Option<String>> {
-        let owner = owner_in(&self.prefixes().await?, bucket, key);
-        match owner {
-            Some(team) => {
-                let allowed = caller.is_root()
-                    || matches!(caller, Caller::Principal(p) if p.can(&team, need));
-                if !allowed {
-                    return Err(s3_error!(
-                        AccessDenied,
-                        "{bucket}/{key} belongs to team {team:?}; the caller is not a {} of it",
-                        need.as_str()
-                    ));
+        self.ownership
+            .check_key(caller, bucket, key, need)
+            .await
+            .map(|owner| owner.or_else(|| caller.home_team()))
+            .map_err(|e| match e.kind() {
+                ErrorKind::PermissionDenied => {
+                    S3Error::with_message(S3ErrorCode::AccessDenied, e.message().to_string())
                 }
-                Ok(Some(team))
-            }
-            None => Ok(caller.home_team()),
-        }
+                _ => unavailable(e),
+            })
     }
 
     /// Drop listed keys and common prefixes that lie under a prefix owned by a team `caller` may not read.

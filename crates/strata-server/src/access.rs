@@ -1,0 +1,141 @@
+//! The one access decision of the agent's data: who may read or write a key, or act on a prefix, of a
+//! configured backend. The S3 gateway ([`crate::gateway::tenancy`]) and the data-plane routes
+//! ([`crate::api`]: `read`, `prefetch`, `cache/warm`, `cache/pin`, `cache/unpin`) ask the same question here.
+//!
+//! A key under a prefix owned by a team (`strata prefix set`; longest owned prefix, segment-aware) belongs to
+//! that team: the caller needs the role the operation asks for there (reading: reader; writing, pinning:
+//! member). Keys outside owned prefixes belong to nobody and are open to every principal (they count
+//! against the writer's home team). A prefix operation (warm-up, pin) also covers every owned prefix under
+//! the prefix it names: warming `data/` when `data/team-a/` is team A's is refused to a caller who may not
+//! read team A's data, since the warm-up would read it and report its sizes. Global administrators and
+//! root keys pass every check. Owned prefixes are read from the catalog at most every 5 s, so a new owner
+//! takes effect within that.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use strata_catalog::inventory::{OwnedPrefix, owner_in};
+use strata_catalog::{Catalog, Principal, Role};
+use strata_types::{Error, ErrorKind, Result};
+
+/// How long the owned prefixes read from the catalog are reused.
+const TTL: Duration = Duration::from_secs(5);
+
+/// Who is calling: a root key (configuration, environment, generated) or a catalog principal.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// A key from the configuration or environment: not subject to ownership or quotas unless it names a team.
+    Root {
+        /// The team the configured key acts for, if any.
+        team: Option<String>,
+    },
+    /// A principal from the catalog.
+    Principal(Principal),
+}
+
+impl Caller {
+    /// Root keys and global administrators: every check passes.
+    pub fn is_root(&self) -> bool {
+        match self {
+            Caller::Root { .. } => true,
+            Caller::Principal(p) => p.is_admin,
+        }
+    }
+
+    /// The team writes outside owned prefixes count against.
+    pub fn home_team(&self) -> Option<String> {
+        match self {
+            Caller::Root { team } => team.clone(),
+            Caller::Principal(p) => p.team.clone(),
+        }
+    }
+
+    /// The principal id recorded in the inventory.
+    pub fn id(&self) -> Option<String> {
+        match self {
+            Caller::Root { .. } => None,
+            Caller::Principal(p) => Some(p.id.clone()),
+        }
+    }
+
+    fn can(&self, team: &str, need: Role) -> bool {
+        self.is_root() || matches!(self, Caller::Principal(p) if p.can(team, need))
+    }
+}
+
+/// The owned prefixes, cached.
+#[derive(Debug)]
+pub struct Ownership {
+    catalog: Catalog,
+    prefixes: Mutex<Option<(Instant, Arc<Vec<OwnedPrefix>>)>>,
+}
+
+impl Ownership {
+    /// Ownership as the catalog records it.
+    pub fn new(catalog: Catalog) -> Self {
+        Self {
+            catalog,
+            prefixes: Mutex::new(None),
+        }
+    }
+
+    /// Every owned prefix (at most [`TTL`] old).
+    pub async fn owned(&self) -> Result<Arc<Vec<OwnedPrefix>>> {
+        if let Some((at, p)) = self.prefixes.lock().as_ref()
+            && at.elapsed() < TTL
+        {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(self.catalog.list_prefixes().await?);
+        *self.prefixes.lock() = Some((Instant::now(), p.clone()));
+        Ok(p)
+    }
+
+    /// The team `key` of backend `backend` belongs to (`None` outside owned prefixes), or
+    /// [`ErrorKind::PermissionDenied`] unless `caller` holds `need` in it.
+    pub async fn check_key(
+        &self,
+        caller: &Caller,
+        backend: &str,
+        key: &str,
+        need: Role,
+    ) -> Result<Option<String>> {
+        let owner = owner_in(&self.owned().await?, backend, key);
+        match owner {
+            Some(team) if !caller.can(&team, need) => Err(denied(backend, key, &team, need)),
+            owner => Ok(owner),
+        }
+    }
+
+    /// [`Self::check_key`] for an operation on every key under `prefix`: the prefix's own owner, and the
+    /// owner of every owned prefix beneath it, must each grant `need`. Returns the prefix's own owner.
+    pub async fn check_prefix(
+        &self,
+        caller: &Caller,
+        backend: &str,
+        prefix: &str,
+        need: Role,
+    ) -> Result<Option<String>> {
+        let owner = self.check_key(caller, backend, prefix, need).await?;
+        if caller.is_root() {
+            return Ok(owner);
+        }
+        for p in self.owned().await?.iter() {
+            if p.backend == backend && p.prefix.starts_with(prefix) && !caller.can(&p.team, need) {
+                return Err(denied(backend, &p.prefix, &p.team, need));
+            }
+        }
+        Ok(owner)
+    }
+}
+
+fn denied(backend: &str, key: &str, team: &str, need: Role) -> Error {
+    Error::new(
+        ErrorKind::PermissionDenied,
+        format!(
+            "{backend}/{key} belongs to team {team:?}; the caller is not a {} of it",
+            need.as_str()
+        ),
+    )
+}
