@@ -193,6 +193,7 @@ pub struct AuditRecord {
 
 /// What to create in [`Catalog::create_principal`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NewPrincipal {
     /// Human name.
     pub name: String,

@@ -43,6 +43,7 @@ impl PolicyKind {
 
 /// A retention policy of one team on one backend.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Policy {
     /// Id (`pol_...`), assigned on creation.
     #[serde(default)]
@@ -128,6 +129,7 @@ impl Policy {
 
 /// A protection: data the clean-up never touches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(deny_unknown_fields)]
 pub struct Protection {
     /// Id (`pin_...` or `clm_...`).
     #[serde(default)]

@@ -29,6 +29,7 @@ pub const MAX_AMOUNT: i64 = 1 << 60;
 
 /// Limits of one team on one scope. `None` = unlimited.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct QuotaLimits {
     /// Soft limit on bytes (admitted during the grace period).
     pub soft_bytes: Option<i64>,

@@ -890,3 +890,55 @@ async fn data_plane_routes_apply_prefix_ownership() {
         e.agent.catalog().close().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_with_unknown_fields_are_refused_and_change_nothing() {
+    for e in envs().await {
+        create_team(&e, "team-b").await;
+        let limits = json!({"hard_bytes": 1000, "soft_bytes": 500, "grace_secs": 60});
+        ok(
+            &e.app,
+            Method::PUT,
+            "/v1/quotas/team-b/default",
+            &e.admin,
+            Some(limits),
+        )
+        .await;
+        let before = ok(&e.app, Method::GET, "/v1/quotas/team-b", &e.admin, None).await;
+        // A typo must not clear every limit.
+        for (method, path, body) in [
+            (
+                Method::PUT,
+                "/v1/quotas/team-b/default",
+                json!({"hard_byte": 100}),
+            ),
+            (
+                Method::POST,
+                "/v1/policies",
+                json!({"team": "team-b", "backend": "default", "kind": "ttl",
+                                                   "prefix": "x/", "age_secs": 1, "age": 5}),
+            ),
+            (
+                Method::POST,
+                "/v1/protections",
+                json!({"kind": "pin", "team": "team-b", "backend": "default",
+                                                      "prefix": "x/", "forever": true}),
+            ),
+            (
+                Method::POST,
+                "/v1/tokens",
+                json!({"name": "n", "kind": "token", "team": "team-b",
+                                                 "role": "reader", "admn": true}),
+            ),
+        ] {
+            let (s, v) = call(&e.app, method, path, Some(&e.admin), Some(body)).await;
+            assert_eq!(s, 400, "{path}: {v}");
+            assert!(v.to_string().contains("unknown field"), "{path}: {v}");
+        }
+        assert_eq!(
+            ok(&e.app, Method::GET, "/v1/quotas/team-b", &e.admin, None).await,
+            before
+        );
+        e.agent.catalog().close().await;
+    }
+}
