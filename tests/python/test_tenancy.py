@@ -298,3 +298,53 @@ def test_checkpoint_saves_replicas_and_cache_pins_are_admitted_first(tenancy, tm
     assert used(gw, "nlp", "cache")["used_bytes"] == 10_000
     cli(gw, "cache", "unpin", "default/nlp/pinme/", token=member)
     assert used(gw, "nlp", "cache")["used_bytes"] == 0
+
+
+def chunked_put(gw, key, cred, data, declared):
+    """A correctly signed aws-chunked PUT (unsigned chunks) whose x-amz-decoded-content-length is `declared`."""
+    import urllib.request
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    import base64
+    import zlib
+
+    crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big"))
+    body = b"%x\r\n" % len(data) + data + b"\r\n0\r\nx-amz-checksum-crc32:" + crc + b"\r\n\r\n"
+    url = f"{gw.endpoint}/default/{key}"
+    headers = {"x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER", "content-encoding": "aws-chunked",
+               "x-amz-trailer": "x-amz-checksum-crc32", "x-amz-decoded-content-length": str(declared),
+               "content-length": str(len(body))}
+    req = AWSRequest(method="PUT", url=url, data=body, headers=headers)
+    SigV4Auth(Credentials(cred["access_key"], cred["secret_key"]), "s3", "us-east-1").add_auth(req)
+    r = urllib.request.Request(url, data=body, method="PUT", headers=dict(req.headers.items()))
+    try:
+        with urllib.request.urlopen(r) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_an_aws_chunked_put_is_held_to_its_declared_length(tenancy):
+    gw, keys, _ = tenancy
+    cli(gw, "quota", "set", "vision", "--scope", "default", "--hard-bytes", "4MiB")
+    s3 = s3_for(gw, keys["vision"])
+    # The form itself is accepted when the declared length is the truth.
+    status, body = chunked_put(gw, "vision/chunked/ok.bin", keys["vision"], b"x" * 1000, 1000)
+    assert status == 200, body
+    assert s3.get_object(Bucket="default", Key="vision/chunked/ok.bin")["Body"].read() == b"x" * 1000
+    before = used(gw, "vision")
+    # Declaring 1 byte to slip 8 MiB past a 4 MiB limit: refused, nothing stored, nothing charged.
+    status, body = chunked_put(gw, "vision/chunked/big.bin", keys["vision"], os.urandom(8 * MIB), 1)
+    assert status == 400 and b"IncompleteBody" in body, (status, body[:300])
+    # Declaring more than is sent: refused the same way.
+    status, body = chunked_put(gw, "vision/chunked/short.bin", keys["vision"], b"y" * 10, 5000)
+    assert status == 400 and b"IncompleteBody" in body, (status, body[:300])
+    for key in ("vision/chunked/big.bin", "vision/chunked/short.bin"):
+        with pytest.raises(ClientError):
+            s3.head_object(Bucket="default", Key=key)
+    after = used(gw, "vision")
+    assert (after["used_bytes"], after["reserved_bytes"]) == (before["used_bytes"], 0), (before, after)
+    s3.delete_object(Bucket="default", Key="vision/chunked/ok.bin")
+    cli(gw, "quota", "set", "vision", "--scope", "default")

@@ -11,6 +11,31 @@ pub(super) struct BodyCheck {
     expected: s3s::dto::Checksum,
     /// Verified trailing headers of a streaming (aws-chunked) upload, read once the body is consumed.
     trailers: Option<s3s::TrailingHeaders>,
+    /// The length the request declared for the decoded body (`x-amz-decoded-content-length`), and the bytes
+    /// seen so far: quota admission used the declared length, so the body must be exactly that long.
+    declared: Option<u64>,
+    seen: u64,
+}
+
+/// `x-amz-decoded-content-length` of a streaming (aws-chunked) request: the body's real length, which quota
+/// admission charges and [`BodyCheck`] holds the body to. A value that is not a non-negative integer is an
+/// error.
+pub(super) fn decoded_length(headers: &http::HeaderMap) -> S3Result<Option<u64>> {
+    match headers.get("x-amz-decoded-content-length") {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|&n| n <= i64::MAX as u64)
+            .map(Some)
+            .ok_or_else(|| {
+                s3_error!(
+                    InvalidArgument,
+                    "x-amz-decoded-content-length must be a non-negative integer"
+                )
+            }),
+    }
 }
 
 impl BodyCheck {
@@ -68,6 +93,8 @@ impl BodyCheck {
                 ..Default::default()
             },
             trailers: None,
+            declared: None,
+            seen: 0,
         })
     }
 
@@ -76,13 +103,39 @@ impl BodyCheck {
         self
     }
 
-    pub(super) fn update(&mut self, b: &[u8]) {
+    /// Hold the body to the decoded length its request declared (see [`Self::update`], [`Self::finish`]).
+    pub(super) fn with_declared_length(mut self, n: Option<u64>) -> Self {
+        self.declared = n;
+        self
+    }
+
+    /// Take in the next chunk; an error as soon as the body is longer than it declared.
+    pub(super) fn update(&mut self, b: &[u8]) -> S3Result<()> {
+        self.seen += b.len() as u64;
+        if let Some(n) = self.declared
+            && self.seen > n
+        {
+            return Err(s3_error!(
+                IncompleteBody,
+                "the body is longer than the {n} bytes x-amz-decoded-content-length declares"
+            ));
+        }
         self.md5.update(b);
         self.checksum.update(b);
+        Ok(())
     }
 
     /// Verify; returns the body's hex MD5. `trailers` are the verified trailing headers of a streaming upload.
     pub(super) fn finish(mut self) -> S3Result<String> {
+        if let Some(n) = self.declared
+            && self.seen != n
+        {
+            return Err(s3_error!(
+                IncompleteBody,
+                "the body is {} bytes; x-amz-decoded-content-length declares {n}",
+                self.seen
+            ));
+        }
         let trailers = self.trailers.take().and_then(|t| t.take());
         let trailers = trailers.as_ref();
         let md5 = self.md5.finalize();

@@ -41,6 +41,7 @@ impl Gateway {
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let who = self.who(&req).await?;
         let owner = who.access_key.clone();
+        let decoded_len = decoded_length(&req.headers)?;
         let trailers = req.trailing_headers;
         let input = req.input;
         if !(1..=10_000).contains(&input.part_number) {
@@ -52,7 +53,7 @@ impl Gateway {
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
             .await?;
         if team.is_some() {
-            let Some(len) = input.content_length else {
+            let Some(len) = decoded_len.map(|n| n as i64).or(input.content_length) else {
                 return Err(s3_error!(
                     MissingContentLength,
                     "a part charged to a quota needs its Content-Length"
@@ -78,7 +79,8 @@ impl Gateway {
             input.checksum_sha256,
             input.checksum_crc64nvme,
         )?
-        .with_trailers(trailers);
+        .with_trailers(trailers)
+        .with_declared_length(decoded_len);
         let tmp = self
             .staging
             .temp_part_path(&input.upload_id, input.part_number)
@@ -91,7 +93,7 @@ impl Gateway {
                 while let Some(chunk) = body.next().await {
                     let chunk =
                         chunk.map_err(|e| s3_error!(IncompleteBody, "reading the part: {e}"))?;
-                    check.update(&chunk);
+                    check.update(&chunk)?;
                     f.write_all(&chunk)
                         .await
                         .map_err(|e| s3err(Error::from_io(e, "staging a part")))?;

@@ -23,11 +23,16 @@ impl Gateway {
         let mut buf: Vec<Bytes> = Vec::new();
         let mut buffered = 0usize;
         let mut received = 0u64;
-        let mut upload = None;
+        let mut upload: Option<strata_object::MultipartUpload> = None;
         while let Some(chunk) = body.next().await {
             let chunk =
                 chunk.map_err(|e| s3_error!(IncompleteBody, "reading the request body: {e}"))?;
-            check.update(&chunk);
+            if let Err(e) = check.update(&chunk) {
+                if let Some(up) = upload.take() {
+                    let _ = up.abort().await;
+                }
+                return Err(e);
+            }
             received += chunk.len() as u64;
             match upload.as_mut() {
                 None if buffered + chunk.len() <= SINGLE_PUT_MAX => {
@@ -87,11 +92,7 @@ impl Gateway {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let who = self.who(&req).await?;
         let ctx = who.ctx.clone();
-        let decoded_len = req
-            .headers
-            .get("x-amz-decoded-content-length")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<i64>().ok());
+        let decoded_len = decoded_length(&req.headers)?;
         let trailers = req.trailing_headers;
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
@@ -100,7 +101,7 @@ impl Gateway {
             .tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
             .await?;
-        let size = match decoded_len.or(input.content_length) {
+        let size = match decoded_len.map(|n| n as i64).or(input.content_length) {
             Some(n) => n,
             None if team.is_some() => {
                 return Err(s3_error!(
@@ -130,7 +131,8 @@ impl Gateway {
             input.checksum_sha256,
             input.checksum_crc64nvme,
         )?
-        .with_trailers(trailers);
+        .with_trailers(trailers)
+        .with_declared_length(decoded_len);
         let attrs = attrs_of_input!(input);
         let attrs = match attrs {
             Ok(a) => a,
