@@ -86,7 +86,8 @@ def origin():
 class Gateway:
     """One `strata serve` process with an S3 gateway; restartable on the same data dir."""
 
-    def __init__(self, origin_endpoint):
+    def __init__(self, origin_endpoint, umask=None):
+        self.umask = umask  # started under this umask (default: the test's)
         self.dir = tempfile.mkdtemp(prefix="strata-gw-")
         self.data = os.path.join(self.dir, "data")
         self.mount = os.path.join(self.data, "objects")
@@ -145,7 +146,8 @@ secret_access_key = "{ORIGIN_SECRET}"
         self.proc = subprocess.Popen(
             [STRATA, "serve", "--config", self.cfg, "--data-dir", self.data,
              "--api-listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, STRATA_LOG="warn"))
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, STRATA_LOG="warn"),
+            preexec_fn=None if self.umask is None else (lambda: os.umask(self.umask)))
         addr = os.path.join(self.data, "s3.addr")
         deadline = time.time() + 30
         while not (os.path.exists(addr) and open(addr).read().strip()):

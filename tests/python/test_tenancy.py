@@ -348,3 +348,32 @@ def test_an_aws_chunked_put_is_held_to_its_declared_length(tenancy):
     assert (after["used_bytes"], after["reserved_bytes"]) == (before["used_bytes"], 0), (before, after)
     s3.delete_object(Bucket="default", Key="vision/chunked/ok.bin")
     cli(gw, "quota", "set", "vision", "--scope", "default")
+
+
+def test_under_umask_000_everything_the_agent_writes_is_its_owners_alone(origin):
+    gw = Gateway(origin, umask=0)
+    try:
+        s3 = gw.client()
+        s3.put_object(Bucket="default", Key="vision/private.bin", Body=os.urandom(3 * MIB))
+        assert len(s3.get_object(Bucket="default", Key="vision/private.bin")["Body"].read()) == 3 * MIB
+        up = s3.create_multipart_upload(Bucket="default", Key="vision/parts.bin")["UploadId"]
+        s3.upload_part(Bucket="default", Key="vision/parts.bin", UploadId=up, PartNumber=1, Body=b"p" * 1000)
+        cli(gw, "team", "create", "vision")
+        cli(gw, "token", "create", "--name", "someone", "--team", "vision", "--s3")
+        assert os.stat(gw.data).st_mode & 0o777 == 0o700
+        made_by_test = {gw.canary, gw.mount}
+        seen = []
+        for root, dirs, files in os.walk(gw.data):
+            for name in dirs + files:
+                path = os.path.join(root, name)
+                if path in made_by_test:
+                    continue
+                mode = os.lstat(path).st_mode & 0o777
+                seen.append(path)
+                assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+        names = " ".join(seen)
+        for want in ("catalog", "private.bin", "uploads", "cache"):
+            assert want in names, (want, seen)
+        s3.abort_multipart_upload(Bucket="default", Key="vision/parts.bin", UploadId=up)
+    finally:
+        gw.close()

@@ -69,12 +69,26 @@ impl Agent {
     /// Create the data directory, take its lock, open backends, the cache and the catalog (running its
     /// migrations), and make sure an administrator exists. Must run inside Tokio.
     pub async fn start(config: Resolved) -> Result<Arc<Self>> {
+        // Everything the agent writes (catalog, tokens, cache blocks, objects of local backends, staged
+        // uploads) is its owner's alone, whatever umask it was started with: other users of a shared node
+        // must not read a team's data or the catalog's secrets.
+        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             Error::from_io(
                 e,
                 format!("creating data dir {}", config.data_dir.display()),
             )
         })?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&config.data_dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| {
+                    Error::from_io(
+                        e,
+                        format!("making data dir {} private", config.data_dir.display()),
+                    )
+                })?;
+        }
         let lock_path = config.data_dir.join("agent.lock");
         let lock = std::fs::OpenOptions::new()
             .create(true)
