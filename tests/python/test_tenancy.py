@@ -377,3 +377,29 @@ def test_under_umask_000_everything_the_agent_writes_is_its_owners_alone(origin)
         s3.abort_multipart_upload(Bucket="default", Key="vision/parts.bin", UploadId=up)
     finally:
         gw.close()
+
+
+def test_write_headers_the_gateway_does_not_implement_are_refused_not_ignored(tenancy):
+    gw, keys, _ = tenancy
+    s3 = s3_for(gw, keys["vision"])
+    key = "vision/headers/x.bin"
+    asks = [dict(ServerSideEncryption="AES256"), dict(SSEKMSKeyId="k1", ServerSideEncryption="aws:kms"),
+            dict(SSECustomerAlgorithm="AES256", SSECustomerKey="k" * 32), dict(Tagging="team=vision"),
+            dict(StorageClass="GLACIER"), dict(ACL="public-read"), dict(WebsiteRedirectLocation="/elsewhere")]
+    for extra in asks:
+        with pytest.raises(ClientError) as e:
+            s3.put_object(Bucket="default", Key=key, Body=b"secret", **extra)
+        assert code_of(e.value) == ("NotImplemented", 501), (extra, e.value.response)
+        with pytest.raises(ClientError):
+            s3.head_object(Bucket="default", Key=key)
+        with pytest.raises(ClientError) as e:
+            s3.create_multipart_upload(Bucket="default", Key=key, **extra)
+        assert code_of(e.value) == ("NotImplemented", 501), extra
+    s3.put_object(Bucket="default", Key=key, Body=b"plain", ACL="private", StorageClass="STANDARD")
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket="default", Key=key + ".copy", CopySource={"Bucket": "default", "Key": key},
+                       ServerSideEncryption="AES256")
+    assert code_of(e.value) == ("NotImplemented", 501)
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket="default", Key=key + ".copy")
+    s3.delete_object(Bucket="default", Key=key)

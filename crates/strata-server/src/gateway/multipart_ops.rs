@@ -13,6 +13,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let owner = who.access_key.clone();
         let input = req.input;
+        refuse_unimplemented!(input)?;
         self.backend(&input.bucket)?;
         check_key(&input.key)?;
         self.tenancy

@@ -95,6 +95,7 @@ impl Gateway {
         let decoded_len = decoded_length(&req.headers)?;
         let trailers = req.trailing_headers;
         let input = req.input;
+        refuse_unimplemented!(input)?;
         let backend = self.backend(&input.bucket)?;
         check_key(&input.key)?;
         let team = self
@@ -267,6 +268,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let ctx = who.ctx.clone();
         let input = req.input;
+        refuse_unimplemented!(input)?;
         let (src_bucket, src_key) = match &input.copy_source {
             CopySource::Bucket { bucket, key, .. } => (bucket.to_string(), key.to_string()),
             _ => return Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
