@@ -403,3 +403,28 @@ def test_write_headers_the_gateway_does_not_implement_are_refused_not_ignored(te
     with pytest.raises(ClientError):
         s3.head_object(Bucket="default", Key=key + ".copy")
     s3.delete_object(Bucket="default", Key=key)
+
+
+def test_presigned_urls_are_valid_for_at_most_seven_days(tenancy):
+    import urllib.request
+
+    gw, keys, _ = tenancy
+    s3 = s3_for(gw, keys["vision"])
+    s3.put_object(Bucket="default", Key="vision/presigned.bin", Body=b"shared")
+    v4 = boto3.client("s3", endpoint_url=gw.endpoint, aws_access_key_id=keys["vision"]["access_key"],
+                      aws_secret_access_key=keys["vision"]["secret_key"], region_name="us-east-1",
+                      config=Config(signature_version="s3v4", s3={"addressing_style": "path"}))
+    cases = [(c, secs, want) for c in (s3, v4)  # boto3 presigns SigV2 by default
+             for secs, want in ((7 * 86400 - 60, 200), (7 * 86400 + 3600, 400), (365 * 86400, 400))]
+    for client, secs, want in cases:
+        url = client.generate_presigned_url("get_object", Params={"Bucket": "default", "Key": "vision/presigned.bin"},
+                                        ExpiresIn=secs)
+        try:
+            with urllib.request.urlopen(url) as r:
+                status, body = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, body = e.code, e.read()
+        assert status == want, (url, secs, status, body[:300])
+        if want == 400:
+            assert b"AuthorizationQueryParametersError" in body, body
+    s3.delete_object(Bucket="default", Key="vision/presigned.bin")

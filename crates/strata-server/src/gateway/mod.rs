@@ -412,3 +412,40 @@ impl S3 for Gateway {
         self.s3_abort_multipart_upload(req).await
     }
 }
+
+/// The longest a presigned URL may be valid, as S3 allows: 7 days.
+const PRESIGN_MAX_SECS: u64 = 7 * 86_400;
+
+/// A presigned request valid for longer than S3 allows is refused: a URL that works for a year is a credential
+/// nobody can revoke short of the key. SigV4 says how long in `X-Amz-Expires`; SigV2 (what boto3 presigns by
+/// default) gives the absolute `Expires` time, which must be within 7 days from now.
+pub(super) fn presign_expiry_allowed(query: Option<&str>) -> S3Result<()> {
+    let Some(q) = query else { return Ok(()) };
+    let refuse = || {
+        Err(s3_error!(
+            AuthorizationQueryParametersError,
+            "a presigned URL is valid for at most {PRESIGN_MAX_SECS} seconds (7 days)"
+        ))
+    };
+    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(q.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let v2 = pairs.iter().any(|(k, _)| k == "AWSAccessKeyId");
+    for (k, v) in &pairs {
+        if k.eq_ignore_ascii_case("X-Amz-Expires") {
+            match v.parse::<u64>() {
+                Ok(n) if (1..=PRESIGN_MAX_SECS).contains(&n) => {}
+                _ => return refuse(),
+            }
+        } else if v2 && k == "Expires" {
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            match v.parse::<u64>() {
+                Ok(t) if t <= now + PRESIGN_MAX_SECS => {}
+                _ => return refuse(),
+            }
+        }
+    }
+    Ok(())
+}

@@ -107,6 +107,19 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
                 .unwrap_or_default();
             return Box::pin(futures::future::ready(Ok(resp)));
         }
+        if let Err(e) = super::presign_expiry_allowed(req.uri().query()) {
+            let body = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AuthorizationQueryParametersError</Code>\
+                 <Message>{}</Message></Error>",
+                e.message().unwrap_or_default()
+            );
+            let resp = http::Response::builder()
+                .status(http::StatusCode::BAD_REQUEST)
+                .header(http::header::CONTENT_TYPE, "application/xml")
+                .body(s3s::Body::from(body))
+                .unwrap_or_default();
+            return Box::pin(futures::future::ready(Ok(resp)));
+        }
         hyper::service::Service::call(&self.inner, req)
     }
 }
