@@ -428,3 +428,49 @@ def test_presigned_urls_are_valid_for_at_most_seven_days(tenancy):
         if want == 400:
             assert b"AuthorizationQueryParametersError" in body, body
     s3.delete_object(Bucket="default", Key="vision/presigned.bin")
+
+
+def test_headers_that_act_must_be_signed(tenancy):
+    import urllib.request
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    gw, keys, _ = tenancy
+    v = keys["vision"]
+    s3 = s3_for(gw, v)
+    s3.put_object(Bucket="default", Key="vision/source.bin", Body=b"source bytes")
+
+    def send(url, headers, body=b"payload"):
+        r = urllib.request.Request(url, data=body, method="PUT", headers=headers)
+        try:
+            with urllib.request.urlopen(r) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    # A signed PUT with headers added after signing.
+    for extra in ({"x-amz-copy-source": "default/vision/source.bin"}, {"x-amz-meta-owner": "mallory"},
+                  {"x-amz-acl": "private"}):
+        url = f"{gw.endpoint}/default/vision/target.bin"
+        req = AWSRequest(method="PUT", url=url, data=b"payload", headers={"content-length": "7"})
+        S3SigV4Auth(Credentials(v["access_key"], v["secret_key"]), "s3", "us-east-1").add_auth(req)
+        assert send(url, dict(req.headers.items()))[0] == 200, "the signed request as signed is good"
+        status, body = send(url, {**dict(req.headers.items()), **extra})
+        assert status == 403 and b"must be signed" in body, (extra, status, body[:300])
+    # A presigned PUT URL with a copy source added by whoever holds the URL.
+    v4 = boto3.client("s3", endpoint_url=gw.endpoint, aws_access_key_id=v["access_key"],
+                      aws_secret_access_key=v["secret_key"], region_name="us-east-1",
+                      config=Config(signature_version="s3v4", s3={"addressing_style": "path"}))
+    url = v4.generate_presigned_url("put_object", Params={"Bucket": "default", "Key": "vision/target.bin"},
+                                    ExpiresIn=600)
+    status, body = send(url, {"x-amz-copy-source": "default/vision/source.bin"}, body=b"")
+    assert status == 403, (status, body[:300])
+    got = s3.get_object(Bucket="default", Key="vision/target.bin")
+    assert got["Body"].read() == b"payload" and not got["Metadata"], "nothing was copied or stored"
+    # The URL itself works as issued, and signed metadata is stored.
+    assert send(url, {})[0] == 200
+    s3.put_object(Bucket="default", Key="vision/meta.bin", Body=b"m", Metadata={"owner": "vision"})
+    assert s3.head_object(Bucket="default", Key="vision/meta.bin")["Metadata"] == {"owner": "vision"}
+    for k in ("vision/source.bin", "vision/target.bin", "vision/meta.bin"):
+        s3.delete_object(Bucket="default", Key=k)

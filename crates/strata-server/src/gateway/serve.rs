@@ -86,6 +86,63 @@ impl ScopeCheck {
     }
 }
 
+impl ScopeCheck {
+    /// The first header of a SigV4 request that changes what the request does (a copy source, stored
+    /// metadata, directives, encryption, ACLs, tagging, object lock, storage class, the decoded length quota
+    /// admission charges) but is not among its signed headers: anyone on the path could add it to a signed
+    /// or presigned request. SigV2 signs every `x-amz-*` header by construction.
+    fn unsigned_acting_header(req: &http::Request<hyper::body::Incoming>) -> Option<String> {
+        let from_auth = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .filter(|a| a.starts_with("AWS4-HMAC-SHA256"))
+            .map(|a| {
+                a.split_once("SignedHeaders=")
+                    .map(|(_, rest)| {
+                        rest.split([',', ' '])
+                            .next()
+                            .unwrap_or_default()
+                            .to_string()
+                    })
+                    .unwrap_or_default()
+            });
+        let signed = from_auth.or_else(|| {
+            url::form_urlencoded::parse(req.uri().query()?.as_bytes())
+                .find(|(k, _)| k == "X-Amz-SignedHeaders")
+                .map(|(_, v)| v.into_owned())
+        })?;
+        let signed: Vec<&str> = signed.split(';').collect();
+        req.headers()
+            .keys()
+            .map(|k| k.as_str())
+            .find(|name| acts(name) && !signed.contains(name))
+            .map(str::to_string)
+    }
+}
+
+/// Whether a request header (lower case) changes what an S3 request does.
+fn acts(name: &str) -> bool {
+    const EXACT: [&str; 7] = [
+        "x-amz-metadata-directive",
+        "x-amz-tagging-directive",
+        "x-amz-tagging",
+        "x-amz-acl",
+        "x-amz-storage-class",
+        "x-amz-website-redirect-location",
+        "x-amz-decoded-content-length",
+    ];
+    const PREFIXES: [&str; 6] = [
+        "x-amz-meta-",
+        "x-amz-copy-source",
+        "x-amz-server-side-encryption",
+        "x-amz-grant-",
+        "x-amz-object-lock-",
+        "x-amz-checksum-",
+    ];
+    EXACT.contains(&name) || PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeCheck {
     type Response = s3s::HttpResponse;
     type Error = s3s::HttpError;
@@ -99,6 +156,18 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
                 "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SignatureDoesNotMatch</Code><Message>the request \
                  is signed for region {region:?} and service {service:?}; this gateway is {:?}, service \"s3\"</Message></Error>",
                 self.region
+            );
+            let resp = http::Response::builder()
+                .status(http::StatusCode::FORBIDDEN)
+                .header(http::header::CONTENT_TYPE, "application/xml")
+                .body(s3s::Body::from(body))
+                .unwrap_or_default();
+            return Box::pin(futures::future::ready(Ok(resp)));
+        }
+        if let Some(name) = Self::unsigned_acting_header(&req) {
+            let body = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>the header \
+                 {name} changes what this request does and must be signed (add it to SignedHeaders)</Message></Error>"
             );
             let resp = http::Response::builder()
                 .status(http::StatusCode::FORBIDDEN)
