@@ -149,41 +149,46 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
     type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
-        if let Some((region, service)) = Self::scope(&req)
+        let refusal = if let Some((region, service)) = Self::scope(&req)
             && (region != *self.region || service != "s3")
         {
+            Some((
+                http::StatusCode::FORBIDDEN,
+                "SignatureDoesNotMatch",
+                format!(
+                    "the request is signed for region {region:?} and service {service:?}; this gateway is {:?}, \
+                     service \"s3\"",
+                    self.region
+                ),
+            ))
+        } else if let Some(name) = Self::unsigned_acting_header(&req) {
+            Some((
+                http::StatusCode::FORBIDDEN,
+                "AccessDenied",
+                format!(
+                    "the header {name} changes what this request does and must be signed (add it to SignedHeaders)"
+                ),
+            ))
+        } else if let Err(e) = super::presign_expiry_allowed(req.uri().query()) {
+            Some((
+                http::StatusCode::BAD_REQUEST,
+                "AuthorizationQueryParametersError",
+                e.message().unwrap_or_default().to_string(),
+            ))
+        } else {
+            None
+        };
+        if let Some((status, code, message)) = refusal {
+            // Refused before s3s parses the request.
             let body = format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SignatureDoesNotMatch</Code><Message>the request \
-                 is signed for region {region:?} and service {service:?}; this gateway is {:?}, service \"s3\"</Message></Error>",
-                self.region
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{}</Message></Error>",
+                message
+                    .replace('&', "&amp;")
+                    .replace('<', "&lt;")
+                    .replace('>', "&gt;")
             );
             let resp = http::Response::builder()
-                .status(http::StatusCode::FORBIDDEN)
-                .header(http::header::CONTENT_TYPE, "application/xml")
-                .body(s3s::Body::from(body))
-                .unwrap_or_default();
-            return Box::pin(futures::future::ready(Ok(resp)));
-        }
-        if let Some(name) = Self::unsigned_acting_header(&req) {
-            let body = format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>the header \
-                 {name} changes what this request does and must be signed (add it to SignedHeaders)</Message></Error>"
-            );
-            let resp = http::Response::builder()
-                .status(http::StatusCode::FORBIDDEN)
-                .header(http::header::CONTENT_TYPE, "application/xml")
-                .body(s3s::Body::from(body))
-                .unwrap_or_default();
-            return Box::pin(futures::future::ready(Ok(resp)));
-        }
-        if let Err(e) = super::presign_expiry_allowed(req.uri().query()) {
-            let body = format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AuthorizationQueryParametersError</Code>\
-                 <Message>{}</Message></Error>",
-                e.message().unwrap_or_default()
-            );
-            let resp = http::Response::builder()
-                .status(http::StatusCode::BAD_REQUEST)
+                .status(status)
                 .header(http::header::CONTENT_TYPE, "application/xml")
                 .body(s3s::Body::from(body))
                 .unwrap_or_default();
