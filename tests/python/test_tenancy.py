@@ -474,3 +474,22 @@ def test_headers_that_act_must_be_signed(tenancy):
     assert s3.head_object(Bucket="default", Key="vision/meta.bin")["Metadata"] == {"owner": "vision"}
     for k in ("vision/source.bin", "vision/target.bin", "vision/meta.bin"):
         s3.delete_object(Bucket="default", Key=k)
+
+
+def test_a_reader_key_writes_nowhere(tenancy):
+    gw, keys, _ = tenancy
+    reader = cli_json(gw, "token", "create", "--name", "vision-reader-key", "--team", "vision", "--s3",
+                      "--role", "reader")
+    member = s3_for(gw, keys["vision"])
+    r = s3_for(gw, reader)
+    member.put_object(Bucket="default", Key="shared-space/theirs.bin", Body=b"a member's object")
+    for key in ("shared-space/mine.bin", "shared-space/theirs.bin", "vision/mine.bin"):
+        with pytest.raises(ClientError) as e:
+            r.put_object(Bucket="default", Key=key, Body=b"reader bytes")
+        assert code_of(e.value) == ("AccessDenied", 403), key
+    with pytest.raises(ClientError) as e:
+        r.delete_object(Bucket="default", Key="shared-space/theirs.bin")
+    assert code_of(e.value) == ("AccessDenied", 403)
+    # Reading is what a reader does.
+    assert r.get_object(Bucket="default", Key="shared-space/theirs.bin")["Body"].read() == b"a member's object"
+    member.delete_object(Bucket="default", Key="shared-space/theirs.bin")

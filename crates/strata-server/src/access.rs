@@ -4,8 +4,9 @@
 //!
 //! A key under a prefix owned by a team (`strata prefix set`; longest owned prefix, segment-aware) belongs to
 //! that team: the caller needs the role the operation asks for there (reading: reader; writing, pinning:
-//! member). Keys outside owned prefixes belong to nobody and are open to every principal (they count
-//! against the writer's home team). A prefix operation (warm-up, pin) also covers every owned prefix under
+//! member). Keys outside owned prefixes belong to nobody: every principal may read them, and writing them
+//! takes the operation's role in the caller's home team (a reader's key writes nowhere); they count against
+//! the writer's home team. A prefix operation (warm-up, pin) also covers every owned prefix under
 //! the prefix it names: warming `data/` when `data/team-a/` is team A's is refused to a caller who may not
 //! read team A's data, since the warm-up would read it and report its sizes. Global administrators and
 //! root keys pass every check. Owned prefixes are read from the catalog at most every 5 s, so a new owner
@@ -104,6 +105,22 @@ impl Ownership {
         let owner = owner_in(&self.owned().await?, backend, key);
         match owner {
             Some(team) if !caller.can(&team, need) => Err(denied(backend, key, &team, need)),
+            // Outside owned prefixes anyone may read; writing (or pinning) takes the role in the caller's
+            // home team: a reader's key writes nowhere.
+            None if need > Role::Reader && !caller.is_root() => match caller.home_team() {
+                Some(home) if caller.can(&home, need) => Ok(None),
+                Some(home) => Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "writing {backend}/{key} needs the role {} in the caller's team {home:?}",
+                        need.as_str()
+                    ),
+                )),
+                None => Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!("writing {backend}/{key} needs a home team, and the caller has none"),
+                )),
+            },
             owner => Ok(owner),
         }
     }
