@@ -514,6 +514,23 @@ impl Catalog {
             if self.authenticate(t).await?.is_some() {
                 return Ok(None);
             }
+            // Revoked: restarting with the same token must not bring the administrator back.
+            let revoked: Option<String> = sqlx::query_scalar(
+                "SELECT id FROM principals WHERE token_hash = $1 AND revoked_at IS NOT NULL",
+            )
+            .bind(token_hash(t))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(db_err)?;
+            if let Some(id) = revoked {
+                return Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "the administrator token in STRATA_ADMIN_TOKEN was revoked (principal {id}); set a new \
+                         STRATA_ADMIN_TOKEN, or unset it and use another administrator's token"
+                    ),
+                ));
+            }
             let new = NewPrincipal {
                 name: "admin (from environment)".into(),
                 kind: PrincipalKind::Token,

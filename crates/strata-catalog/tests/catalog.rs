@@ -126,12 +126,28 @@ async fn teams_principals_roles_and_audit() {
         cat.bootstrap_admin(Some("0123456789abcdef-env"))
             .await
             .unwrap();
+        let env_admin = cat
+            .authenticate("0123456789abcdef-env")
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(env_admin.is_admin);
+        // Revoked (even by itself): a restart with the same token is a clear refusal, not a constraint
+        // error, and does not bring the administrator back.
+        cat.revoke_principal(&env_admin.id, &env_admin.id)
+            .await
+            .unwrap();
+        let e = cat
+            .bootstrap_admin(Some("0123456789abcdef-env"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("was revoked"), "{e}");
         assert!(
             cat.authenticate("0123456789abcdef-env")
                 .await
                 .unwrap()
-                .unwrap()
-                .is_admin
+                .is_none()
         );
     })
     .await;
