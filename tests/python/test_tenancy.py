@@ -490,6 +490,20 @@ def test_a_reader_key_writes_nowhere(tenancy):
     with pytest.raises(ClientError) as e:
         r.delete_object(Bucket="default", Key="shared-space/theirs.bin")
     assert code_of(e.value) == ("AccessDenied", 403)
+    # A write refused before its body is read closes the connection after the answer: the client's next
+    # request is never parsed from the rest of the refused body (seen as a bare 400 on the next request).
+    import urllib.request
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    url = f"{gw.endpoint}/default/shared-space/raw.bin"
+    req = AWSRequest(method="PUT", url=url, data=b"reader bytes", headers={"content-length": "12"})
+    S3SigV4Auth(Credentials(reader["access_key"], reader["secret_key"]), "s3", "us-east-1").add_auth(req)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"reader bytes", method="PUT",
+                                                      headers=dict(req.headers.items())))
+    assert e.value.code == 403 and e.value.headers.get("connection", "").lower() == "close", e.value.headers
     # Reading is what a reader does.
     assert r.get_object(Bucket="default", Key="shared-space/theirs.bin")["Body"].read() == b"a member's object"
     member.delete_object(Bucket="default", Key="shared-space/theirs.bin")

@@ -194,6 +194,24 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
                 .unwrap_or_default();
             return Box::pin(futures::future::ready(Ok(resp)));
         }
-        hyper::service::Service::call(&self.inner, req)
+        // A request refused before its body was read (a quota or ownership refusal answers before the body
+        // is accepted) leaves body bytes on the connection: close it after the answer, so the client's next
+        // request is never parsed from what is left of this one's body.
+        let has_body = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
+            || req.headers().contains_key(http::header::TRANSFER_ENCODING);
+        let fut = hyper::service::Service::call(&self.inner, req);
+        Box::pin(async move {
+            let mut resp = fut.await?;
+            if has_body && (resp.status().is_client_error() || resp.status().is_server_error()) {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
+            Ok(resp)
+        })
     }
 }
