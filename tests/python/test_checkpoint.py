@@ -268,7 +268,8 @@ class Agent:
         self.api = open(addr).read().strip()
 
     def replica(self, run, step, rank):
-        return glob.glob(os.path.join(self.data, "peer-checkpoints", run, f"step-*{step}",
+        # The administrator's token has no team: its replicas are in the shared store.
+        return glob.glob(os.path.join(self.data, "peer-checkpoints", "shared", run, f"step-*{step}",
                                       f"rank-{rank:05}.safetensors"))
 
     def stop(self):
@@ -330,7 +331,9 @@ print(h.wait_released(), flush=True)   # what the interpreter does at exit anywa
 def test_the_agent_finishes_a_save_after_the_process_exits(tmp_path, s3):
     agent = Agent(str(tmp_path / "node"))  # inherits the AWS_* environment of the s3 fixture
     try:
-        local = str(tmp_path / "nvme")
+        # The local tier lies in a directory of the agent's local backend: the agent reads only what the
+        # caller may write.
+        local = os.path.join(agent.data, "objects", "nvme")
         out = subprocess.run([sys.executable, "-c", HANDOFF, local, s3, agent.api], capture_output=True,
                              text=True, timeout=120)
         assert out.returncode == 0, out.stderr

@@ -72,6 +72,9 @@ pub struct ReconcileReport {
     pub removed: u64,
     /// Usage per team after reconciliation (bytes, objects); `""` = unowned.
     pub teams: BTreeMap<String, (i64, i64)>,
+    /// Stale reservations on the backend's scope released (see `strata_quota::reconcile`).
+    #[serde(default)]
+    pub released_reservations: u64,
 }
 
 /// How to group usage.
@@ -194,7 +197,19 @@ impl Catalog {
 
     /// Record a write through Strata. Returns the previous record (an overwrite), if any.
     pub async fn record_write(&self, rec: &ObjectRecord) -> Result<Option<ObjectRecord>> {
-        let prev = self.object(&rec.backend, &rec.key).await?;
+        let mut tx = self.pool().begin().await.map_err(db_err)?;
+        let prev = self.record_write_in(&mut tx, rec).await?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(prev)
+    }
+
+    async fn record_write_in(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        rec: &ObjectRecord,
+    ) -> Result<Option<ObjectRecord>> {
+        self.lock_row(tx, &rec.backend, &rec.key).await?;
+        let prev = self.object_in(tx, &rec.backend, &rec.key).await?;
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO objects ({OBJ_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
              ON CONFLICT (backend, key) DO UPDATE SET size = excluded.size, etag = excluded.etag, \
@@ -211,61 +226,103 @@ impl Catalog {
         .bind(rec.job.as_deref())
         .bind(rec.dataset.as_deref())
         .bind(rec.accessed_at)
-        .execute(self.pool())
+        .execute(&mut *tx)
         .await
         .map_err(db_err)?;
         Ok(prev)
     }
 
-    /// Record a completed write and charge it: `reservations` (admitted before the bytes were accepted) are
-    /// committed with what the write really changed (an overwrite by the same team charges the difference; a
-    /// write over another team's object gives that team its bytes back). Without reservations the change is
-    /// charged directly (nothing to admit: the writer had no team limits to check).
+    /// Take the write lock before reading what a write replaces: a no-op write first, so that SQLite takes its
+    /// write lock (waiting for it) before the transaction reads, and PostgreSQL locks the row.
+    async fn lock_row(&self, tx: &mut sqlx::AnyConnection, backend: &str, key: &str) -> Result<()> {
+        sqlx::query("UPDATE objects SET size = size WHERE backend = $1 AND key = $2")
+            .bind(backend)
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// Record a completed write and charge it, in one transaction (a crash leaves both or neither):
+    /// `reservations` (admitted before the bytes were accepted) are committed with what the write really
+    /// changed (an overwrite by the same team charges the difference; a write over another team's object gives
+    /// that team its bytes back). Without reservations the change is charged directly (nothing to admit: the
+    /// writer had no team limits to check).
     pub async fn commit_write(
         &self,
         reservations: Vec<crate::quota::Reservation>,
         rec: &ObjectRecord,
     ) -> Result<()> {
-        let prev = self.record_write(rec).await?;
+        let mut tx = self.pool().begin().await.map_err(db_err)?;
+        let prev = self.record_write_in(&mut tx, rec).await?;
         let (mut bytes, mut objects) = (rec.size, 1);
         if let Some(p) = &prev {
             if p.team == rec.team {
                 bytes -= p.size;
                 objects = 0;
             } else if let Some(old) = &p.team {
-                self.adjust_usage(old, &rec.backend, -p.size, -1).await?;
+                self.settle_in(&mut tx, &usage_only(old, &rec.backend), Some((-p.size, -1)))
+                    .await?;
             }
         }
         let mut res = reservations.into_iter();
         match (res.next(), &rec.team) {
-            (Some(first), _) => self.commit_reservation(&first, bytes, objects).await?,
-            (None, Some(t)) => self.adjust_usage(t, &rec.backend, bytes, objects).await?,
+            (Some(first), _) => {
+                self.settle_in(&mut tx, &first, Some((bytes, objects)))
+                    .await?
+            }
+            (None, Some(t)) => {
+                self.settle_in(
+                    &mut tx,
+                    &usage_only(t, &rec.backend),
+                    Some((bytes, objects)),
+                )
+                .await?
+            }
             (None, None) => {}
         }
         for r in res {
-            self.commit_reservation(&r, 0, 0).await?;
+            self.settle_in(&mut tx, &r, Some((0, 0))).await?;
         }
-        Ok(())
+        tx.commit().await.map_err(db_err)
     }
 
-    /// Record a deletion and give the owner its bytes back. Returns what was known of the object.
+    /// Record a deletion and give the owner its bytes back, in one transaction. Returns what was known of the
+    /// object.
     pub async fn commit_delete(&self, backend: &str, key: &str) -> Result<Option<ObjectRecord>> {
-        let prev = self.record_delete(backend, key).await?;
+        let mut tx = self.pool().begin().await.map_err(db_err)?;
+        let prev = self.record_delete_in(&mut tx, backend, key).await?;
         if let Some(p) = &prev
             && let Some(t) = &p.team
         {
-            self.adjust_usage(t, backend, -p.size, -1).await?;
+            self.settle_in(&mut tx, &usage_only(t, backend), Some((-p.size, -1)))
+                .await?;
         }
+        tx.commit().await.map_err(db_err)?;
         Ok(prev)
     }
 
     /// Forget an object (deleted). Returns what was known of it.
     pub async fn record_delete(&self, backend: &str, key: &str) -> Result<Option<ObjectRecord>> {
-        let prev = self.object(backend, key).await?;
+        let mut tx = self.pool().begin().await.map_err(db_err)?;
+        let prev = self.record_delete_in(&mut tx, backend, key).await?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(prev)
+    }
+
+    async fn record_delete_in(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        backend: &str,
+        key: &str,
+    ) -> Result<Option<ObjectRecord>> {
+        self.lock_row(tx, backend, key).await?;
+        let prev = self.object_in(tx, backend, key).await?;
         sqlx::query("DELETE FROM objects WHERE backend = $1 AND key = $2")
             .bind(backend)
             .bind(key)
-            .execute(self.pool())
+            .execute(&mut *tx)
             .await
             .map_err(db_err)?;
         Ok(prev)
@@ -273,12 +330,22 @@ impl Catalog {
 
     /// One object's record.
     pub async fn object(&self, backend: &str, key: &str) -> Result<Option<ObjectRecord>> {
+        let mut conn = self.pool().acquire().await.map_err(db_err)?;
+        self.object_in(&mut conn, backend, key).await
+    }
+
+    async fn object_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        backend: &str,
+        key: &str,
+    ) -> Result<Option<ObjectRecord>> {
         sqlx::query(AssertSqlSafe(format!(
             "SELECT {OBJ_COLS} FROM objects WHERE backend = $1 AND key = $2"
         )))
         .bind(backend)
         .bind(key)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *conn)
         .await
         .map_err(db_err)?
         .map(|r| object_of(&r))
@@ -499,6 +566,17 @@ impl Catalog {
             }
         }
         Ok(report)
+    }
+}
+
+/// A usage change of `team` on `scope` that settles no reservation.
+fn usage_only(team: &str, scope: &str) -> crate::quota::Reservation {
+    crate::quota::Reservation {
+        id: String::new(),
+        team: team.to_string(),
+        scope: scope.to_string(),
+        bytes: 0,
+        objects: 0,
     }
 }
 

@@ -89,6 +89,8 @@ pub struct Catalog {
     pool: AnyPool,
     dialect: Dialect,
     clock: Arc<dyn Clock>,
+    /// The agent whose reservations this handle admits ([`Catalog::with_holder`]).
+    holder: Option<Arc<str>>,
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -153,7 +155,15 @@ impl Catalog {
             pool,
             dialect,
             clock,
+            holder: None,
         })
+    }
+
+    /// This handle's reservations are held by `holder` (an agent's stable id): [`Catalog::release_held`]
+    /// gives them back when that agent starts again.
+    pub fn with_holder(mut self, holder: &str) -> Self {
+        self.holder = Some(holder.into());
+        self
     }
 
     /// The database behind this catalog.

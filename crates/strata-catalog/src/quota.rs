@@ -372,8 +372,8 @@ impl Catalog {
         }
         let id = new_id("r_");
         sqlx::query(
-            "INSERT INTO reservations (id, team, scope, bytes, objects, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO reservations (id, team, scope, bytes, objects, expires_at, holder, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(&id)
         .bind(team)
@@ -381,6 +381,8 @@ impl Catalog {
         .bind(bytes)
         .bind(objects)
         .bind(now.saturating_add(ttl_secs.clamp(1, 365 * 86_400)))
+        .bind(self.holder.as_deref())
+        .bind(now)
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
@@ -412,6 +414,17 @@ impl Catalog {
 
     async fn settle(&self, res: &Reservation, charge: Option<(i64, i64)>) -> Result<()> {
         let mut tx = self.pool().begin().await.map_err(db_err)?;
+        self.settle_in(&mut tx, res, charge).await?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    /// [`Self::settle`] inside the caller's transaction. `res` with an empty id changes usage only.
+    pub(crate) async fn settle_in(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        res: &Reservation,
+        charge: Option<(i64, i64)>,
+    ) -> Result<()> {
         let held = sqlx::query("DELETE FROM reservations WHERE id = $1")
             .bind(&res.id)
             .execute(&mut *tx)
@@ -425,8 +438,7 @@ impl Catalog {
             (0, 0)
         };
         let (ub, uo) = charge.unwrap_or((0, 0));
-        self.ensure_quota_rows(&mut tx, &res.team, &res.scope)
-            .await?;
+        self.ensure_quota_rows(tx, &res.team, &res.scope).await?;
         sqlx::query(
             "UPDATE quotas SET reserved_bytes = reserved_bytes - $1, reserved_objects = reserved_objects - $2, \
                used_bytes = used_bytes + $3, used_objects = used_objects + $4 \
@@ -441,8 +453,7 @@ impl Catalog {
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        self.stamp_soft(&mut tx, &res.team, &res.scope).await?;
-        tx.commit().await.map_err(db_err)
+        self.stamp_soft(tx, &res.team, &res.scope).await
     }
 
     /// Change usage without a reservation (deletions, clean-up, corrections). Never refused.
@@ -564,36 +575,60 @@ impl Catalog {
 
     /// Release every expired reservation (its writer died or forgot). Returns how many.
     pub async fn reap_reservations(&self) -> Result<u64> {
-        let now = self.now();
-        let expired: Vec<(String, String, String, i64, i64)> = sqlx::query(
-            "SELECT id, team, scope, bytes, objects FROM reservations WHERE expires_at < $1",
-        )
-        .bind(now)
-        .fetch_all(self.pool())
-        .await
-        .map_err(db_err)?
-        .into_iter()
-        .map(|r| {
-            Ok((
-                r.try_get("id").map_err(db_err)?,
-                r.try_get("team").map_err(db_err)?,
-                r.try_get("scope").map_err(db_err)?,
-                r.try_get("bytes").map_err(db_err)?,
-                r.try_get("objects").map_err(db_err)?,
-            ))
+        self.release_where("expires_at < $1", |q| q.bind(self.now()))
+            .await
+    }
+
+    /// Release the reservations this handle's holder admitted before: run when an agent starts, since the
+    /// writes they admitted died with the agent's previous run. (A write that still commits one is charged
+    /// anyway.) Returns how many.
+    pub async fn release_held(&self) -> Result<u64> {
+        let Some(h) = self.holder.clone() else {
+            return Ok(0);
+        };
+        self.release_where("holder = $1", |q| q.bind(h.to_string()))
+            .await
+    }
+
+    /// Release the reservations on `scope` admitted more than `age_secs` ago (reconciliation: whatever their
+    /// writes did is in the listing it counted). Returns how many.
+    pub async fn release_stale(&self, scope: &str, age_secs: i64) -> Result<u64> {
+        let before = self.now().saturating_sub(age_secs);
+        let scope = scope.to_string();
+        self.release_where("scope = $1 AND created_at < $2", |q| {
+            q.bind(scope.clone()).bind(before)
         })
-        .collect::<Result<_>>()?;
-        let mut n = 0;
-        for (id, team, scope, bytes, objects) in expired {
-            let res = Reservation {
-                id,
-                team,
-                scope,
-                bytes,
-                objects,
-            };
+        .await
+    }
+
+    async fn release_where<'q>(
+        &self,
+        cond: &str,
+        bind: impl FnOnce(
+            sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+        ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> Result<u64> {
+        let q = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, team, scope, bytes, objects FROM reservations WHERE {cond}"
+        )));
+        let rows: Vec<Reservation> = bind(q)
+            .fetch_all(self.pool())
+            .await
+            .map_err(db_err)?
+            .into_iter()
+            .map(|r| {
+                Ok(Reservation {
+                    id: r.try_get("id").map_err(db_err)?,
+                    team: r.try_get("team").map_err(db_err)?,
+                    scope: r.try_get("scope").map_err(db_err)?,
+                    bytes: r.try_get("bytes").map_err(db_err)?,
+                    objects: r.try_get("objects").map_err(db_err)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let n = rows.len() as u64;
+        for res in rows {
             self.release_reservation(&res).await?;
-            n += 1;
         }
         Ok(n)
     }

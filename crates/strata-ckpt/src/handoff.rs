@@ -15,8 +15,10 @@ use strata_types::{Error, ErrorKind, Result};
 use crate::tier::{Peer, Tier};
 use crate::{CheckpointConfig, Overlap, Retention};
 
-/// What the agent needs to finish one rank's save.
+/// What the agent needs to finish one rank's save. The agent confines it: `local_dir` and `remote_url` must lie
+/// where the caller may write, and `peers` must be agents of the agent's own cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HandoffRequest {
     /// The run.
     pub run_id: String,
@@ -61,21 +63,27 @@ impl HandoffRequest {
         Ok(())
     }
 
-    /// The checkpointer configuration that finishes this save (without a handoff: the agent does the work).
-    pub fn config(&self, remote: Option<Tier>) -> Result<CheckpointConfig> {
+    /// The checkpointer configuration that finishes this save (without a handoff: the agent does the work),
+    /// with the tiers the agent opened for it: `local` (the checked `local_dir`), `remote`, and `peers` (one per
+    /// entry of [`Self::peers`], in order).
+    pub fn config(
+        &self,
+        local: PathBuf,
+        remote: Option<Tier>,
+        peers: Vec<Peer>,
+    ) -> Result<CheckpointConfig> {
         self.validate()?;
+        if peers.len() != self.peers.len() {
+            return Err(Error::internal("one tier per peer"));
+        }
         Ok(CheckpointConfig {
             run_id: self.run_id.clone(),
             rank: self.rank,
             world_size: self.world_size,
             local_is_shared: false,
-            local: Tier::Local(self.local_dir.clone()),
+            local: Tier::Local(local),
             remote,
-            peers: self
-                .peers
-                .iter()
-                .map(|p| Peer::new(p).map(Tier::Peer))
-                .collect::<Result<_>>()?,
+            peers: peers.into_iter().map(Tier::Peer).collect(),
             self_peer: self.self_peer,
             replicas: self.replicas,
             upload_every: 1,

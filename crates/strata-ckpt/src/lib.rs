@@ -420,7 +420,7 @@ impl Checkpointer {
             if let (Some(q), Some(id)) = (&cfg.quota, &reservation) {
                 // Charged once the shard is in the local tier; released if it never got there.
                 let r = if written.is_ok() {
-                    q.commit(id, shard_bytes).await
+                    q.commit(id, &cfg.run_id, step, cfg.rank, shard_bytes).await
                 } else {
                     q.release(id).await
                 };
@@ -631,8 +631,7 @@ impl Checkpointer {
             .local
             .read_file(&self.ctx, run, step, &manifest::record_file(cfg.rank))
             .await?;
-        let rec: ShardRecord = serde_json::from_slice(&rec_text)
-            .map_err(|e| Error::new(ErrorKind::Corrupt, format!("record of step {step}: {e}")))?;
+        let rec = ShardRecord::parse(&rec_text, &format!("record of step {step}"))?;
         let file = cfg.local.read_file(&self.ctx, run, step, &rec.file).await?;
         if file.len() as u64 != rec.size || blake3::hash(&file).to_hex().as_str() != rec.blake3 {
             return Err(Error::new(
@@ -746,23 +745,9 @@ impl Checkpointer {
             });
             for t in stores {
                 for step in policy.victims(&committed) {
-                    let freed = match charged {
-                        Some(_) => t
-                            .manifest(&self.ctx, run, step)
-                            .await
-                            .ok()
-                            .flatten()
-                            .map(|m| {
-                                (
-                                    m.shards.iter().map(|s| s.size).sum::<u64>(),
-                                    m.shards.len() as u64,
-                                )
-                            }),
-                        None => None,
-                    };
                     t.delete_step(&self.ctx, run, step).await?;
-                    if let (Some(q), Some((bytes, n))) = (charged, freed)
-                        && let Err(e) = q.free(bytes, n).await
+                    if let Some(q) = charged
+                        && let Err(e) = q.deleted(run, step).await
                     {
                         tracing::warn!(step, error = %e, "giving deleted checkpoint bytes back to the quota");
                     }

@@ -21,6 +21,35 @@ pub struct ShardRecord {
     pub tensors: usize,
 }
 
+impl ShardRecord {
+    /// Parse a rank's record; its `file` must be the rank's own shard name ([`shard_file`]), so that no record
+    /// can point a reader at a path outside the checkpoint.
+    pub fn parse(text: &[u8], what: &str) -> Result<Self> {
+        let rec: ShardRecord = serde_json::from_slice(text).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("{what}: not a shard record: {e}"),
+            )
+        })?;
+        rec.check(what)?;
+        Ok(rec)
+    }
+
+    fn check(&self, what: &str) -> Result<()> {
+        if self.file != shard_file(self.rank) {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{what}: rank {}'s shard must be named {}",
+                    self.rank,
+                    shard_file(self.rank)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A complete checkpoint: every rank's shard with its checksum. Written last and atomically; a checkpoint
 /// exists in a tier exactly when its manifest does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +98,9 @@ impl Manifest {
                 ErrorKind::Corrupt,
                 format!("{what}: shards do not cover ranks 0..{}", m.world_size),
             ));
+        }
+        for s in &m.shards {
+            s.check(what)?;
         }
         Ok(m)
     }

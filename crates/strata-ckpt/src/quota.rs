@@ -3,8 +3,10 @@
 //! With a team configured, a save is admitted on the team's `ckpt` scope *before* any byte of it is written
 //! (`POST /v1/quotas/{team}/ckpt/reserve`); a refusal fails the save at once with `ResourceExhausted` and
 //! nothing is written. A save whose shard reached the local tier is charged
-//! (`/v1/reservations/{id}/commit`), a failed one released; retention gives the bytes of deleted local
-//! checkpoints back (`/v1/quotas/{team}/ckpt/free`).
+//! (`/v1/reservations/{id}/commit`, which records the shard as an object of the team's `ckpt` scope), a failed
+//! one released; retention gives the bytes of deleted local checkpoints back
+//! (`/v1/quotas/{team}/ckpt/deleted`): exactly what was recorded for them, so usage only ever changes by what
+//! was admitted and written.
 
 use serde_json::json;
 use strata_types::{Error, Result};
@@ -64,11 +66,18 @@ impl QuotaGate {
             .ok_or_else(|| Error::internal("the agent's reservation has no id"))
     }
 
-    /// Charge an admitted save.
-    pub async fn commit(&self, id: &str, bytes: u64) -> Result<()> {
+    /// Charge an admitted save: `rank`'s shard of `step` of `run`, `bytes` long.
+    pub async fn commit(
+        &self,
+        id: &str,
+        run: &str,
+        step: u64,
+        rank: u32,
+        bytes: u64,
+    ) -> Result<()> {
         self.post(
             &format!("/v1/reservations/{}/commit", enc(id)),
-            json!({"bytes": bytes, "objects": 1}),
+            json!({"bytes": bytes, "objects": 1, "key": object_key(run, step, Some(rank))}),
         )
         .await
         .map(|_| ())
@@ -81,13 +90,23 @@ impl QuotaGate {
             .map(|_| ())
     }
 
-    /// Give back the bytes of deleted checkpoints.
-    pub async fn free(&self, bytes: u64, objects: u64) -> Result<()> {
+    /// Give back what was charged for the shards of `step` of `run` (deleted from the local tier).
+    pub async fn deleted(&self, run: &str, step: u64) -> Result<()> {
         self.post(
-            &format!("/v1/quotas/{}/{SCOPE}/free", enc(&self.team)),
-            json!({"bytes": bytes, "objects": objects}),
+            &format!("/v1/quotas/{}/{SCOPE}/deleted", enc(&self.team)),
+            json!({"prefix": object_key(run, step, None)}),
         )
         .await
         .map(|_| ())
+    }
+}
+
+/// The name a charged shard is recorded under in the team's `ckpt` scope (`run/step-…/rank-NNNNN`), or with
+/// no rank the prefix of a step's shards.
+fn object_key(run: &str, step: u64, rank: Option<u32>) -> String {
+    let dir = crate::manifest::step_dir(step);
+    match rank {
+        Some(r) => format!("{run}/{dir}/{}", crate::manifest::shard_file(r)),
+        None => format!("{run}/{dir}/"),
     }
 }

@@ -48,6 +48,16 @@ impl Peer {
         Self::with_options(api, &opts)
     }
 
+    /// The agent at `api`, called by another agent of its cluster for `cred`'s team (no token is sent).
+    pub fn for_cluster(api: &str, cred: strata_client::ClusterCredential) -> Result<Self> {
+        let mut opts = strata_client::ClientOptions {
+            cluster: Some(cred),
+            ..Default::default()
+        };
+        opts.retry.max_retries = 0;
+        Self::with_options(api, &opts)
+    }
+
     /// The agent at `api`, connecting with `opts`.
     pub fn with_options(api: &str, opts: &strata_client::ClientOptions) -> Result<Self> {
         Ok(Self {
@@ -145,6 +155,18 @@ fn failpoint(name: &str) -> Result<()> {
     Ok(())
 }
 
+fn read_no_follow(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    let mut out = Vec::new();
+    f.read_to_end(&mut out)?;
+    Ok(out)
+}
+
 fn io(e: std::io::Error, what: impl std::fmt::Display) -> Error {
     Error::from_io(e, what)
 }
@@ -194,7 +216,8 @@ impl Tier {
         }
     }
 
-    fn local_step(root: &Path, run: &str, step: u64) -> PathBuf {
+    /// The directory of `step` of `run` in a local tier rooted at `root`.
+    pub fn local_step(root: &Path, run: &str, step: u64) -> PathBuf {
         root.join(run).join(step_dir(step))
     }
 
@@ -445,7 +468,7 @@ impl Tier {
                 }
                 Err(e) => return Err(e),
             };
-            out.push(serde_json::from_slice(&text).ok());
+            out.push(ShardRecord::parse(&text, &record_file(rank)).ok());
         }
         Ok(out)
     }
@@ -510,7 +533,8 @@ impl Tier {
         match self {
             Tier::Local(root) => {
                 let path = Self::local_step(root, run, step).join(file);
-                tokio::task::spawn_blocking(move || match std::fs::read(&path) {
+                // A checkpoint's files are never links: following one would read a file outside the tier.
+                tokio::task::spawn_blocking(move || match read_no_follow(&path) {
                     Ok(b) => Ok(Bytes::from(b)),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::new(
                         ErrorKind::NotFound,

@@ -245,6 +245,15 @@ struct ServeArgs {
     /// generated on first start and written to <data-dir>/admin-token).
     #[arg(long, env = "STRATA_ADMIN_TOKEN", hide = true, hide_env_values = true)]
     admin_token: Option<String>,
+    /// The secret the agents of a cluster authenticate to each other with (from the environment; else
+    /// `[cluster] secret_file`).
+    #[arg(
+        long,
+        env = "STRATA_CLUSTER_SECRET",
+        hide = true,
+        hide_env_values = true
+    )]
+    cluster_secret: Option<String>,
     /// A gateway access key of the `root` principal (with STRATA_SECRET_KEY), added to the configured keys.
     #[arg(long, env = "STRATA_ACCESS_KEY", hide = true, hide_env_values = true)]
     access_key: Option<String>,
@@ -454,6 +463,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
         catalog: a.catalog,
         admin_token: a.admin_token,
         root_key: a.access_key.zip(a.secret_key),
+        cluster_secret: a.cluster_secret,
     })?;
     let shutdown = async {
         let mut term =

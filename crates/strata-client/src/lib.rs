@@ -43,7 +43,32 @@ pub struct ClientOptions {
     pub pool_max_idle_per_host: usize,
     /// Retries of idempotent requests ([`AgentClient::send_retried`]).
     pub retry: RetryPolicy,
+    /// Speak as an agent of the cluster (peer routes only) instead of with a token.
+    pub cluster: Option<ClusterCredential>,
 }
+
+/// How one agent authenticates to another: the cluster's shared secret, and the team whose replicas the call
+/// acts on. Only the peer routes accept it, and no user's token can stand in for it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterCredential {
+    /// The cluster secret (`STRATA_CLUSTER_SECRET`).
+    pub secret: String,
+    /// The team the call acts for (`None`: replicas of callers without a team).
+    pub team: Option<String>,
+}
+
+impl std::fmt::Debug for ClusterCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterCredential")
+            .field("team", &self.team)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The header carrying [`ClusterCredential::secret`].
+pub const CLUSTER_KEY_HEADER: &str = "x-strata-cluster-key";
+/// The header carrying [`ClusterCredential::team`].
+pub const CLUSTER_TEAM_HEADER: &str = "x-strata-team";
 
 impl Default for ClientOptions {
     fn default() -> Self {
@@ -53,6 +78,7 @@ impl Default for ClientOptions {
             timeout: None,
             pool_max_idle_per_host: 64,
             retry: RetryPolicy::default(),
+            cluster: None,
         }
     }
 }
@@ -94,6 +120,20 @@ impl AgentClient {
                     )
                 })?;
             headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
+        if let Some(c) = &opts.cluster {
+            let bad =
+                || Error::invalid_input("the cluster secret or team cannot be sent in a header");
+            headers.insert(
+                CLUSTER_KEY_HEADER,
+                reqwest::header::HeaderValue::from_str(&c.secret).map_err(|_| bad())?,
+            );
+            if let Some(t) = &c.team {
+                headers.insert(
+                    CLUSTER_TEAM_HEADER,
+                    reqwest::header::HeaderValue::from_str(t).map_err(|_| bad())?,
+                );
+            }
         }
         let mut b = reqwest::Client::builder()
             .connect_timeout(opts.connect_timeout)

@@ -244,6 +244,10 @@ pub async fn plan(
             }
         }
     }
+    // A team's plan tells of that team's bytes only: its readers see its detail.
+    if let Some(t) = team {
+        team_bytes.retain(|k, _| k == t);
+    }
     let items: Vec<PlanItem> = items.into_values().collect();
     let mut per_team: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for i in &items {

@@ -122,7 +122,12 @@ pub struct ReconcileRun {
     pub apply_secs: f64,
 }
 
-/// Reconcile the backend named `name` (as the catalog and quotas know it).
+/// Reservations older than this are released by a reconciliation: the listing counted whatever their writes
+/// stored, and a writer still holding one after an hour died (a late commit is charged anyway).
+pub const STALE_RESERVATION_SECS: i64 = 3600;
+
+/// Reconcile the backend named `name` (as the catalog and quotas know it): the inventory and usage from a
+/// complete listing, and stale reservations on its scope released.
 pub async fn reconcile(
     catalog: &Catalog,
     name: &str,
@@ -133,7 +138,8 @@ pub async fn reconcile(
     let listing = list_all(backend, concurrency).await?;
     let list_secs = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let report = catalog.reconcile(name, &listing).await?;
+    let mut report = catalog.reconcile(name, &listing).await?;
+    report.released_reservations = catalog.release_stale(name, STALE_RESERVATION_SECS).await?;
     Ok(ReconcileRun {
         report,
         list_secs,

@@ -6,7 +6,8 @@
 //! that team: the caller needs the role the operation asks for there (reading: reader; writing, pinning:
 //! member). Keys outside owned prefixes belong to nobody: every principal may read them, and writing them
 //! takes the operation's role in the caller's home team (a reader's key writes nowhere); they count against
-//! the writer's home team. A prefix operation (warm-up, pin) also covers every owned prefix under
+//! the writer's home team, and an object written there stays its writer's team's: another team overwrites or
+//! deletes it only with the role in the writer's team. A prefix operation (warm-up, pin) also covers every owned prefix under
 //! the prefix it names: warming `data/` when `data/team-a/` is team A's is refused to a caller who may not
 //! read team A's data, since the warm-up would read it and report its sizes. Global administrators and
 //! root keys pass every check. Owned prefixes are read from the catalog at most every 5 s, so a new owner
@@ -108,7 +109,24 @@ impl Ownership {
             // Outside owned prefixes anyone may read; writing (or pinning) takes the role in the caller's
             // home team: a reader's key writes nowhere.
             None if need > Role::Reader && !caller.is_root() => match caller.home_team() {
-                Some(home) if caller.can(&home, need) => Ok(None),
+                Some(home) if caller.can(&home, need) => {
+                    // An object another team wrote here stays that team's: overwriting or deleting it takes
+                    // the role in the writer's team (it would also hand that team's usage back).
+                    if let Some(rec) = self.catalog.object(backend, key).await?
+                        && let Some(writer) = rec.team
+                        && writer != home
+                        && !caller.can(&writer, need)
+                    {
+                        return Err(Error::new(
+                            ErrorKind::PermissionDenied,
+                            format!(
+                                "{backend}/{key} was written by team {writer:?}; changing it needs the role {} there",
+                                need.as_str()
+                            ),
+                        ));
+                    }
+                    Ok(None)
+                }
                 Some(home) => Err(Error::new(
                     ErrorKind::PermissionDenied,
                     format!(

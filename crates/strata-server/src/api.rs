@@ -188,7 +188,10 @@ async fn warm(
         .authorize(&caller, &req.location, Role::Reader, true)
         .await?;
     let ctx = io_context(&headers);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    // Lines of progress, then the end: a warm-up that fails before its first progress line (the listing was
+    // refused, the bucket does not exist) answers with its error's status; one that fails later ends with an
+    // error line and a cut body, never a clean 200.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<std::result::Result<Bytes, Error>>(16);
     let line = |p: &strata_cache::WarmProgress, done: bool, error: Option<String>| {
         let mut v = serde_json::to_vec(&WarmLine {
             progress: p.clone(),
@@ -209,19 +212,48 @@ async fn warm(
                 let mut l = last.lock().unwrap_or_else(|e| e.into_inner());
                 if l.elapsed().as_millis() >= 100 {
                     *l = std::time::Instant::now();
-                    let _ = progress_tx.try_send(line(p, false, None));
+                    let _ = progress_tx.try_send(Ok(line(p, false, None)));
                 }
             })
             .await;
         let end = match r {
-            Ok(p) => line(&p, true, None),
-            Err(e) => line(&Default::default(), true, Some(e.to_string())),
+            Ok(p) => Ok(line(&p, true, None)),
+            Err(e) => Err(e),
         };
         let _ = tx.send(end).await;
     });
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
-    });
+    let first = match rx.recv().await {
+        Some(Ok(b)) => b,
+        Some(Err(e)) => return Err(e.into()),
+        None => return Err(Error::internal("the warm-up stopped without a word").into()),
+    };
+    // States: 0 streaming, 1 an error line was sent (the body is cut next), 2 over.
+    let stream = futures::stream::unfold(
+        (Some(first), rx, 0u8),
+        move |(first, mut rx, st)| async move {
+            if let Some(b) = first {
+                return Some((Ok(b), (None, rx, 0)));
+            }
+            match st {
+                1 => {
+                    return Some((
+                        Err(std::io::Error::other("the warm-up failed")),
+                        (None, rx, 2),
+                    ));
+                }
+                2 => return None,
+                _ => {}
+            }
+            match rx.recv().await {
+                Some(Ok(b)) => Some((Ok(b), (None, rx, 0))),
+                Some(Err(e)) => Some((
+                    Ok(line(&Default::default(), true, Some(e.to_string()))),
+                    (None, rx, 1),
+                )),
+                None => None,
+            }
+        },
+    );
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),

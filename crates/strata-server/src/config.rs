@@ -30,6 +30,21 @@ pub struct Config {
     pub gateway: GatewaySection,
     /// The catalog (teams, quotas, usage, lifecycle) and its background work.
     pub catalog: CatalogSection,
+    /// The agents of this cluster and how they authenticate to each other.
+    pub cluster: ClusterSection,
+}
+
+/// `[cluster]`: the other agents this one may push replicas to, and the secret agents authenticate to each
+/// other with (never a user's token, which no agent ever sends on).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSection {
+    /// Every agent of the cluster (control API addresses, `host:port` or URLs), this one included. A
+    /// handed-over save pushes replicas only to these; a request naming another address is refused.
+    pub peers: Vec<String>,
+    /// A file holding the cluster secret (`STRATA_CLUSTER_SECRET` wins). Without one, agents do not accept
+    /// one another's calls and handed-over saves cannot replicate to peers.
+    pub secret_file: Option<PathBuf>,
 }
 
 /// `[catalog]`
@@ -211,6 +226,27 @@ pub struct BackendSection {
     pub options: BackendOptions,
 }
 
+/// A peer's control API address as `http://host:port`, the one form membership is compared in.
+pub fn normalize_peer(p: &str) -> Result<String> {
+    let p = p.trim().trim_end_matches('/');
+    let (scheme, rest) = match p.split_once("://") {
+        Some((s, r)) => (s, r),
+        None => ("http", p),
+    };
+    let valid = matches!(scheme, "http" | "https")
+        && !rest.is_empty()
+        && !rest.contains(['/', '?', '#', '@', ' '])
+        && rest
+            .rsplit_once(':')
+            .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok());
+    if !valid {
+        return Err(Error::invalid_input(format!(
+            "peer {p:?}: expected host:port or http://host:port"
+        )));
+    }
+    Ok(format!("{scheme}://{}", rest.to_ascii_lowercase()))
+}
+
 /// Values from flags and environment that override the file.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -228,6 +264,8 @@ pub struct Overrides {
     /// `STRATA_ACCESS_KEY` + `STRATA_SECRET_KEY`: a gateway key of the `root` principal, added to the
     /// configured ones.
     pub root_key: Option<(String, String)>,
+    /// `STRATA_CLUSTER_SECRET`: the secret agents of a cluster authenticate to each other with.
+    pub cluster_secret: Option<String>,
 }
 
 /// A validated configuration with every default resolved.
@@ -257,6 +295,10 @@ pub struct Resolved {
     pub catalog_url: String,
     /// Catalog background work and lifecycle settings.
     pub catalog: CatalogSection,
+    /// The cluster's agents (normalized `http://host:port`), for handed-over saves.
+    pub peers: Vec<String>,
+    /// The cluster secret ([`Overrides::cluster_secret`], else `[cluster] secret_file`), if any.
+    pub cluster_secret: Option<String>,
 }
 
 impl Config {
@@ -444,6 +486,28 @@ impl Config {
             Some(u) if !u.trim().is_empty() => u.trim().to_string(),
             _ => format!("sqlite://{}", data_dir.join("catalog.db").display()),
         };
+        let cluster_secret = match (&o.cluster_secret, &self.cluster.secret_file) {
+            (Some(s), _) if !s.is_empty() => Some(s.clone()),
+            (_, Some(f)) => {
+                let text = std::fs::read_to_string(f).map_err(|e| {
+                    Error::from_io(e, format!("cluster.secret_file {}", f.display()))
+                        .context("config")
+                })?;
+                Some(text.trim().to_string())
+            }
+            _ => None,
+        };
+        if cluster_secret.as_ref().is_some_and(|s| s.len() < 16) {
+            return Err(Error::config(
+                "the cluster secret must be at least 16 characters",
+            ));
+        }
+        let peers = self
+            .cluster
+            .peers
+            .iter()
+            .map(|p| normalize_peer(p))
+            .collect::<Result<Vec<_>>>()?;
         let mut s3_keys = self.gateway.keys.clone();
         if let Some((ak, sk)) = &o.root_key {
             if ak.is_empty() || sk.is_empty() {
@@ -460,6 +524,8 @@ impl Config {
             });
         }
         Ok(Resolved {
+            peers,
+            cluster_secret,
             catalog_url,
             catalog: self.catalog.clone(),
             s3_listen,

@@ -120,7 +120,17 @@ impl Agent {
         let cache = BlockCache::open(config.cache.clone(), telemetry.clone())?;
         let catalog = strata_catalog::Catalog::open(&config.catalog_url)
             .await
-            .map_err(|e| e.context("opening the catalog"))?;
+            .map_err(|e| e.context("opening the catalog"))?
+            .with_holder(&agent_id(&config.data_dir)?);
+        // Writes admitted by this agent's previous run died with it: their reservations go back now, not when
+        // they expire.
+        let released = catalog.release_held().await?;
+        if released > 0 {
+            tracing::info!(
+                released,
+                "released the reservations of this agent's previous run"
+            );
+        }
         control::bootstrap_admin(&catalog, &config.data_dir, config.admin_token.as_deref()).await?;
         Ok(Arc::new(Self {
             config,
@@ -220,6 +230,20 @@ impl Agent {
         need: strata_catalog::Role,
         prefix: bool,
     ) -> Result<(Backend, String, Option<String>)> {
+        self.authorize_named(caller, location, need, prefix)
+            .await
+            .map(|(_, b, k, o)| (b, k, o))
+    }
+
+    /// [`Self::authorize`], also returning the backend's name in the catalog (its configured name, or the URL
+    /// of an ad-hoc bucket): the inventory backend and quota scope of what is written there.
+    pub async fn authorize_named(
+        &self,
+        caller: &access::Caller,
+        location: &str,
+        need: strata_catalog::Role,
+        prefix: bool,
+    ) -> Result<(String, Backend, String, Option<String>)> {
         let (name, backend, key) = self.locate(location)?;
         // Ad-hoc buckets are named by their URL, which no owned prefix names.
         let name = name.unwrap_or_else(|| backend.id().to_string());
@@ -230,7 +254,45 @@ impl Agent {
         } else {
             self.ownership.check_key(caller, &name, &key, need).await?
         };
-        Ok((backend, key, owner))
+        Ok((name, backend, key, owner))
+    }
+
+    /// A directory of the agent's host as a location of a configured local-directory backend
+    /// (`NAME/relative/path`, no trailing slash) and the directory's canonical path. Links are resolved first,
+    /// so no link leads out of the backend. The error is the same whether the directory is outside every
+    /// backend or does not exist: it tells nothing of the host's files.
+    pub fn local_location(&self, dir: &std::path::Path) -> Result<(String, PathBuf)> {
+        let outside = || {
+            Error::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "{} is not a directory under a configured local-directory backend",
+                    dir.display()
+                ),
+            )
+        };
+        let canon = std::fs::canonicalize(dir).map_err(|_| outside())?;
+        if !canon.is_dir() {
+            return Err(outside());
+        }
+        for b in &self.config.backends {
+            let Some(root) = b.url.strip_prefix("file://") else {
+                continue;
+            };
+            let Ok(root) = std::fs::canonicalize(root) else {
+                continue;
+            };
+            if let Ok(rel) = canon.strip_prefix(&root) {
+                let rel = rel.to_str().ok_or_else(outside)?;
+                let loc = if rel.is_empty() {
+                    b.name.clone()
+                } else {
+                    format!("{}/{rel}", b.name)
+                };
+                return Ok((loc, canon));
+            }
+        }
+        Err(outside())
     }
 
     /// Who owns which prefix (the access decision of the gateway and the data plane).
@@ -408,4 +470,30 @@ pub async fn serve(
     let _ = std::fs::remove_file(&s3_addr_file);
     tracing::info!("strata agent stopped");
     Ok(())
+}
+
+/// This agent's stable id (`<data-dir>/agent-id`, made on first start): what its reservations are held by.
+fn agent_id(data_dir: &std::path::Path) -> Result<String> {
+    let path = data_dir.join("agent-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
+        _ => {
+            let id = format!(
+                "agent-{}",
+                &blake3::hash(
+                    format!(
+                        "{}-{}-{:?}",
+                        std::process::id(),
+                        data_dir.display(),
+                        std::time::SystemTime::now()
+                    )
+                    .as_bytes()
+                )
+                .to_hex()[..16]
+            );
+            std::fs::write(&path, &id)
+                .map_err(|e| Error::from_io(e, format!("writing {}", path.display())))?;
+            Ok(id)
+        }
+    }
 }

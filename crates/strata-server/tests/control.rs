@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
+mod support;
 
 use axum::Router;
 use axum::body::Body;
@@ -12,81 +12,8 @@ use http::{Method, Request};
 use serde_json::{Value, json};
 use strata_server::config::{Config, Overrides};
 use strata_server::{Agent, control, routes};
+use support::*;
 use tower::ServiceExt;
-
-struct Env {
-    app: Router,
-    agent: Arc<Agent>,
-    admin: String,
-    _dir: tempfile::TempDir,
-}
-
-async fn envs() -> Vec<Env> {
-    let mut urls = vec![None];
-    if let Some(admin) = strata_catalog::testing::postgres_url() {
-        urls.push(Some(
-            strata_catalog::testing::fresh_postgres(&admin)
-                .await
-                .unwrap(),
-        ));
-    }
-    let mut out = Vec::new();
-    for url in urls {
-        let dir = tempfile::tempdir().unwrap();
-        let resolved = Config::default()
-            .resolve(&Overrides {
-                data_dir: Some(dir.path().join("d")),
-                api_listen: Some("127.0.0.1:0".into()),
-                catalog: url,
-                ..Default::default()
-            })
-            .unwrap();
-        let agent = Agent::start(resolved).await.unwrap();
-        let admin =
-            std::fs::read_to_string(control::admin_token_file(&dir.path().join("d"))).unwrap();
-        out.push(Env {
-            app: routes::router(agent.clone()),
-            agent,
-            admin: admin.trim().to_string(),
-            _dir: dir,
-        });
-    }
-    out
-}
-
-async fn call(
-    app: &Router,
-    method: Method,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = Request::builder().method(method).uri(path);
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let req = match body {
-        Some(b) => req
-            .header("content-type", "application/json")
-            .body(Body::from(b.to_string()))
-            .unwrap(),
-        None => req.body(Body::empty()).unwrap(),
-    };
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20)
-        .await
-        .unwrap();
-    let v = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, v)
-}
-
-async fn ok(app: &Router, method: Method, path: &str, token: &str, body: Option<Value>) -> Value {
-    let (s, v) = call(app, method.clone(), path, Some(token), body).await;
-    assert_eq!(s, 200, "{method} {path}: {v}");
-    v
-}
 
 /// Team B's state, as its administrator sees it (audit excluded: it is append-only by design).
 async fn snapshot(e: &Env) -> Value {
@@ -116,18 +43,6 @@ struct TeamB {
     plan: String,
     scratch: String,
     reservation: String,
-}
-
-/// Create team `name` as the administrator.
-async fn create_team(e: &Env, name: &str) {
-    ok(
-        &e.app,
-        Method::POST,
-        "/v1/teams",
-        &e.admin,
-        Some(json!({"name": name})),
-    )
-    .await;
 }
 
 async fn setup(e: &Env) -> (String, TeamB) {
@@ -756,19 +671,6 @@ async fn prefetch_starts_one_run_that_later_reads_find_in_the_cache() {
             .as_u16(),
         400
     );
-}
-
-/// Issue a token for `team` with `role`.
-async fn token_for(e: &Env, name: &str, team: &str, role: &str) -> String {
-    let v = ok(
-        &e.app,
-        Method::POST,
-        "/v1/tokens",
-        &e.admin,
-        Some(json!({"name": name, "kind": "token", "team": team, "role": role})),
-    )
-    .await;
-    v["token"].as_str().unwrap().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

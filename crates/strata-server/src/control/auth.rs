@@ -50,6 +50,23 @@ pub async fn require_token(
     if path == "/healthz" || path == "/openapi.json" {
         return next.run(req).await;
     }
+    // Another agent of the cluster: only the peer routes take its credential, and on them it stands in for a
+    // token. No token is accepted in its place.
+    if path.starts_with("/v1/peer/")
+        && let Some(key) = req.headers().get(strata_client::CLUSTER_KEY_HEADER)
+    {
+        let team = req
+            .headers()
+            .get(strata_client::CLUSTER_TEAM_HEADER)
+            .map(|v| v.as_bytes().to_vec());
+        return match crate::peer::cluster_call(&agent, key.as_bytes(), team.as_deref()) {
+            Ok(call) => {
+                req.extensions_mut().insert(call);
+                next.run(req).await
+            }
+            Err(e) => ApiError(e).into_response(),
+        };
+    }
     let token = req
         .headers()
         .get(header::AUTHORIZATION)

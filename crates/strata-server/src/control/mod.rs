@@ -162,14 +162,21 @@ pub fn routes() -> Vec<Route> {
         r!(
             "POST",
             "/v1/quotas/{team}/{scope}/free",
-            "Give usage back after deleting data: {\"bytes\",\"objects\"} (never below zero)",
-            "member of the team",
+            "Correct usage counters by hand: {\"bytes\",\"objects\"} given back (never below zero)",
+            "admin",
             post(quotas::free_usage)
         ),
         r!(
             "POST",
+            "/v1/quotas/{team}/{scope}/deleted",
+            "Checkpoint shards deleted from a local tier (scope ckpt): {\"prefix\"}; gives back exactly what was charged for them",
+            "member of the team",
+            post(quotas::deleted)
+        ),
+        r!(
+            "POST",
             "/v1/reservations/{id}/commit",
-            "Charge an admitted write: {\"bytes\",\"objects\"} actually written",
+            "Charge an admitted write: {\"bytes\",\"objects\"} actually written; on scope ckpt {\"key\"} records the shard",
             "member of its team",
             post(quotas::commit_reservation)
         ),

@@ -65,8 +65,13 @@ pub(super) async fn free_usage(
     UrlPath((team, scope)): UrlPath<(String, String)>,
     b: Bytes,
 ) -> ApiResult<Json> {
-    p.require(&team, Role::Member)?;
+    // A correction of the counters, as reconciliation makes: usage otherwise changes only through admitted
+    // writes and recorded deletes, so a member cannot talk its team's usage down.
+    p.require_admin()?;
     let req: ChargeBody = body(&b)?;
+    if req.key.is_some() {
+        return Err(ApiError(Error::invalid_input("free takes no key")));
+    }
     a.catalog().team(&team).await?;
     a.catalog()
         .free_usage(&team, &scope, req.bytes, req.objects)
@@ -80,6 +85,62 @@ pub(super) struct ChargeBody {
     bytes: i64,
     #[serde(default)]
     objects: i64,
+    /// `ckpt` scope only: the name the charged checkpoint shard is recorded under (`run/step-…/rank-…`).
+    key: Option<String>,
+}
+
+/// The scope whose objects are records of checkpoint shards the agent cannot list itself (a node's local
+/// tier): charged with a key, given back by `deleted`.
+const CKPT_SCOPE: &str = "ckpt";
+
+/// Where a team's checkpoint records live in the inventory: backend `ckpt`, keys `<team>/<run>/...`.
+fn ckpt_key(team: &str, key: &str) -> ApiResult<String> {
+    strata_types::validate_key(key).map_err(ApiError)?;
+    if key.len() > 512 {
+        return Err(ApiError(Error::invalid_input(
+            "a checkpoint key is at most 512 bytes",
+        )));
+    }
+    Ok(format!("{team}/{key}"))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeletedBody {
+    prefix: String,
+}
+
+/// Checkpoints deleted from a local tier: the team gets back exactly what was recorded for them.
+pub(super) async fn deleted(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    UrlPath((team, scope)): UrlPath<(String, String)>,
+    b: Bytes,
+) -> ApiResult<Json> {
+    p.require(&team, Role::Member)?;
+    let req: DeletedBody = body(&b)?;
+    if scope != CKPT_SCOPE {
+        return Err(ApiError(Error::invalid_input(format!(
+            "only the {CKPT_SCOPE} scope records deletes here; a backend's deletes go through the backend"
+        ))));
+    }
+    if req.prefix.is_empty() {
+        return Err(ApiError(Error::invalid_input(
+            "deleted needs a non-empty prefix",
+        )));
+    }
+    a.catalog().team(&team).await?;
+    let prefix = ckpt_key(&team, &req.prefix)?;
+    let (mut bytes, mut objects) = (0i64, 0i64);
+    for o in a.catalog().objects_under(CKPT_SCOPE, &prefix).await? {
+        if o.team.as_deref() == Some(team.as_str())
+            && let Some(gone) = a.catalog().commit_delete(CKPT_SCOPE, &o.key).await?
+        {
+            bytes += gone.size;
+            objects += 1;
+        }
+    }
+    ok(serde_json::json!({"freed_bytes": bytes, "freed_objects": objects}))
 }
 
 pub(super) async fn visible_reservation(
@@ -112,9 +173,34 @@ pub(super) async fn commit_reservation(
             r.bytes, r.objects
         ))));
     }
-    a.catalog()
-        .commit_reservation(&r, req.bytes, req.objects)
-        .await?;
+    match req.key {
+        Some(key) => {
+            if r.scope != CKPT_SCOPE || req.objects != 1 {
+                return Err(ApiError(Error::invalid_input(format!(
+                    "a key names one checkpoint shard charged on the {CKPT_SCOPE} scope"
+                ))));
+            }
+            let cat = a.catalog();
+            let rec = strata_catalog::inventory::ObjectRecord {
+                backend: CKPT_SCOPE.into(),
+                key: ckpt_key(&r.team, &key)?,
+                size: req.bytes,
+                etag: String::new(),
+                modified_at: cat.now(),
+                team: Some(r.team.clone()),
+                principal: Some(p.id.clone()),
+                job: None,
+                dataset: None,
+                accessed_at: None,
+            };
+            cat.commit_write(vec![r], &rec).await?;
+        }
+        None => {
+            a.catalog()
+                .commit_reservation(&r, req.bytes, req.objects)
+                .await?
+        }
+    }
     ok(serde_json::json!({"committed": id}))
 }
 

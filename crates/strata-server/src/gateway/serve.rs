@@ -122,6 +122,43 @@ impl ScopeCheck {
 }
 
 /// Whether a request header (lower case) changes what an S3 request does.
+/// The largest XML request body (DeleteObjects, CompleteMultipartUpload, bucket configuration) the gateway
+/// reads; s3s's own limit, which it answers with a 500 when the body is streamed.
+pub(crate) const XML_MAX_BODY: u64 = 20 << 20;
+
+impl ScopeCheck {
+    /// The declared length of an XML request body over [`XML_MAX_BODY`]: a POST (DeleteObjects,
+    /// CompleteMultipartUpload) or a PUT of a sub-resource, not of object data (PutObject, UploadPart).
+    fn xml_body_too_large(req: &http::Request<hyper::body::Incoming>) -> Option<u64> {
+        let len = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)?
+            .to_str()
+            .ok()?
+            .parse::<u64>()
+            .ok()?;
+        if len <= XML_MAX_BODY {
+            return None;
+        }
+        let data_param = |k: &str| {
+            matches!(
+                k,
+                "partNumber" | "uploadId" | "x-id" | "AWSAccessKeyId" | "Signature" | "Expires"
+            ) || k.to_ascii_lowercase().starts_with("x-amz-")
+        };
+        let subresource = req
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .any(|p| !data_param(p.split('=').next().unwrap_or_default()));
+        let xml = req.method() == http::Method::POST
+            || (req.method() == http::Method::PUT && subresource);
+        xml.then_some(len)
+    }
+}
+
 fn acts(name: &str) -> bool {
     const EXACT: [&str; 7] = [
         "x-amz-metadata-directive",
@@ -149,6 +186,14 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
     type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        // A request refused before its body was read (here, or a quota or ownership refusal that answers
+        // before the body is accepted) leaves body bytes on the connection: close it after the answer, so the
+        // client's next request is never parsed from what is left of this one's body.
+        let has_body = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
+            || req.headers().contains_key(http::header::TRANSFER_ENCODING);
         let refusal = if let Some((region, service)) = Self::scope(&req)
             && (region != *self.region || service != "s3")
         {
@@ -176,7 +221,15 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
                 e.message().unwrap_or_default().to_string(),
             ))
         } else {
-            None
+            Self::xml_body_too_large(&req).map(|len| {
+                (
+                    http::StatusCode::BAD_REQUEST,
+                    "MaxMessageLengthExceeded",
+                    format!(
+                        "the request's XML body is {len} bytes; at most {XML_MAX_BODY} are accepted"
+                    ),
+                )
+            })
         };
         if let Some((status, code, message)) = refusal {
             // Refused before s3s parses the request.
@@ -187,21 +240,15 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
                     .replace('<', "&lt;")
                     .replace('>', "&gt;")
             );
-            let resp = http::Response::builder()
+            let mut resp = http::Response::builder()
                 .status(status)
-                .header(http::header::CONTENT_TYPE, "application/xml")
-                .body(s3s::Body::from(body))
-                .unwrap_or_default();
+                .header(http::header::CONTENT_TYPE, "application/xml");
+            if has_body {
+                resp = resp.header(http::header::CONNECTION, "close");
+            }
+            let resp = resp.body(s3s::Body::from(body)).unwrap_or_default();
             return Box::pin(futures::future::ready(Ok(resp)));
         }
-        // A request refused before its body was read (a quota or ownership refusal answers before the body
-        // is accepted) leaves body bytes on the connection: close it after the answer, so the client's next
-        // request is never parsed from what is left of this one's body.
-        let has_body = req
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .is_some_and(|v| v.as_bytes() != b"0")
-            || req.headers().contains_key(http::header::TRANSFER_ENCODING);
         let fut = hyper::service::Service::call(&self.inner, req);
         Box::pin(async move {
             let mut resp = fut.await?;
