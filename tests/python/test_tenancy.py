@@ -381,6 +381,33 @@ def test_under_umask_000_everything_the_agent_writes_is_its_owners_alone(origin)
         gw.close()
 
 
+def test_the_catalog_file_alone_yields_no_usable_secret(tenancy, tmp_path):
+    """Another user with a copy of the catalog database (and its WAL) finds no S3 secret in it: secrets are
+    sealed with the key beside it (catalog.key, 0600), and bearer tokens are stored as hashes."""
+    gw, _, _ = tenancy
+    made = cli_json(gw, "token", "create", "--name", "at-rest", "--team", "vision", "--s3")
+    token = cli_json(gw, "token", "create", "--name", "at-rest-token", "--team", "vision")["token"]
+    secret, access = made["secret_key"], made["access_key"]
+    # The key works: the secret opens for SigV4 (through the gateway).
+    s3_for(gw, made).list_objects_v2(Bucket="default", Prefix="vision/")
+    dump = b"".join(open(os.path.join(gw.data, f), "rb").read() for f in os.listdir(gw.data)
+                    if f.startswith("catalog.db"))
+    assert access.encode() in dump, "the dump should hold the catalog's rows"
+    assert secret.encode() not in dump, "an S3 secret key is in the catalog in clear"
+    assert token.encode() not in dump, "a bearer token is in the catalog in clear"
+    import sqlite3
+    copy = tmp_path / "stolen.db"
+    for suffix in ("", "-wal"):
+        src = os.path.join(gw.data, "catalog.db" + suffix)
+        if os.path.exists(src):
+            with open(str(copy) + suffix, "wb") as f:
+                f.write(open(src, "rb").read())
+    db = sqlite3.connect(copy)
+    for (stored,) in db.execute("SELECT secret_key FROM principals WHERE secret_key IS NOT NULL"):
+        assert stored.startswith("enc1:") and secret not in stored, stored
+    assert os.stat(os.path.join(gw.data, "catalog.key")).st_mode & 0o777 == 0o600
+
+
 def test_write_headers_the_gateway_does_not_implement_are_refused_not_ignored(tenancy):
     gw, keys, _ = tenancy
     s3 = s3_for(gw, keys["vision"])
@@ -509,3 +536,46 @@ def test_a_reader_key_writes_nowhere(tenancy):
     # Reading is what a reader does.
     assert r.get_object(Bucket="default", Key="shared-space/theirs.bin")["Body"].read() == b"a member's object"
     member.delete_object(Bucket="default", Key="shared-space/theirs.bin")
+
+
+def test_listings_show_and_count_only_what_the_caller_may_read(tenancy):
+    """Another team's keys never surface in a listing: not as entries, not in a continuation token (sealed),
+    not as V1's NextMarker, not through IsTruncated or KeyCount."""
+    gw, keys, _ = tenancy
+    cli(gw, "prefix", "own", "default", "lst/v", "vision")
+    vision, nlp = s3_for(gw, keys["vision"]), s3_for(gw, keys["nlp"])
+    for i in range(5):
+        vision.put_object(Bucket="default", Key=f"lst/v/secret-{i}", Body=b"v")
+    nlp.put_object(Bucket="default", Key="lst/a", Body=b"a")
+    # Only hidden keys follow lst/a: the listing is complete, not truncated.
+    r = nlp.list_objects_v2(Bucket="default", Prefix="lst/", MaxKeys=1)
+    assert [o["Key"] for o in r["Contents"]] == ["lst/a"] and r["KeyCount"] == 1
+    assert r["IsTruncated"] is False, r
+    r = nlp.list_objects(Bucket="default", Prefix="lst/", MaxKeys=1)
+    assert [o["Key"] for o in r["Contents"]] == ["lst/a"] and r["IsTruncated"] is False, r
+    # A visible key after the hidden ones: pages of one, each full, the token telling nothing.
+    nlp.put_object(Bucket="default", Key="lst/z", Body=b"z")
+    r = nlp.list_objects_v2(Bucket="default", Prefix="lst/", MaxKeys=1)
+    assert [o["Key"] for o in r["Contents"]] == ["lst/a"] and r["IsTruncated"] is True
+    token = r["NextContinuationToken"]
+    for hidden in ("lst/a", "lst/v/secret-0", "lst/z"):
+        assert hidden.encode().hex() not in token
+    r2 = nlp.list_objects_v2(Bucket="default", Prefix="lst/", MaxKeys=1, ContinuationToken=token)
+    assert [o["Key"] for o in r2["Contents"]] == ["lst/z"] and r2["IsTruncated"] is False and r2["KeyCount"] == 1
+    r = nlp.list_objects(Bucket="default", Prefix="lst/", MaxKeys=1, Delimiter="/")
+    assert r["IsTruncated"] is True and r.get("NextMarker") == "lst/a", r
+    r = nlp.list_objects(Bucket="default", Prefix="lst/", MaxKeys=5, Marker="lst/a")
+    assert [o["Key"] for o in r["Contents"]] == ["lst/z"], r
+    # Delimited: the hidden common prefix is not shown either.
+    r = nlp.list_objects_v2(Bucket="default", Prefix="lst/", Delimiter="/")
+    assert [o["Key"] for o in r["Contents"]] == ["lst/a", "lst/z"] and "CommonPrefixes" not in r, r
+    # The owner sees its keys; a forged or re-aimed token is refused.
+    r = vision.list_objects_v2(Bucket="default", Prefix="lst/", MaxKeys=10)
+    assert r["KeyCount"] == 7, r
+    for bad in ("lst/v/secret-3".encode().hex(), token[:-2] + ("00" if token[-2:] != "00" else "11")):
+        with pytest.raises(ClientError) as e:
+            nlp.list_objects_v2(Bucket="default", Prefix="lst/", ContinuationToken=bad)
+        assert code_of(e.value) == ("InvalidArgument", 400), e.value.response
+    with pytest.raises(ClientError) as e:
+        nlp.list_objects_v2(Bucket="default", Prefix="other/", ContinuationToken=token)
+    assert code_of(e.value) == ("InvalidArgument", 400)

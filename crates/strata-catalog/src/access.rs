@@ -4,8 +4,8 @@
 //! there) and memberships with a [`Role`] in any number of teams. A global admin may do anything; everyone else
 //! sees and changes only the teams they are members of.
 //!
-//! Bearer tokens are stored as blake3 hashes and shown once, at creation; S3 secrets are stored in clear
-//! (SigV4 verification needs them) and shown once too. The first start creates a global administrator
+//! Bearer tokens are stored as blake3 hashes and shown once, at creation; S3 secrets are stored sealed with the
+//! catalog key ([`crate::secrets`]; SigV4 verification needs them back) and shown once too. The first start creates a global administrator
 //! (`bootstrap_admin`: a given token, else a generated one). The audit log records who changed what; the
 //! control plane writes a record for every change it makes.
 
@@ -481,7 +481,7 @@ impl Catalog {
         .bind(new.kind.as_str())
         .bind(token.map(token_hash))
         .bind(access_key)
-        .bind(secret_key)
+        .bind(secret_key.map(|s| self.key()?.seal(id, s)).transpose()?)
         .bind(i64::from(new.admin))
         .bind(new.team.as_deref())
         .bind(now)
@@ -604,7 +604,14 @@ impl Catalog {
                 let id: String = r.try_get("id").map_err(db_err)?;
                 let secret: Option<String> = r.try_get("secret_key").map_err(db_err)?;
                 match secret {
-                    Some(s) => Ok(Some((s, self.principal(&id).await?))),
+                    Some(s) => {
+                        let s = if crate::secrets::is_sealed(&s) {
+                            self.key()?.open(&id, &s)?
+                        } else {
+                            s
+                        };
+                        Ok(Some((s, self.principal(&id).await?)))
+                    }
                     None => Ok(None),
                 }
             }

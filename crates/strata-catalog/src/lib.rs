@@ -27,6 +27,7 @@ pub mod access;
 pub mod inventory;
 pub mod lifecycle;
 pub mod quota;
+pub mod secrets;
 
 pub use access::{Principal, Role};
 
@@ -91,6 +92,8 @@ pub struct Catalog {
     clock: Arc<dyn Clock>,
     /// The agent whose reservations this handle admits ([`Catalog::with_holder`]).
     holder: Option<Arc<str>>,
+    /// The key S3 secrets are sealed with ([`Catalog::with_key`]).
+    key: Option<Arc<secrets::CatalogKey>>,
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -156,6 +159,7 @@ impl Catalog {
             dialect,
             clock,
             holder: None,
+            key: None,
         })
     }
 
@@ -365,7 +369,10 @@ pub mod testing {
         out.push(
             Catalog::open_with_clock(&sqlite, clock.clone())
                 .await
-                .expect("open sqlite catalog"),
+                .expect("open sqlite catalog")
+                .with_key(crate::secrets::CatalogKey::generate().expect("a key"))
+                .await
+                .expect("key the catalog"),
         );
         if let Some(admin) = postgres_url() {
             let url = fresh_postgres(&admin)
@@ -374,7 +381,10 @@ pub mod testing {
             out.push(
                 Catalog::open_with_clock(&url, clock)
                     .await
-                    .expect("open postgres catalog"),
+                    .expect("open postgres catalog")
+                    .with_key(crate::secrets::CatalogKey::generate().expect("a key"))
+                    .await
+                    .expect("key the catalog"),
             );
         }
         out

@@ -570,3 +570,118 @@ async fn dangerous_policies_are_rejected() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_secrets_are_sealed_with_a_key_kept_outside_the_database() {
+    use strata_catalog::secrets::CatalogKey;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/c.db", dir.path().display());
+    let key = CatalogKey::generate().unwrap();
+    let cat = Catalog::open(&url)
+        .await
+        .unwrap()
+        .with_key(key.clone())
+        .await
+        .unwrap();
+    cat.create_team(SYSTEM, "team-a").await.unwrap();
+    let made = cat
+        .create_principal(
+            SYSTEM,
+            &NewPrincipal {
+                name: "loader".into(),
+                kind: PrincipalKind::S3Key,
+                team: Some("team-a".into()),
+                role: None,
+                admin: false,
+            },
+        )
+        .await
+        .unwrap();
+    let (access, secret) = (made.access_key.unwrap(), made.secret_key.unwrap());
+    assert_eq!(cat.s3_key(&access).await.unwrap().unwrap().0, secret);
+    cat.close().await;
+    // The database files alone: the access key is there, the secret is not.
+    let mut dump = Vec::new();
+    for f in std::fs::read_dir(dir.path()).unwrap() {
+        let f = f.unwrap();
+        if f.file_name().to_string_lossy().starts_with("c.db") {
+            dump.extend(std::fs::read(f.path()).unwrap());
+        }
+    }
+    let has = |needle: &str| dump.windows(needle.len()).any(|w| w == needle.as_bytes());
+    assert!(has(&access) && !has(&secret));
+    // Another key is refused at once, and changes nothing; no key reads no secret.
+    let e = Catalog::open(&url)
+        .await
+        .unwrap()
+        .with_key(CatalogKey::generate().unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    let bare = Catalog::open(&url).await.unwrap();
+    assert_eq!(
+        bare.s3_key(&access).await.unwrap_err().kind(),
+        ErrorKind::Config
+    );
+    bare.close().await;
+    let again = Catalog::open(&url)
+        .await
+        .unwrap()
+        .with_key(CatalogKey::from_hex(&key.to_hex()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(again.s3_key(&access).await.unwrap().unwrap().0, secret);
+    // A sealed value is bound to its principal: moved to another row, it does not open.
+    let sealed = key.seal("p_one", "s3cret").unwrap();
+    assert_eq!(key.open("p_one", &sealed).unwrap(), "s3cret");
+    assert_eq!(
+        key.open("p_two", &sealed).unwrap_err().kind(),
+        ErrorKind::Corrupt
+    );
+    assert!(!sealed.contains("s3cret"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_agent_and_reconciliation_release_what_dead_writers_reserved() {
+    each(async |cat, clock| {
+        cat.create_team(SYSTEM, "team-a").await.unwrap();
+        let limits = QuotaLimits {
+            hard_bytes: Some(100),
+            ..Default::default()
+        };
+        cat.set_quota(SYSTEM, "team-a", "default", &limits)
+            .await
+            .unwrap();
+        // Agent 1 admits 90 bytes and dies; agent 2 holds 5. The reservations stay held (a day's TTL).
+        let one = cat.clone().with_holder("agent-1");
+        let two = cat.clone().with_holder("agent-2");
+        one.reserve("team-a", "default", 90, 1, 86_400)
+            .await
+            .unwrap();
+        two.reserve("team-a", "default", 5, 1, 86_400)
+            .await
+            .unwrap();
+        let refused = cat.reserve("team-a", "default", 10, 1, 86_400).await;
+        assert_eq!(refused.unwrap_err().kind(), ErrorKind::ResourceExhausted);
+        // Agent 1 starts again: it releases its own, and only its own.
+        assert_eq!(
+            cat.clone()
+                .with_holder("agent-1")
+                .release_held()
+                .await
+                .unwrap(),
+            1
+        );
+        let q = cat.quota("team-a", "default").await.unwrap();
+        assert_eq!(q.reserved_bytes, 5);
+        // A reconciliation releases reservations older than an hour on its scope.
+        assert_eq!(cat.release_stale("default", 3600).await.unwrap(), 0);
+        clock.advance(3601);
+        assert_eq!(cat.release_stale("default", 3600).await.unwrap(), 1);
+        assert_eq!(
+            cat.quota("team-a", "default").await.unwrap().reserved_bytes,
+            0
+        );
+    })
+    .await;
+}

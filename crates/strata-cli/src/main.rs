@@ -254,6 +254,10 @@ struct ServeArgs {
         hide_env_values = true
     )]
     cluster_secret: Option<String>,
+    /// The key the catalog's S3 secrets are sealed with: 64 hex digits (from the environment; default:
+    /// <data-dir>/catalog.key, made on first start). Agents sharing a PostgreSQL catalog set the same one.
+    #[arg(long, env = "STRATA_CATALOG_KEY", hide = true, hide_env_values = true)]
+    catalog_key: Option<String>,
     /// A gateway access key of the `root` principal (with STRATA_SECRET_KEY), added to the configured keys.
     #[arg(long, env = "STRATA_ACCESS_KEY", hide = true, hide_env_values = true)]
     access_key: Option<String>,
@@ -464,6 +468,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
         admin_token: a.admin_token,
         root_key: a.access_key.zip(a.secret_key),
         cluster_secret: a.cluster_secret,
+        catalog_key: a.catalog_key,
     })?;
     let shutdown = async {
         let mut term =

@@ -82,6 +82,12 @@ impl Ownership {
         }
     }
 
+    /// Forget the cached prefixes: a change made through this agent takes effect here at once (other agents
+    /// see it within [`TTL`]).
+    pub fn invalidate(&self) {
+        *self.prefixes.lock() = None;
+    }
+
     /// Every owned prefix (at most [`TTL`] old).
     pub async fn owned(&self) -> Result<Arc<Vec<OwnedPrefix>>> {
         if let Some((at, p)) = self.prefixes.lock().as_ref()

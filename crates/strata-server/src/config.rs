@@ -266,6 +266,8 @@ pub struct Overrides {
     pub root_key: Option<(String, String)>,
     /// `STRATA_CLUSTER_SECRET`: the secret agents of a cluster authenticate to each other with.
     pub cluster_secret: Option<String>,
+    /// `STRATA_CATALOG_KEY`: the key the catalog's S3 secrets are sealed with (64 hex digits).
+    pub catalog_key: Option<String>,
 }
 
 /// A validated configuration with every default resolved.
@@ -299,6 +301,8 @@ pub struct Resolved {
     pub peers: Vec<String>,
     /// The cluster secret ([`Overrides::cluster_secret`], else `[cluster] secret_file`), if any.
     pub cluster_secret: Option<String>,
+    /// The catalog key from [`Overrides::catalog_key`]; `None`: `<data_dir>/catalog.key`.
+    pub catalog_key: Option<String>,
 }
 
 impl Config {
@@ -524,6 +528,7 @@ impl Config {
             });
         }
         Ok(Resolved {
+            catalog_key: o.catalog_key.clone().filter(|k| !k.trim().is_empty()),
             peers,
             cluster_secret,
             catalog_url,

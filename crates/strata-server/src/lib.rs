@@ -121,7 +121,10 @@ impl Agent {
         let catalog = strata_catalog::Catalog::open(&config.catalog_url)
             .await
             .map_err(|e| e.context("opening the catalog"))?
-            .with_holder(&agent_id(&config.data_dir)?);
+            .with_holder(&agent_id(&config.data_dir)?)
+            .with_key(catalog_key(&config)?)
+            .await
+            .map_err(|e| e.context("the catalog key"))?;
         // Writes admitted by this agent's previous run died with it: their reservations go back now, not when
         // they expire.
         let released = catalog.release_held().await?;
@@ -495,5 +498,34 @@ fn agent_id(data_dir: &std::path::Path) -> Result<String> {
                 .map_err(|e| Error::from_io(e, format!("writing {}", path.display())))?;
             Ok(id)
         }
+    }
+}
+
+/// The key the catalog's S3 secrets are sealed with: `STRATA_CATALOG_KEY`, else `<data-dir>/catalog.key`
+/// (made on first start, mode 0600).
+fn catalog_key(config: &config::Resolved) -> Result<strata_catalog::secrets::CatalogKey> {
+    use strata_catalog::secrets::CatalogKey;
+    if let Some(k) = &config.catalog_key {
+        return CatalogKey::from_hex(k).map_err(|e| e.context("STRATA_CATALOG_KEY"));
+    }
+    let path = config.data_dir.join("catalog.key");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => CatalogKey::from_hex(&text).map_err(|e| e.context(path.display().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let key = CatalogKey::generate()?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| Error::from_io(e, format!("creating {}", path.display())))?;
+            f.write_all(format!("{}\n", key.to_hex()).as_bytes())
+                .and_then(|()| f.sync_all())
+                .map_err(|e| Error::from_io(e, format!("writing {}", path.display())))?;
+            Ok(key)
+        }
+        Err(e) => Err(Error::from_io(e, format!("reading {}", path.display()))),
     }
 }

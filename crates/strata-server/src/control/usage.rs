@@ -147,7 +147,10 @@ pub(super) async fn set_prefix(
     p.require_admin()?;
     let req: PrefixBody = body(&b)?;
     configured_backend(&a, &req.backend)?;
-    ok(a.catalog()
+    let owned = a
+        .catalog()
         .set_prefix_owner(&p.id, &req.backend, &req.prefix, &req.team)
-        .await?)
+        .await?;
+    a.ownership().invalidate();
+    ok(owned)
 }

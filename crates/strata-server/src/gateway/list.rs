@@ -1,26 +1,110 @@
 //! Listings: ListObjectsV2 and ListObjects (V1), one core for both ([`Gateway::list`]), continuation tokens.
+//!
+//! A listing shows only what the caller may read ([`Tenancy::visible`]), and nothing else of it leaks: pages
+//! are filled from visible entries only, `IsTruncated` says whether more *visible* entries follow,
+//! `KeyCount` counts what is shown, V1's `NextMarker` is the last key shown, and V2 continuation tokens are
+//! sealed (ChaCha20-Poly1305 under a key derived from the catalog key, bound to the bucket and prefix): a
+//! client can neither read the position in one nor forge one.
 
 use super::attributes::*;
-use super::checksums::hex;
 use super::*;
 
-pub(super) fn token_encode(key: &str) -> String {
-    hex(key.as_bytes())
-}
-
-pub(super) fn token_decode(t: &str) -> S3Result<String> {
-    let bad = || s3_error!(InvalidArgument, "the continuation token is not valid");
-    if !t.len().is_multiple_of(2) {
-        return Err(bad());
-    }
-    let bytes: Option<Vec<u8>> = (0..t.len())
-        .step_by(2)
-        .map(|i| t.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
-        .collect();
-    String::from_utf8(bytes.ok_or_else(bad)?).map_err(|_| bad())
-}
+/// Entries a ListObjectsV2 request looks at, at most, to fill one page with visible ones: past that it answers
+/// truncated, continuing from where it stopped (a sealed position). V1, whose marker is a key in clear, scans
+/// on until the page is full.
+const SCAN_LIMIT: usize = 50_000;
 
 impl Gateway {
+    fn token_encode(&self, bucket: &str, prefix: &str, after: &str) -> S3Result<String> {
+        let sealed = self
+            .tokens
+            .seal(&format!("{bucket}\0{prefix}"), after)
+            .map_err(s3err)?;
+        Ok(sealed.trim_start_matches("enc1:").to_string())
+    }
+
+    fn token_decode(&self, bucket: &str, prefix: &str, t: &str) -> S3Result<String> {
+        self.tokens
+            .open(&format!("{bucket}\0{prefix}"), &format!("enc1:{t}"))
+            .map_err(|_| s3_error!(InvalidArgument, "the continuation token is not valid"))
+    }
+
+    /// Up to `max` entries after `after` that `caller` may see, and the position to continue from when more
+    /// visible entries follow; with `sealed` (the position goes out in a sealed token) the scan stops after
+    /// [`SCAN_LIMIT`] entries.
+    #[allow(clippy::too_many_arguments)]
+    async fn visible_list(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        bucket: &str,
+        caller: &Caller,
+        prefix: &str,
+        delimiter: Option<&str>,
+        after: Option<&str>,
+        max: usize,
+        sealed: bool,
+    ) -> S3Result<(Vec<Object>, Vec<CommonPrefix>, Option<String>)> {
+        let (mut objects, mut prefixes) = (Vec::new(), Vec::new());
+        let mut pos = after.map(str::to_string);
+        let mut scanned = 0usize;
+        if max == 0 {
+            // Validates the request as a listing would.
+            self.list(ctx, backend, prefix, delimiter, pos.as_deref(), 0)
+                .await?;
+            return Ok((objects, prefixes, None));
+        }
+        loop {
+            // One more than the page: whether a visible entry follows decides IsTruncated.
+            let want = (max + 1 - objects.len() - prefixes.len()).clamp(1, 1000);
+            let (o, p, next) = self
+                .list(ctx, backend, prefix, delimiter, pos.as_deref(), want)
+                .await?;
+            scanned += o.len() + p.len();
+            let last_seen = o
+                .iter()
+                .filter_map(|o| o.key.clone())
+                .chain(p.iter().filter_map(|p| p.prefix.clone()))
+                .max();
+            let (o, p) = self.tenancy.visible(bucket, caller, o, p).await?;
+            let mut entries: Vec<(String, Option<Object>)> = o
+                .into_iter()
+                .map(|o| (o.key.clone().unwrap_or_default(), Some(o)))
+                .chain(
+                    p.into_iter()
+                        .map(|p| (p.prefix.clone().unwrap_or_default(), None)),
+                )
+                .collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            for (key, o) in entries {
+                if objects.len() + prefixes.len() == max {
+                    // A visible entry follows the page: continue after the page's last one.
+                    let last = objects
+                        .iter()
+                        .filter_map(|o: &Object| o.key.clone())
+                        .chain(
+                            prefixes
+                                .iter()
+                                .filter_map(|p: &CommonPrefix| p.prefix.clone()),
+                        )
+                        .max();
+                    return Ok((objects, prefixes, last));
+                }
+                match o {
+                    Some(o) => objects.push(o),
+                    None => prefixes.push(CommonPrefix { prefix: Some(key) }),
+                }
+            }
+            match next {
+                None => return Ok((objects, prefixes, None)),
+                Some(n) => pos = Some(n.max(last_seen.unwrap_or_default())),
+            }
+            if sealed && scanned >= SCAN_LIMIT {
+                return Ok((objects, prefixes, pos));
+            }
+        }
+    }
+
     pub(super) fn object_entry(meta: &ObjectMeta) -> Object {
         Object {
             key: Some(meta.key.clone()),
@@ -116,28 +200,31 @@ impl Gateway {
         let token = input
             .continuation_token
             .as_deref()
-            .map(token_decode)
+            .map(|t| self.token_decode(&input.bucket, &prefix, t))
             .transpose()?;
         let after = match (token, input.start_after.clone()) {
             (Some(t), Some(s)) => Some(t.max(s)),
             (t, s) => t.or(s),
         };
+        // Keys under a prefix owned by a team the caller may not read are not shown, nor counted.
         let (objects, prefixes, next) = self
-            .list(
+            .visible_list(
                 &ctx,
                 &backend,
+                &input.bucket,
+                &who.caller,
                 &prefix,
                 input.delimiter.as_deref(),
                 after.as_deref(),
                 max,
+                true,
             )
             .await?;
-        // Keys under a prefix owned by a team the caller may not read are not shown.
-        let (objects, prefixes) = self
-            .tenancy
-            .visible(&input.bucket, &who.caller, objects, prefixes)
-            .await?;
         let key_count = (objects.len() + prefixes.len()) as i32;
+        let next_token = next
+            .as_deref()
+            .map(|n| self.token_encode(&input.bucket, &prefix, n))
+            .transpose()?;
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(input.bucket),
             prefix: input.prefix,
@@ -145,7 +232,7 @@ impl Gateway {
             max_keys: Some(max as i32),
             key_count: Some(key_count),
             is_truncated: Some(next.is_some()),
-            next_continuation_token: next.as_deref().map(token_encode),
+            next_continuation_token: next_token,
             continuation_token: input.continuation_token,
             start_after: input.start_after,
             contents: Some(objects),
@@ -165,20 +252,20 @@ impl Gateway {
         let backend = self.backend(&input.bucket)?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let max = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;
+        // Keys under a prefix owned by a team the caller may not read are not shown; NextMarker is the last key
+        // shown.
         let (objects, prefixes, next) = self
-            .list(
+            .visible_list(
                 &ctx,
                 &backend,
+                &input.bucket,
+                &who.caller,
                 &prefix,
                 input.delimiter.as_deref(),
                 input.marker.as_deref(),
                 max,
+                false,
             )
-            .await?;
-        // Keys under a prefix owned by a team the caller may not read are not shown.
-        let (objects, prefixes) = self
-            .tenancy
-            .visible(&input.bucket, &who.caller, objects, prefixes)
             .await?;
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),

@@ -91,6 +91,8 @@ pub struct Gateway {
     keys: HashMap<String, AccessKey>,
     region: String,
     tenancy: Tenancy,
+    /// Seals ListObjectsV2 continuation tokens ([`list`]).
+    tokens: strata_catalog::secrets::CatalogKey,
 }
 
 /// An authenticated request's caller.
@@ -144,7 +146,9 @@ impl Gateway {
             agent.ownership().clone(),
             agent.config().catalog.reservation_ttl_secs,
         );
+        let tokens = agent.catalog().derived_key("listing continuation tokens")?;
         Ok(Self {
+            tokens,
             tenancy,
             agent,
             staging,
