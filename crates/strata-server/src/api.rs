@@ -15,22 +15,23 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use strata_types::{Error, IoContext};
+use strata_types::{Error, ErrorKind, IoContext};
 
 use crate::Agent;
 use crate::access::Caller;
-use crate::http::{ApiError, ApiResult, Plane, Route, RouteDoc, io_context};
+use crate::http::{Access, ApiError, ApiResult, Plane, Route, RouteDoc, io_context};
 use strata_catalog::{Principal, Role};
 
 /// The data-plane routes (and `/healthz`, `/metrics`), for the route table of [`crate::routes`].
 pub fn routes() -> Vec<Route> {
-    let r = |method, path, summary, access, plane, h| {
+    let r = |method, path, summary, access, rule, plane, h| {
         (
             RouteDoc {
                 method,
                 path,
                 summary,
                 access,
+                rule,
                 plane,
             },
             h,
@@ -42,14 +43,16 @@ pub fn routes() -> Vec<Route> {
             "/healthz",
             "Liveness",
             "anyone",
+            Access::Public,
             Plane::Public,
             get(healthz),
         ),
         r(
             "GET",
             "/metrics",
-            "Prometheus metrics",
-            "any principal",
+            "Prometheus metrics (per-team forecasts included)",
+            "admin",
+            Access::Admin,
             Plane::Data,
             get(metrics),
         ),
@@ -58,6 +61,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/cache",
             "Cache statistics",
             "any principal",
+            Access::Any,
             Plane::Data,
             get(cache_stats),
         ),
@@ -66,6 +70,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/backends",
             "Configured backends",
             "any principal",
+            Access::Any,
             Plane::Data,
             get(backends),
         ),
@@ -74,6 +79,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/cache/warm",
             "Prefetch a prefix (NDJSON progress)",
             "reader of the teams owning the prefix and any owned prefix under it",
+            Access::Location(Role::Reader),
             Plane::Data,
             post(warm),
         ),
@@ -82,6 +88,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/cache/pin",
             "Pin a prefix in the cache",
             "member of the teams owning the prefix and any owned prefix under it; charged to the owner",
+            Access::Location(Role::Member),
             Plane::Data,
             post(pin),
         ),
@@ -90,6 +97,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/cache/unpin",
             "Unpin a prefix",
             "member of the team the pin is charged to",
+            Access::Owner(Role::Member),
             Plane::Data,
             post(unpin),
         ),
@@ -98,6 +106,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/read",
             "Read an object through the cache: ?location=",
             "reader of the team owning the key (any principal outside owned prefixes)",
+            Access::Location(Role::Reader),
             Plane::Data,
             get(read),
         ),
@@ -106,6 +115,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/prefetch",
             "Start fetching an object (or its Range) into the cache: ?location=",
             "reader of the team owning the key (any principal outside owned prefixes)",
+            Access::Location(Role::Reader),
             Plane::Data,
             post(prefetch),
         ),
@@ -116,15 +126,46 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}))
 }
 
-async fn metrics(State(agent): State<Arc<Agent>>) -> impl IntoResponse {
+async fn metrics(
+    State(agent): State<Arc<Agent>>,
+    Extension(principal): Extension<Principal>,
+) -> ApiResult<Response> {
+    // Per-team forecasts are in it: an operator's view.
+    principal.require_admin()?;
     let mut text = agent.telemetry().metrics().render();
     text.push_str(&crate::metrics::render_cache(&agent.cache().stats()));
     text.push_str(&crate::metrics::render_forecasts(&agent));
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
-async fn cache_stats(State(agent): State<Arc<Agent>>) -> Json<strata_cache::CacheStats> {
-    Json(agent.cache().stats())
+async fn cache_stats(
+    State(agent): State<Arc<Agent>>,
+    Extension(principal): Extension<Principal>,
+) -> ApiResult<Json<strata_cache::CacheStats>> {
+    let mut stats = agent.cache().stats();
+    // Pins name prefixes: a caller sees those it may read.
+    if !principal.is_admin {
+        let owned = agent.ownership().owned().await?;
+        stats.pins.retain(|pin| {
+            let name = agent
+                .backends()
+                .iter()
+                .find(|b| &**b.backend.id() == pin.backend.as_str())
+                .map_or(pin.backend.as_str(), |b| b.name.as_str());
+            let prefix = pin.prefix.as_str();
+            // The pin's own owner, and every owned prefix beneath it, as a warm-up would check.
+            strata_catalog::inventory::owner_in(&owned, name, prefix)
+                .into_iter()
+                .chain(
+                    owned
+                        .iter()
+                        .filter(|p| p.backend == name && p.prefix.starts_with(prefix))
+                        .map(|p| p.team.clone()),
+                )
+                .all(|t| principal.can(&t, Role::Reader))
+        });
+    }
+    Ok(Json(stats))
 }
 
 #[derive(Serialize)]
@@ -335,16 +376,24 @@ async fn unpin(
     Json(req): Json<PinRequest>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let (backend, prefix) = agent.resolve(&req.location)?;
-    // The pin belongs to the team it is charged to: only its members (or an administrator) remove it. A pin
-    // with no team (an administrator's) only an administrator removes.
+    // The pin belongs to the team it is charged to: only its members (or an administrator) remove it; its
+    // readers are told so. To anyone else (and for a pin with no team, an administrator's) there is no pin.
     if !principal.is_admin {
         let rec = agent
             .catalog()
             .object(CACHE_SCOPE, &pin_key(&backend, &prefix))
             .await?;
         match rec.and_then(|r| r.team) {
-            Some(team) => principal.require(&team, Role::Member)?,
-            None => principal.require_admin()?,
+            Some(team) if principal.can(&team, Role::Reader) => {
+                principal.require(&team, Role::Member)?
+            }
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("no pin of your teams at {}", req.location),
+                )
+                .into());
+            }
         }
     }
     let removed = agent.cache().unpin(backend.id(), &prefix)?;

@@ -72,6 +72,47 @@ pub enum Plane {
     Control,
 }
 
+/// Who may call a route, as a rule the handlers enforce and the tenancy tests check: the structured form of
+/// [`RouteDoc::access`], published in `/openapi.json` as `x-strata-access`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone, without a token.
+    Public,
+    /// Any principal; what it lists is only what it may see.
+    Any,
+    /// Global administrators.
+    Admin,
+    /// The role in the team the request names (`{team}`, or the body's or query's `team`).
+    Team(strata_catalog::Role),
+    /// The role in the team that owns the resource the request names (`{id}`, `{principal}`, a pin); to
+    /// others the resource does not exist (404).
+    Owner(strata_catalog::Role),
+    /// The role in the team owning the location the request names (prefix ownership, [`crate::access`]).
+    Location(strata_catalog::Role),
+    /// The role in the caller's own team, whose resources (replicas, handed-over saves) are the only ones it
+    /// names.
+    OwnTeam(strata_catalog::Role),
+}
+
+impl Access {
+    /// The rule as JSON (`{"rule": "team", "role": "member"}`).
+    pub fn to_json(self) -> serde_json::Value {
+        let (rule, role) = match self {
+            Access::Public => ("public", None),
+            Access::Any => ("any", None),
+            Access::Admin => ("admin", None),
+            Access::Team(r) => ("team", Some(r)),
+            Access::Owner(r) => ("owner", Some(r)),
+            Access::Location(r) => ("location", Some(r)),
+            Access::OwnTeam(r) => ("own_team", Some(r)),
+        };
+        match role {
+            Some(r) => serde_json::json!({"rule": rule, "role": r.as_str()}),
+            None => serde_json::json!({"rule": rule}),
+        }
+    }
+}
+
 /// Documentation of one route, the source of `/openapi.json`.
 #[derive(Debug, Clone, Copy)]
 pub struct RouteDoc {
@@ -81,8 +122,10 @@ pub struct RouteDoc {
     pub path: &'static str,
     /// What it does.
     pub summary: &'static str,
-    /// Who may call it.
+    /// Who may call it, in words.
     pub access: &'static str,
+    /// Who may call it, as a rule.
+    pub rule: Access,
     /// The part of the API it belongs to.
     pub plane: Plane,
 }

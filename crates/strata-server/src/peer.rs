@@ -40,7 +40,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::Agent;
 use crate::access::Caller;
-use crate::http::{ApiError, Plane, Route, RouteDoc};
+use crate::http::{Access, ApiError, Plane, Route, RouteDoc};
 
 /// Largest replica accepted in one request (a shard, streamed to disk).
 const MAX_REPLICA: u64 = 64 << 30;
@@ -49,13 +49,28 @@ const MAX_DOCUMENT: usize = 16 << 20;
 
 /// Routes of the peer API, for the route table of [`crate::routes`].
 pub fn routes() -> Vec<Route> {
-    let r = |method, path, summary, h: axum::routing::MethodRouter<Arc<Agent>>| {
+    let r = |method: &'static str, path, summary, h: axum::routing::MethodRouter<Arc<Agent>>| {
+        let (access, rule) = match (method, path) {
+            ("POST", "/v1/ckpt/handoff") => (
+                "member where the save's files go (local_dir, remote_url); peers of the cluster only",
+                Access::Location(Role::Member),
+            ),
+            ("GET", _) => (
+                "reader of the caller's own team (its replicas and handoffs only), or an agent of the cluster for the team it names",
+                Access::OwnTeam(Role::Reader),
+            ),
+            _ => (
+                "member of the caller's own team (its replicas only), or an agent of the cluster for the team it names",
+                Access::OwnTeam(Role::Member),
+            ),
+        };
         (
             RouteDoc {
                 method,
                 path,
                 summary,
-                access: "the caller's team (reader to read, member to write), or an agent of the cluster for the team it names",
+                access,
+                rule,
                 plane: Plane::Peer,
             },
             h.layer(DefaultBodyLimit::max(MAX_DOCUMENT)),

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::routing::get;
 
 use crate::Agent;
-use crate::http::{Plane, Route, RouteDoc};
+use crate::http::{Access, Plane, Route, RouteDoc};
 
 /// Every route of the API, with its documentation.
 pub fn table() -> Vec<Route> {
@@ -19,6 +19,7 @@ pub fn table() -> Vec<Route> {
             path: "/openapi.json",
             summary: "This document",
             access: "anyone",
+            rule: Access::Public,
             plane: Plane::Public,
         },
         get(openapi),
@@ -55,6 +56,7 @@ pub fn openapi_doc() -> serde_json::Value {
         let mut op = serde_json::json!({
             "summary": d.summary,
             "description": format!("Access: {}.", d.access),
+            "x-strata-access": d.rule.to_json(),
             "parameters": params,
             "responses": {
                 "200": {"description": "OK (JSON)"},

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use http::{Method, Request};
 use serde_json::{Value, json};
-use strata_ckpt::{CheckpointConfig, Checkpointer, Overlap, Retention, Tier};
 use strata_server::config::Config;
 use support::*;
 use tower::ServiceExt;
@@ -240,49 +239,6 @@ async fn a_replica_is_streamed_to_disk_not_held_in_memory() {
         .path()
         .join("d/peer-checkpoints/teams/team-a/run-big/step-00000000000000000002");
     assert_eq!(std::fs::read_dir(&dir2).map_or(0, |d| d.count()), 0);
-}
-
-/// Save step 1 of `run` (one rank) into the local tier `dir`, as a training process does before it hands the
-/// save over.
-async fn local_save(dir: &Path, run: &str) {
-    let ck = Checkpointer::new(
-        CheckpointConfig {
-            run_id: run.into(),
-            rank: 0,
-            world_size: 1,
-            local_is_shared: false,
-            local: Tier::Local(dir.to_path_buf()),
-            remote: None,
-            peers: Vec::new(),
-            self_peer: None,
-            replicas: 0,
-            upload_every: 1,
-            keep_local: Retention::default(),
-            keep_remote: Retention::default(),
-            overlap: Overlap::Wait,
-            commit_timeout: Duration::from_secs(10),
-            handoff: None,
-            quota: None,
-        },
-        strata_types::IoContext::default(),
-    )
-    .unwrap();
-    let t = vec![strata_ckpt::blob(
-        "w",
-        bytes::Bytes::from(vec![7u8; 100_000]),
-    )];
-    let rt = tokio::runtime::Handle::current();
-    let h = ck.save(&rt, 1, t, Default::default()).await.unwrap();
-    let _ = h.wait().await;
-}
-
-fn handoff_body(run: &str, local: &Path, remote: Option<String>, peers: Vec<String>) -> Value {
-    json!({
-        "run_id": run, "step": 1, "rank": 0, "world_size": 1, "upload": remote.is_some(),
-        "local_dir": local, "remote_url": remote, "peers": peers, "self_peer": null,
-        "replicas": if peers.is_empty() { 0 } else { 1 }, "keep_local": 0, "keep_remote": 1,
-        "keep_every": null, "commit_timeout_ms": 5000
-    })
 }
 
 async fn handoff_verdict(e: &Env, token: &str, run: &str) -> Value {

@@ -27,7 +27,8 @@ mod usage;
 
 use axum::routing::{delete, get, post, put};
 
-use crate::http::{Plane, Route, RouteDoc};
+use crate::http::{Access, Plane, Route, RouteDoc};
+use strata_catalog::Role;
 
 pub use auth::{bootstrap_admin, require_token};
 pub use forecasts::compute_forecasts;
@@ -37,13 +38,14 @@ pub use state::{AccessLog, ForecastLine};
 pub use strata_client::token::admin_token_file;
 
 macro_rules! r {
-    ($m:literal, $p:literal, $s:literal, $a:literal, $h:expr) => {
+    ($m:literal, $p:literal, $s:literal, $a:literal, $rule:expr, $h:expr) => {
         (
             RouteDoc {
                 method: $m,
                 path: $p,
                 summary: $s,
                 access: $a,
+                rule: $rule,
                 plane: Plane::Control,
             },
             $h,
@@ -59,6 +61,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/whoami",
             "The calling principal and its memberships",
             "any principal",
+            Access::Any,
             get(teams::whoami)
         ),
         r!(
@@ -66,6 +69,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/teams",
             "Teams the caller can see",
             "any principal (admins see all)",
+            Access::Any,
             get(teams::list_teams)
         ),
         r!(
@@ -73,6 +77,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/teams",
             "Create a team: {\"name\"}",
             "admin",
+            Access::Admin,
             post(teams::create_team)
         ),
         r!(
@@ -80,6 +85,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/teams/{team}",
             "One team",
             "reader of the team",
+            Access::Team(Role::Reader),
             get(teams::get_team)
         ),
         r!(
@@ -87,6 +93,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/teams/{team}",
             "Delete a team that owns nothing",
             "admin",
+            Access::Admin,
             delete(teams::delete_team)
         ),
         r!(
@@ -94,6 +101,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/teams/{team}/members",
             "Members of a team",
             "reader of the team",
+            Access::Team(Role::Reader),
             get(teams::list_members)
         ),
         r!(
@@ -101,6 +109,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/teams/{team}/members/{principal}",
             "Add a member or change its role: {\"role\"}",
             "team_admin of the team",
+            Access::Team(Role::TeamAdmin),
             put(teams::set_member)
         ),
         r!(
@@ -108,6 +117,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/teams/{team}/members/{principal}",
             "Remove a member",
             "team_admin of the team",
+            Access::Team(Role::TeamAdmin),
             delete(teams::remove_member)
         ),
         r!(
@@ -115,6 +125,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/tokens",
             "Principals (tokens and S3 keys) of a team: ?team=",
             "team_admin of the team (admins: all)",
+            Access::Team(Role::TeamAdmin),
             get(teams::list_tokens)
         ),
         r!(
@@ -122,6 +133,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/tokens",
             "Create a bearer token or an S3 key pair: {\"name\",\"kind\",\"team\",\"role\",\"admin\"}; the secret is returned once",
             "team_admin of the team (admin for admin principals)",
+            Access::Team(Role::TeamAdmin),
             post(teams::create_token)
         ),
         r!(
@@ -129,6 +141,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/tokens/{id}",
             "Revoke a principal's credential",
             "team_admin of its team, or itself",
+            Access::Owner(Role::TeamAdmin),
             delete(teams::revoke_token)
         ),
         r!(
@@ -136,6 +149,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/quotas",
             "Quotas and usage counters of the visible teams",
             "any principal",
+            Access::Any,
             get(quotas::list_quotas)
         ),
         r!(
@@ -143,6 +157,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/quotas/{team}",
             "Quotas and usage counters of a team",
             "reader of the team",
+            Access::Team(Role::Reader),
             get(quotas::team_quotas)
         ),
         r!(
@@ -150,6 +165,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/quotas/{team}/{scope}",
             "Set a team's limits on a scope (a backend, cache, scratch, peer, ckpt, or * for its total)",
             "admin",
+            Access::Admin,
             put(quotas::set_quota)
         ),
         r!(
@@ -157,6 +173,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/quotas/{team}/{scope}/reserve",
             "Admit a write before its bytes are accepted: {\"bytes\",\"objects\",\"ttl_secs\"}; 429 resource_exhausted over the limit",
             "member of the team",
+            Access::Team(Role::Member),
             post(quotas::reserve)
         ),
         r!(
@@ -164,6 +181,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/quotas/{team}/{scope}/free",
             "Correct usage counters by hand: {\"bytes\",\"objects\"} given back (never below zero)",
             "admin",
+            Access::Admin,
             post(quotas::free_usage)
         ),
         r!(
@@ -171,6 +189,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/quotas/{team}/{scope}/deleted",
             "Checkpoint shards deleted from a local tier (scope ckpt): {\"prefix\"}; gives back exactly what was charged for them",
             "member of the team",
+            Access::Team(Role::Member),
             post(quotas::deleted)
         ),
         r!(
@@ -178,6 +197,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/reservations/{id}/commit",
             "Charge an admitted write: {\"bytes\",\"objects\"} actually written; on scope ckpt {\"key\"} records the shard",
             "member of its team",
+            Access::Owner(Role::Member),
             post(quotas::commit_reservation)
         ),
         r!(
@@ -185,6 +205,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/reservations/{id}/release",
             "Give an admitted write back",
             "member of its team",
+            Access::Owner(Role::Member),
             post(quotas::release_reservation)
         ),
         r!(
@@ -192,6 +213,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/usage",
             "Usage grouped ?by=team|prefix|job|dataset",
             "any principal (only visible teams)",
+            Access::Any,
             get(usage::usage)
         ),
         r!(
@@ -199,6 +221,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/usage/reconcile",
             "List a backend completely and correct the inventory and usage: {\"backend\"}",
             "admin",
+            Access::Admin,
             post(usage::reconcile)
         ),
         r!(
@@ -206,6 +229,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/usage/scan",
             "Scan a local-directory backend's tree in parallel (like a parallel file system's project quota) and set each team's usage on it from the projects (top-level directories) it owns: {\"backend\",\"threads\"}",
             "admin",
+            Access::Admin,
             post(usage::scan_backend)
         ),
         r!(
@@ -213,6 +237,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/prefixes",
             "Owned prefixes of the visible teams",
             "any principal",
+            Access::Any,
             get(usage::list_prefixes)
         ),
         r!(
@@ -220,6 +245,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/prefixes",
             "Give a prefix to a team: {\"backend\",\"prefix\",\"team\"}",
             "admin",
+            Access::Admin,
             put(usage::set_prefix)
         ),
         r!(
@@ -227,6 +253,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/policies",
             "Retention policies of the visible teams",
             "any principal",
+            Access::Any,
             get(lifecycle::list_policies)
         ),
         r!(
@@ -234,6 +261,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/policies",
             "Add a retention policy (ttl, stale, keep_last)",
             "team_admin of its team",
+            Access::Team(Role::TeamAdmin),
             post(lifecycle::add_policy)
         ),
         r!(
@@ -241,6 +269,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/policies/{id}",
             "Delete a retention policy",
             "team_admin of its team",
+            Access::Owner(Role::TeamAdmin),
             delete(lifecycle::delete_policy)
         ),
         r!(
@@ -248,6 +277,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/protections",
             "Pins and claims of the visible teams",
             "any principal",
+            Access::Any,
             get(lifecycle::list_protections)
         ),
         r!(
@@ -255,6 +285,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/protections",
             "Pin data, or claim it for a job until an expiry",
             "member of its team",
+            Access::Team(Role::Member),
             post(lifecycle::add_protection)
         ),
         r!(
@@ -262,6 +293,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/protections/{id}",
             "Remove a pin or claim",
             "member of its team",
+            Access::Owner(Role::Member),
             delete(lifecycle::delete_protection)
         ),
         r!(
@@ -269,6 +301,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/cleanup/plans",
             "Clean-up plans of the visible teams",
             "any principal",
+            Access::Any,
             get(lifecycle::list_plans)
         ),
         r!(
@@ -276,6 +309,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/cleanup/plans",
             "Plan a clean-up (a dry run): {\"team\"}",
             "member of the team (admin for every team)",
+            Access::Team(Role::Member),
             post(lifecycle::make_plan)
         ),
         r!(
@@ -283,6 +317,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/cleanup/plans/{id}",
             "A plan and its items",
             "reader of its team",
+            Access::Owner(Role::Reader),
             get(lifecycle::get_plan)
         ),
         r!(
@@ -290,6 +325,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/cleanup/plans/{id}/run",
             "Execute a plan within caps: {\"max_objects\",\"max_bytes\",\"max_team_percent\"}",
             "team_admin of its team",
+            Access::Owner(Role::TeamAdmin),
             post(lifecycle::run_plan)
         ),
         r!(
@@ -297,6 +333,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/cleanup/plans/{id}/restore",
             "Restore a plan's trashed items: {\"key_prefix\"}",
             "team_admin of its team",
+            Access::Owner(Role::TeamAdmin),
             post(lifecycle::restore_plan)
         ),
         r!(
@@ -304,6 +341,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/cleanup/purge",
             "Delete trash older than the grace period: {\"grace_secs\"}",
             "admin",
+            Access::Admin,
             post(lifecycle::purge)
         ),
         r!(
@@ -311,6 +349,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/forecast",
             "Days until volumes and team quotas fill, with prediction intervals and alerts",
             "any principal (only visible teams)",
+            Access::Any,
             get(forecasts::forecasts)
         ),
         r!(
@@ -318,6 +357,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/audit",
             "The audit log: ?team=&limit=",
             "reader of the team (admins: all)",
+            Access::Team(Role::Reader),
             get(forecasts::audit)
         ),
         r!(
@@ -325,6 +365,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/scratch",
             "Scratch allocations of the visible teams",
             "any principal",
+            Access::Any,
             get(scratch::list_scratch)
         ),
         r!(
@@ -332,6 +373,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/scratch",
             "Allocate scratch space: {\"team\",\"bytes\",\"ttl_secs\"}; charged to the team's scratch quota",
             "member of the team",
+            Access::Team(Role::Member),
             post(scratch::alloc_scratch)
         ),
         r!(
@@ -339,6 +381,7 @@ pub fn routes() -> Vec<Route> {
             "/v1/scratch/{id}",
             "Release a scratch allocation (its files are deleted)",
             "member of its team",
+            Access::Owner(Role::Member),
             delete(scratch::free_scratch)
         ),
     ]

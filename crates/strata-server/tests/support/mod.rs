@@ -8,6 +8,7 @@ use axum::Router;
 use axum::body::Body;
 use http::{Method, Request};
 use serde_json::{Value, json};
+use std::path::Path;
 use strata_server::config::{Config, Overrides};
 use strata_server::{Agent, control, routes};
 use tower::ServiceExt;
@@ -122,4 +123,76 @@ pub async fn token_for(e: &Env, name: &str, team: &str, role: &str) -> String {
     )
     .await;
     v["token"].as_str().unwrap().to_string()
+}
+
+/// Save step 1 of `run` (one rank) into the local tier `dir`, as a training process does before it hands the
+/// save over.
+pub async fn local_save(dir: &Path, run: &str) {
+    use std::time::Duration;
+    use strata_ckpt::{CheckpointConfig, Checkpointer, Overlap, Retention, Tier};
+    let ck = Checkpointer::new(
+        CheckpointConfig {
+            run_id: run.into(),
+            rank: 0,
+            world_size: 1,
+            local_is_shared: false,
+            local: Tier::Local(dir.to_path_buf()),
+            remote: None,
+            peers: Vec::new(),
+            self_peer: None,
+            replicas: 0,
+            upload_every: 1,
+            keep_local: Retention::default(),
+            keep_remote: Retention::default(),
+            overlap: Overlap::Wait,
+            commit_timeout: Duration::from_secs(10),
+            handoff: None,
+            quota: None,
+        },
+        strata_types::IoContext::default(),
+    )
+    .unwrap();
+    let t = vec![strata_ckpt::blob(
+        "w",
+        bytes::Bytes::from(vec![7u8; 100_000]),
+    )];
+    let rt = tokio::runtime::Handle::current();
+    let h = ck.save(&rt, 1, t, Default::default()).await.unwrap();
+    let _ = h.wait().await;
+}
+
+pub fn handoff_body(run: &str, local: &Path, remote: Option<String>, peers: Vec<String>) -> Value {
+    json!({
+        "run_id": run, "step": 1, "rank": 0, "world_size": 1, "upload": remote.is_some(),
+        "local_dir": local, "remote_url": remote, "peers": peers, "self_peer": null,
+        "replicas": if peers.is_empty() { 0 } else { 1 }, "keep_local": 0, "keep_remote": 1,
+        "keep_every": null, "commit_timeout_ms": 5000
+    })
+}
+
+/// A call with a raw body; the answer's status and body as text.
+pub async fn call_raw(
+    app: &Router,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, String) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-length", body.len());
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = app
+        .clone()
+        .oneshot(req.body(Body::from(body)).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20)
+        .await
+        .unwrap();
+    (status, String::from_utf8_lossy(&bytes).into())
 }
