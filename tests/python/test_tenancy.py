@@ -6,8 +6,11 @@ import os
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import boto3
+import botocore
 import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
@@ -579,3 +582,171 @@ def test_listings_show_and_count_only_what_the_caller_may_read(tenancy):
     with pytest.raises(ClientError) as e:
         nlp.list_objects_v2(Bucket="default", Prefix="other/", ContinuationToken=token)
     assert code_of(e.value) == ("InvalidArgument", 400)
+
+
+def _s3(gw, access, secret):
+    return boto3.client("s3", endpoint_url=gw.endpoint, aws_access_key_id=access, aws_secret_access_key=secret,
+                        region_name="us-east-1",
+                        config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}))
+
+
+def test_gateway_matrix_every_operation_and_every_caller_on_another_teams_prefix(tenancy):
+    """Every S3 operation x every kind of caller, aimed at team vision's prefix: what each role may do there
+    works, everything else is refused (403) and changes nothing; listings show the prefix only to readers."""
+    gw, keys, _ = tenancy
+    made = {}
+    for team in ("vision", "nlp"):
+        for role in ("reader", "member", "team_admin"):
+            made[(team, role)] = cli_json(gw, "token", "create", "--name", f"mx-{team}-{role}", "--team", team,
+                                          "--role", role, "--s3")
+    made[("admin", "")] = cli_json(gw, "token", "create", "--name", "mx-admin", "--admin", "--s3")
+    callers = {f"{t}-{r}" if r else t: _s3(gw, k["access_key"], k["secret_key"]) for (t, r), k in made.items()}
+    anon = boto3.client("s3", endpoint_url=gw.endpoint, region_name="us-east-1",
+                        config=Config(signature_version=botocore.UNSIGNED, retries={"max_attempts": 1},
+                                      s3={"addressing_style": "path"}))
+    callers["anonymous"] = anon
+    callers["forged-key"] = _s3(gw, "SKNOSUCHKEY00000000", "x" * 40)
+    callers["forged-secret"] = _s3(gw, made[("vision", "member")]["access_key"], "y" * 40)
+    owner = callers["vision-member"]
+    B = "default"
+    owner.put_object(Bucket=B, Key="vision/mx/secret.bin", Body=b"vision's secret")
+    owner.put_object(Bucket=B, Key="vision/mx/victim.bin", Body=b"vision's victim")
+    open_src = "open-mx/src.bin"
+    callers["nlp-member"].put_object(Bucket=B, Key=open_src, Body=b"open bytes")
+    upload = owner.create_multipart_upload(Bucket=B, Key="vision/mx/mp.bin")["UploadId"]
+    need = {  # the role each operation needs in the team owning vision/
+        "get": "reader", "head": "reader", "presigned_get": "reader", "list_v2": "reader", "list_v1": "reader",
+        "copy_out": "member",  # reads vision's object, and writes outside owned prefixes: a member's act
+        "put": "member", "copy_in": "member", "delete": "member",
+        "delete_objects": "member", "create_multipart": "member", "upload_part": "member",
+        "complete_multipart": "member", "abort_multipart": "member",
+    }
+
+    def op(name, c):
+        if name == "get":
+            return c.get_object(Bucket=B, Key="vision/mx/secret.bin")["Body"].read()
+        if name == "head":
+            return c.head_object(Bucket=B, Key="vision/mx/secret.bin")["ContentLength"]
+        if name == "presigned_get":
+            url = c.generate_presigned_url("get_object", Params={"Bucket": B, "Key": "vision/mx/secret.bin"},
+                                           ExpiresIn=60)
+            try:
+                return urllib.request.urlopen(url).read()
+            except urllib.error.HTTPError as e:
+                raise ClientError({"Error": {"Code": "AccessDenied"},
+                                   "ResponseMetadata": {"HTTPStatusCode": e.code}}, "GetObject") from e
+        if name == "list_v2":
+            r = c.list_objects_v2(Bucket=B, Prefix="vision/mx/")
+            return [o["Key"] for o in r.get("Contents", [])]
+        if name == "list_v1":
+            r = c.list_objects(Bucket=B, Prefix="vision/mx/", MaxKeys=1)
+            return [o["Key"] for o in r.get("Contents", [])] + [r.get("NextMarker", "")]
+        if name == "copy_out":
+            return c.copy_object(Bucket=B, Key="open-mx/stolen.bin",
+                                 CopySource={"Bucket": B, "Key": "vision/mx/secret.bin"})
+        if name == "put":
+            return c.put_object(Bucket=B, Key="vision/mx/victim.bin", Body=b"overwritten")
+        if name == "copy_in":
+            return c.copy_object(Bucket=B, Key="vision/mx/victim.bin", CopySource={"Bucket": B, "Key": open_src})
+        if name == "delete":
+            return c.delete_object(Bucket=B, Key="vision/mx/victim.bin")
+        if name == "delete_objects":
+            r = c.delete_objects(Bucket=B, Delete={"Objects": [{"Key": "vision/mx/victim.bin"}]})
+            if r.get("Errors"):
+                raise ClientError({"Error": {"Code": r["Errors"][0]["Code"]},
+                                   "ResponseMetadata": {"HTTPStatusCode": 403}}, "DeleteObjects")
+            return r
+        if name == "create_multipart":
+            return c.create_multipart_upload(Bucket=B, Key="vision/mx/new.bin")
+        if name == "upload_part":
+            return c.upload_part(Bucket=B, Key="vision/mx/mp.bin", UploadId=upload, PartNumber=1, Body=b"p")
+        if name == "complete_multipart":
+            return c.complete_multipart_upload(Bucket=B, Key="vision/mx/mp.bin", UploadId=upload,
+                                               MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"x"'}]})
+        if name == "abort_multipart":
+            return c.abort_multipart_upload(Bucket=B, Key="vision/mx/mp.bin", UploadId=upload)
+        raise AssertionError(name)
+
+    rank = {"reader": 1, "member": 2, "team_admin": 3}
+
+    def allowed(who, name):
+        if name in ("upload_part", "complete_multipart", "abort_multipart"):
+            return who == "vision-member"  # an upload's steps belong to the key that started it
+        if who == "admin":
+            return True
+        team, _, role = who.partition("-")
+        return team == "vision" and role in rank and rank[role] >= rank[need[name]]
+
+    def state():
+        got = {}
+        for k in ("vision/mx/secret.bin", "vision/mx/victim.bin"):
+            o = owner.get_object(Bucket=B, Key=k)
+            got[k] = (o["Body"].read(), o["ETag"])
+        got["parts"] = owner.list_parts(Bucket=B, Key="vision/mx/mp.bin", UploadId=upload).get("Parts", [])
+        got["usage"] = used(gw, "vision")["used_bytes"]
+        return got
+
+    before = state()
+    refused = 0
+    for name in need:
+        for who, c in callers.items():
+            if allowed(who, name):
+                continue
+            if name in ("list_v2", "list_v1") and who not in ("anonymous", "forged-key", "forged-secret"):
+                # A listing is answered, with nothing of the prefix in it (keys, markers, counts).
+                assert op(name, c) in ([], [""]), (who, name)
+                refused += 1
+                continue
+            with pytest.raises(ClientError) as e:
+                op(name, c)
+            status = e.value.response["ResponseMetadata"]["HTTPStatusCode"]
+            assert status == 403, (who, name, e.value.response)
+            refused += 1
+    assert refused >= 90, refused
+    assert state() == before, "a refused operation changed team vision's data"
+    with pytest.raises(ClientError):
+        owner.head_object(Bucket=B, Key="open-mx/stolen.bin")
+    # What each role may do works (the changing ones last, in an order that keeps their targets there).
+    for name in need:
+        for who, c in callers.items():
+            if not allowed(who, name) or name in ("delete", "delete_objects", "complete_multipart",
+                                                  "abort_multipart"):
+                continue
+            op(name, c)
+    callers["vision-member"].abort_multipart_upload(Bucket=B, Key="vision/mx/mp.bin", UploadId=upload)
+    for who in ("vision-member", "vision-team_admin", "admin"):
+        callers["vision-member"].put_object(Bucket=B, Key="vision/mx/victim.bin", Body=b"again")
+        op("delete", callers[who])
+
+
+def test_another_teams_object_in_unowned_space_stays_its_own(tenancy):
+    """Outside owned prefixes anyone reads, but an object written there by one team is overwritten or deleted
+    only by that team (which would otherwise hand that team's usage back)."""
+    gw, keys, _ = tenancy
+    vision, nlp = s3_for(gw, keys["vision"]), s3_for(gw, keys["nlp"])
+    key = "shared-space/vision-wrote-this.bin"
+    vision.put_object(Bucket="default", Key=key, Body=b"v" * 1000)
+    usage = used(gw, "vision")["used_bytes"]
+    assert nlp.get_object(Bucket="default", Key=key)["Body"].read() == b"v" * 1000
+    for attempt in (lambda: nlp.put_object(Bucket="default", Key=key, Body=b"n"),
+                    lambda: nlp.delete_object(Bucket="default", Key=key),
+                    lambda: nlp.copy_object(Bucket="default", Key=key,
+                                            CopySource={"Bucket": "default", "Key": key})):
+        with pytest.raises(ClientError) as e:
+            attempt()
+        assert code_of(e.value) == ("AccessDenied", 403), e.value.response
+    r = nlp.delete_objects(Bucket="default", Delete={"Objects": [{"Key": key}]})
+    assert r.get("Errors") and r["Errors"][0]["Code"] == "AccessDenied", r
+    assert vision.get_object(Bucket="default", Key=key)["Body"].read() == b"v" * 1000
+    assert used(gw, "vision")["used_bytes"] == usage
+    vision.delete_object(Bucket="default", Key=key)
+
+
+def test_an_xml_body_over_the_limit_is_a_clear_400(tenancy):
+    gw, keys, _ = tenancy
+    s3 = s3_for(gw, keys["vision"])
+    objects = [{"Key": "vision/" + "k" * 1000 + f"/{i}"} for i in range(21_000)]   # about 21 MiB of XML
+    with pytest.raises(ClientError) as e:
+        s3.delete_objects(Bucket="default", Delete={"Objects": objects})
+    assert code_of(e.value) == ("MaxMessageLengthExceeded", 400), e.value.response
+    s3.list_objects_v2(Bucket="default", Prefix="vision/")   # the gateway is fine

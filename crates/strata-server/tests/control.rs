@@ -851,3 +851,36 @@ async fn request_bodies_with_unknown_fields_are_refused_and_change_nothing() {
         e.agent.catalog().close().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_up_that_cannot_list_answers_its_error_not_200() {
+    let envs = envs_with(|_| {
+        let mut c = Config::default();
+        c.retry.max_retries = 0;
+        c.backends = vec![strata_server::config::BackendSection {
+            name: "gone".into(),
+            url: "s3://gone-bucket".into(),
+            options: strata_object::BackendOptions {
+                endpoint: Some("http://127.0.0.1:1".into()),
+                region: Some("us-east-1".into()),
+                access_key_id: Some("k".into()),
+                secret_access_key: Some("s".into()),
+                ..Default::default()
+            },
+        }];
+        c
+    })
+    .await;
+    for e in envs {
+        let (s, v) = call(
+            &e.app,
+            Method::POST,
+            "/v1/cache/warm",
+            Some(&e.admin),
+            Some(json!({"location": "gone/data/"})),
+        )
+        .await;
+        assert_eq!(s, 503, "{v}");
+        assert_eq!(v["error"], "unavailable", "{v}");
+    }
+}
