@@ -372,7 +372,7 @@ impl Backend {
 
     /// Metadata of `key`.
     pub async fn head(&self, ctx: &IoContext, key: &str) -> Result<ObjectMeta> {
-        let path = to_path(key)?;
+        let path = read_path(key)?;
         let what = format!("HEAD {}/{key}", self.inner.id);
         self.observe(ctx, Op::Head, key, |_| 0, async {
             self.inner
@@ -406,7 +406,7 @@ impl Backend {
 
     /// The whole object.
     pub async fn get(&self, ctx: &IoContext, key: &str) -> Result<(ObjectMeta, Bytes)> {
-        let path = to_path(key)?;
+        let path = read_path(key)?;
         let what = format!("GET {}/{key}", self.inner.id);
         self.observe(
             ctx,
@@ -472,7 +472,7 @@ impl Backend {
         range: Range<u64>,
         if_match: Option<&str>,
     ) -> Result<Bytes> {
-        let path = to_path(key)?;
+        let path = read_path(key)?;
         if range.end <= range.start {
             return Ok(Bytes::new());
         }
@@ -514,7 +514,7 @@ impl Backend {
         range: Range<u64>,
         if_match: Option<&str>,
     ) -> Result<futures::stream::BoxStream<'static, Result<Bytes>>> {
-        let path = to_path(key)?;
+        let path = read_path(key)?;
         let what = format!(
             "GET {}/{key} bytes {}-{}",
             self.inner.id,
@@ -568,7 +568,7 @@ impl Backend {
         ObjectMeta,
         futures::stream::BoxStream<'static, Result<Bytes>>,
     )> {
-        let path = to_path(key)?;
+        let path = read_path(key)?;
         let what = format!("GET {}/{key} bytes 0-{}", self.inner.id, len.max(1) - 1);
         let start = Instant::now();
         let r = self
@@ -695,6 +695,40 @@ impl Backend {
             .await
     }
 
+    /// On a local directory an object is a file: `a/b` cannot be written while `a/b/c` exists (`a/b` is a
+    /// directory), nor `a/b/c` while `a/b` does (a file cannot hold files). Either is a clear
+    /// [`ErrorKind::InvalidInput`] naming the conflict, checked before any byte is written.
+    fn local_conflict(&self, key: &str) -> Result<()> {
+        let Some(fs) = &self.inner.local else {
+            return Ok(());
+        };
+        let segments: Vec<&str> = key.split('/').collect();
+        for i in 0..segments.len() {
+            let here = segments[..=i].join("/");
+            let Ok(p) = fs.path_to_filesystem(&Path::from(here.as_str())) else {
+                return Ok(());
+            };
+            let last = i + 1 == segments.len();
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if !last && !m.is_dir() => {
+                    return Err(Error::invalid_input(format!(
+                        "{key:?} cannot be stored: {here:?} is an object, and a local-directory backend cannot hold \
+                         objects beneath an object"
+                    )));
+                }
+                Ok(m) if last && m.is_dir() => {
+                    return Err(Error::invalid_input(format!(
+                        "{key:?} cannot be stored: objects exist beneath it ({key}/...), and a local-directory \
+                         backend cannot hold both"
+                    )));
+                }
+                Ok(_) => {}
+                Err(_) => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
     /// The attributes to send with a write: object stores keep them natively; a local directory keeps them in
     /// an extended attribute instead ([`Self::keep_local_attrs`]).
     fn attributes(&self, attrs: &ObjectAttrs) -> object_store::Attributes {
@@ -770,6 +804,7 @@ impl Backend {
         attrs: &ObjectAttrs,
     ) -> Result<PutOutcome> {
         let path = to_path(key)?;
+        self.local_conflict(key)?;
         let attributes = self.attributes(attrs);
         let what = format!("PUT {}/{key}", self.inner.id);
         let len = bytes.len() as u64;
@@ -828,6 +863,7 @@ impl Backend {
         attrs: &ObjectAttrs,
     ) -> Result<MultipartUpload> {
         let path = to_path(key)?;
+        self.local_conflict(key)?;
         let what = format!("multipart PUT {}/{key}", self.inner.id);
         let policy = Arc::new(PartRetry {
             policy: self.inner.retry,
@@ -1050,6 +1086,10 @@ impl Backend {
 
     /// Delete `key`. Deleting a missing key succeeds (S3 semantics).
     pub async fn delete(&self, ctx: &IoContext, key: &str) -> Result<()> {
+        if key.ends_with('/') && validate_key(key).is_ok() {
+            // No object can exist there: deleting it deletes nothing (and never `P` for `P/`).
+            return Ok(());
+        }
         let path = to_path(key)?;
         let what = format!("DELETE {}/{key}", self.inner.id);
         self.observe(ctx, Op::Delete, key, |_| 0, async {
@@ -1069,7 +1109,8 @@ impl Backend {
 
     /// Server-side copy of `from` to `to` inside this backend.
     pub async fn copy(&self, ctx: &IoContext, from: &str, to: &str) -> Result<()> {
-        let (src, dst) = (to_path(from)?, to_path(to)?);
+        let (src, dst) = (read_path(from)?, to_path(to)?);
+        self.local_conflict(to)?;
         let what = format!("COPY {}/{from} -> {to}", self.inner.id);
         self.observe(ctx, Op::Copy, to, |_| 0, async {
             self.inner
@@ -1249,9 +1290,28 @@ fn offset_path(s: &str) -> Option<Path> {
     Path::parse(s).ok().filter(|p| p.as_ref() == s)
 }
 
+/// The store's path of a key written or copied to. A key ending in `/` is refused: the stores' paths cannot
+/// tell `P/` from `P`, and writing one must never change the other.
 fn to_path(key: &str) -> Result<Path> {
     validate_key(key)?;
+    if key.ends_with('/') {
+        return Err(Error::invalid_input(format!(
+            "the key {key:?} ends in '/': this backend cannot keep it apart from {:?}, so it is refused",
+            key.trim_end_matches('/')
+        )));
+    }
     Path::parse(key).map_err(|e| Error::invalid_input(format!("invalid object key {key:?}: {e}")))
+}
+
+/// The store's path of a key read: a key ending in `/` names no object (none can be written, see [`to_path`]).
+fn read_path(key: &str) -> Result<Path> {
+    if key.ends_with('/') && validate_key(key).is_ok() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no object {key:?}"),
+        ));
+    }
+    to_path(key)
 }
 
 /// Split a listing prefix into the directory to list and the name prefix to filter by.

@@ -109,7 +109,26 @@ impl Ownership {
         key: &str,
         need: Role,
     ) -> Result<Option<String>> {
-        let owner = owner_in(&self.owned().await?, backend, key);
+        let owned = self.owned().await?;
+        let owner = owner_in(&owned, backend, key);
+        // A key naming a directory above a team's owned prefix (`team-a` above `team-a/`) is that team's to
+        // write: as a file of a local directory it would block every write under the prefix.
+        if need > Role::Reader && !caller.is_root() && !key.ends_with('/') {
+            let dir = format!("{key}/");
+            if let Some(p) = owned.iter().find(|p| {
+                p.backend == backend && p.prefix.starts_with(&dir) && !caller.can(&p.team, need)
+            }) {
+                return Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "{backend}/{key} would stand in the way of team {:?}'s prefix {:?}; writing it needs the role {} there",
+                        p.team,
+                        p.prefix,
+                        need.as_str()
+                    ),
+                ));
+            }
+        }
         match owner {
             Some(team) if !caller.can(&team, need) => Err(denied(backend, key, &team, need)),
             // Outside owned prefixes anyone may read; writing (or pinning) takes the role in the caller's
