@@ -20,6 +20,7 @@ pub mod http;
 mod metrics;
 pub mod peer;
 pub mod routes;
+pub mod schemas;
 mod sys;
 
 use std::collections::HashMap;

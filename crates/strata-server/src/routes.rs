@@ -47,12 +47,15 @@ pub fn router(agent: Arc<Agent>) -> Router {
 pub fn openapi_doc() -> serde_json::Value {
     let mut paths = serde_json::Map::new();
     for (d, _) in table() {
-        let params: Vec<serde_json::Value> = d
+        let mut params: Vec<serde_json::Value> = d
             .path
             .split('/')
             .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
             .map(|name| serde_json::json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
             .collect();
+        for (name, required, schema) in crate::schemas::query(d.method, d.path) {
+            params.push(serde_json::json!({"name": name, "in": "query", "required": required, "schema": schema}));
+        }
         let mut op = serde_json::json!({
             "summary": d.summary,
             "description": format!("Access: {}.", d.access),
@@ -69,6 +72,17 @@ pub fn openapi_doc() -> serde_json::Value {
         });
         if d.plane == Plane::Public {
             op["security"] = serde_json::json!([]);
+        }
+        if let Some(schema) = crate::schemas::request_body(d.method, d.path) {
+            op["requestBody"] = serde_json::json!({
+                "required": true,
+                "content": {"application/json": {"schema": schema}},
+            });
+        } else if crate::schemas::binary_body(d.method, d.path) {
+            op["requestBody"] = serde_json::json!({
+                "required": true,
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            });
         }
         let entry = paths
             .entry(d.path.to_string())
@@ -91,6 +105,24 @@ async fn openapi() -> axum::Json<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_body_route_documents_its_body() {
+        // Routes that take no body although they change something.
+        const NO_BODY: &[(&str, &str)] = &[("POST", "/v1/prefetch")];
+        for (d, _) in table() {
+            if !matches!(d.method, "POST" | "PUT") || NO_BODY.contains(&(d.method, d.path)) {
+                continue;
+            }
+            assert!(
+                crate::schemas::request_body(d.method, d.path).is_some()
+                    || crate::schemas::binary_body(d.method, d.path),
+                "{} {} takes a body /openapi.json does not describe: add it to schemas.rs",
+                d.method,
+                d.path
+            );
+        }
+    }
 
     #[test]
     fn every_route_is_in_the_table_once() {
