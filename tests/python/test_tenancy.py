@@ -794,3 +794,64 @@ def test_local_directory_keys_never_alias_and_conflicts_are_clear(tenancy):
                                       MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
     assert code_of(e.value)[1] == 400, e.value.response
     assert nlp.get_object(Bucket="default", Key="open-d/below")["Body"].read() == b"b"
+
+
+def _api(gw, method, path, token, body=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(gw.api + path, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_replicas_are_the_writing_teams(tenancy):
+    """Peer replicas are the writing team's: another team names its own store with the same run."""
+    gw, _, _ = tenancy
+    v_member = cli_json(gw, "token", "create", "--name", "rep-v", "--team", "vision")["token"]
+    n_member = cli_json(gw, "token", "create", "--name", "rep-n", "--team", "nlp")["token"]
+    shard = "/v1/peer/ckpt/run-rep/1/rank-00000.safetensors"
+    assert _api(gw, "PUT", shard, v_member, raw=b"vision's replica")[0] == 204
+    status, body = _api(gw, "GET", shard, n_member)
+    assert status == 404 and b"vision's replica" not in body, (status, body)
+    assert _api(gw, "PUT", shard, n_member, raw=b"nlp's")[0] == 204
+    assert _api(gw, "DELETE", "/v1/peer/ckpt/run-rep/1", n_member)[0] == 204
+    assert _api(gw, "GET", shard, v_member) == (200, b"vision's replica")
+
+
+def test_a_handoff_goes_only_where_its_caller_may_write(tenancy):
+    """A handoff goes only where its caller may write, and never carries the agent's credential to a URL the
+    caller chose (a listener on loopback gets no connection)."""
+    import socket
+    import numpy as np
+    import strata
+
+    gw, _, _ = tenancy
+    n_member = cli_json(gw, "token", "create", "--name", "hand-n", "--team", "nlp")["token"]
+    n_reader = cli_json(gw, "token", "create", "--name", "hand-nr", "--team", "nlp", "--role", "reader")["token"]
+    # Vision's checkpoint on the agent's local backend; nlp tries to have it copied out, or pushed to its URL.
+    v_dir = os.path.join(gw.mount, "vision", "ckpt-rep")
+    ck = strata.Checkpointer("run-v", v_dir, rank=0, world_size=1, agent="")
+    assert ck.save(1, {"w": np.ones(1000, dtype=np.float32)}).wait() == "done"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(1.0)
+    chosen = f"127.0.0.1:{listener.getsockname()[1]}"
+    hand = {"run_id": "run-v", "step": 1, "rank": 0, "world_size": 1, "upload": False, "local_dir": v_dir,
+            "remote_url": None, "peers": [], "self_peer": None, "replicas": 0, "keep_local": 0,
+            "keep_remote": 0, "keep_every": None, "commit_timeout_ms": 2000}
+    status, body = _api(gw, "POST", "/v1/ckpt/handoff", n_member,
+                        dict(hand, remote_url=f"file://{gw.mount}/nlp/stolen"))
+    assert status == 403, (status, body)
+    status, body = _api(gw, "POST", "/v1/ckpt/handoff", n_reader, dict(hand, local_dir=os.path.join(
+        gw.mount, "nlp"), peers=[chosen], replicas=1, upload=False))
+    assert status == 403, (status, body)
+    with pytest.raises(socket.timeout):
+        conn, _ = listener.accept()
+        conn.settimeout(2)
+        raise AssertionError(f"the agent called the caller's URL: {conn.recv(4096)!r}")
+    listener.close()
+    assert not os.path.exists(os.path.join(gw.mount, "nlp", "stolen"))
