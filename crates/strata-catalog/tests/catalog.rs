@@ -685,3 +685,41 @@ async fn a_restarted_agent_and_reconciliation_release_what_dead_writers_reserved
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_objects_record_and_its_charge_land_together_or_not_at_all() {
+    each(async |cat, _clock| {
+        if cat.dialect() != strata_catalog::Dialect::Postgres {
+            // The fault below is PostgreSQL's (SQLite turns an overflowing sum into a float).
+            return;
+        }
+        cat.create_team(SYSTEM, "team-a").await.unwrap();
+        // The charge is refused by the database (the counter would overflow): the record must not stay.
+        cat.set_usage("team-a", "default", i64::MAX - 5, 0)
+            .await
+            .unwrap();
+        let rec = ObjectRecord {
+            backend: "default".into(),
+            key: "k".into(),
+            size: 100,
+            etag: "e".into(),
+            modified_at: T0,
+            team: Some("team-a".into()),
+            principal: None,
+            job: None,
+            dataset: None,
+            accessed_at: None,
+        };
+        assert!(cat.commit_write(Vec::new(), &rec).await.is_err());
+        assert!(cat.object("default", "k").await.unwrap().is_none());
+        // And a delete whose give-back fails leaves the record (and the charge) in place.
+        cat.set_usage("team-a", "default", 0, 0).await.unwrap();
+        cat.commit_write(Vec::new(), &rec).await.unwrap();
+        cat.set_usage("team-a", "default", i64::MIN + 5, 0)
+            .await
+            .unwrap();
+        assert!(cat.commit_delete("default", "k").await.is_err());
+        assert!(cat.object("default", "k").await.unwrap().is_some());
+    })
+    .await;
+}

@@ -554,3 +554,70 @@ fn help_explains_the_commands() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("--concurrency"));
 }
+
+#[test]
+fn a_killed_agent_releases_its_reservations_when_it_starts_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(dir.path(), &[]);
+    let post = |a: &Agent, path: &str, body: serde_json::Value| {
+        reqwest::blocking_like::request(
+            ::reqwest::Method::POST,
+            &format!("{}{path}", a.api),
+            Some(body),
+            &[],
+        )
+    };
+    let put = |a: &Agent, path: &str, body: serde_json::Value| {
+        reqwest::blocking_like::request(
+            ::reqwest::Method::PUT,
+            &format!("{}{path}", a.api),
+            Some(body),
+            &[],
+        )
+    };
+    assert_eq!(
+        post(&agent, "/v1/teams", serde_json::json!({"name": "t"})).status,
+        200
+    );
+    assert_eq!(
+        put(
+            &agent,
+            "/v1/quotas/t/default",
+            serde_json::json!({"hard_bytes": 100})
+        )
+        .status,
+        200
+    );
+    // A writer admitted for 90 of 100 bytes; the agent is killed before the write commits.
+    let r = post(
+        &agent,
+        "/v1/quotas/t/default/reserve",
+        serde_json::json!({"bytes": 90}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let refused = post(
+        &agent,
+        "/v1/quotas/t/default/reserve",
+        serde_json::json!({"bytes": 20}),
+    );
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    agent.kill();
+    // Started again on its data directory, it gives back what it held (not a day later).
+    let agent = Agent::start(dir.path(), &[]);
+    let q = agent.get("/v1/quotas/t").json();
+    let row = q
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["scope"] == "default")
+        .cloned()
+        .unwrap();
+    assert_eq!(row["reserved_bytes"], 0, "{q}");
+    let again = post(
+        &agent,
+        "/v1/quotas/t/default/reserve",
+        serde_json::json!({"bytes": 20}),
+    );
+    assert_eq!(again.status, 200, "{}", again.text());
+    agent.terminate();
+}
