@@ -28,8 +28,9 @@ use strata_types::{Error, ErrorKind, IoContext, Result};
 
 use crate::reconcile::{TRASH_PREFIX, list_all, listed};
 
-/// Limits on one run.
+/// Limits on one run (a request body: a misspelled cap is an error, never no cap).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Caps {
     /// Most items moved to the trash by this plan, over all its runs.
     pub max_objects: Option<u64>,

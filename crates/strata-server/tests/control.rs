@@ -848,6 +848,64 @@ async fn request_bodies_with_unknown_fields_are_refused_and_change_nothing() {
             ok(&e.app, Method::GET, "/v1/quotas/team-b", &e.admin, None).await,
             before
         );
+        // Every body whose fields are all optional (where a typo would silently mean "no value"), from the
+        // route table: an unknown field is refused.
+        let plan = ok(
+            &e.app,
+            Method::POST,
+            "/v1/cleanup/plans",
+            &e.admin,
+            Some(json!({"team": "team-b"})),
+        )
+        .await["plan"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let reservation = ok(
+            &e.app,
+            Method::POST,
+            "/v1/quotas/team-b/default/reserve",
+            &e.admin,
+            Some(json!({"bytes": 1})),
+        )
+        .await["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let mut optional_only = 0;
+        for (d, _) in routes::table() {
+            let Some(schema) = strata_server::schemas::request_body(d.method, d.path) else {
+                continue;
+            };
+            if !schema["required"].as_array().unwrap().is_empty() {
+                continue;
+            }
+            let path = d
+                .path
+                .replace("{team}", "team-b")
+                .replace("{scope}", "default")
+                .replace(
+                    "{id}",
+                    if d.path.starts_with("/v1/cleanup") {
+                        &plan
+                    } else {
+                        &reservation
+                    },
+                );
+            let method = Method::from_bytes(d.method.as_bytes()).unwrap();
+            let (s, v) = call(
+                &e.app,
+                method,
+                &path,
+                Some(&e.admin),
+                Some(json!({"zz_unknown": 1})),
+            )
+            .await;
+            assert_eq!(s, 400, "{} {path}: {v}", d.method);
+            assert!(v.to_string().contains("unknown field"), "{path}: {v}");
+            optional_only += 1;
+        }
+        assert!(optional_only >= 6, "{optional_only}");
         e.agent.catalog().close().await;
     }
 }

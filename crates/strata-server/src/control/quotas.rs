@@ -204,12 +204,21 @@ pub(super) async fn commit_reservation(
     ok(serde_json::json!({"committed": id}))
 }
 
+/// A body that must be empty (or `{}`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EmptyBody {}
+
 pub(super) async fn release_reservation(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(id): UrlPath<String>,
+    b: Bytes,
 ) -> ApiResult<Json> {
     let r = visible_reservation(&a, &p, &id).await?;
+    if !b.is_empty() {
+        let _: EmptyBody = body(&b)?;
+    }
     a.catalog().release_reservation(&r).await?;
     ok(serde_json::json!({"released": id}))
 }
