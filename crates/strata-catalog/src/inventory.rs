@@ -208,13 +208,9 @@ impl Catalog {
         tx: &mut sqlx::AnyConnection,
         rec: &ObjectRecord,
     ) -> Result<Option<ObjectRecord>> {
-        self.lock_row(tx, &rec.backend, &rec.key).await?;
-        let prev = self.object_in(tx, &rec.backend, &rec.key).await?;
+        let prev = self.take_row(tx, &rec.backend, &rec.key).await?;
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO objects ({OBJ_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-             ON CONFLICT (backend, key) DO UPDATE SET size = excluded.size, etag = excluded.etag, \
-               modified_at = excluded.modified_at, team = excluded.team, principal = excluded.principal, \
-               job = excluded.job, dataset = excluded.dataset"
+            "INSERT INTO objects ({OBJ_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
         )))
         .bind(&rec.backend)
         .bind(&rec.key)
@@ -225,23 +221,36 @@ impl Catalog {
         .bind(rec.principal.as_deref())
         .bind(rec.job.as_deref())
         .bind(rec.dataset.as_deref())
-        .bind(rec.accessed_at)
+        // An overwrite keeps the object's last access unless the write says otherwise.
+        .bind(
+            rec.accessed_at
+                .or(prev.as_ref().and_then(|p| p.accessed_at)),
+        )
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
         Ok(prev)
     }
 
-    /// Take the write lock before reading what a write replaces: a no-op write first, so that SQLite takes its
-    /// write lock (waiting for it) before the transaction reads, and PostgreSQL locks the row.
-    async fn lock_row(&self, tx: &mut sqlx::AnyConnection, backend: &str, key: &str) -> Result<()> {
-        sqlx::query("UPDATE objects SET size = size WHERE backend = $1 AND key = $2")
-            .bind(backend)
-            .bind(key)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        Ok(())
+    /// Remove a row and return it, as the first statement of a write's transaction: a write first, so SQLite
+    /// takes its write lock (waiting for it) before the transaction reads anything, and PostgreSQL locks the
+    /// row; the write that follows re-inserts it.
+    async fn take_row(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        backend: &str,
+        key: &str,
+    ) -> Result<Option<ObjectRecord>> {
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM objects WHERE backend = $1 AND key = $2 RETURNING {OBJ_COLS}"
+        )))
+        .bind(backend)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_err)?
+        .map(|r| object_of(&r))
+        .transpose()
     }
 
     /// Record a completed write and charge it, in one transaction (a crash leaves both or neither):
@@ -317,15 +326,7 @@ impl Catalog {
         backend: &str,
         key: &str,
     ) -> Result<Option<ObjectRecord>> {
-        self.lock_row(tx, backend, key).await?;
-        let prev = self.object_in(tx, backend, key).await?;
-        sqlx::query("DELETE FROM objects WHERE backend = $1 AND key = $2")
-            .bind(backend)
-            .bind(key)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        Ok(prev)
+        self.take_row(tx, backend, key).await
     }
 
     /// One object's record.
