@@ -15,25 +15,9 @@ use strata_server::{Agent, control, routes};
 use support::*;
 use tower::ServiceExt;
 
-/// Team B's state, as its administrator sees it (audit excluded: it is append-only by design).
+/// Team B's state, as the administrator sees it.
 async fn snapshot(e: &Env) -> Value {
-    let mut out = serde_json::Map::new();
-    for path in [
-        "/v1/teams/team-b",
-        "/v1/teams/team-b/members",
-        "/v1/quotas/team-b",
-        "/v1/policies",
-        "/v1/protections",
-        "/v1/cleanup/plans",
-        "/v1/scratch",
-        "/v1/prefixes",
-        "/v1/tokens?team=team-b",
-        "/v1/usage?by=team",
-    ] {
-        let v = ok(&e.app, Method::GET, path, &e.admin, None).await;
-        out.insert(path.into(), v);
-    }
-    Value::Object(out)
+    Value::Object(team_state(e, "team-b").await)
 }
 
 struct TeamB {

@@ -260,6 +260,20 @@ async fn handoff_verdict(e: &Env, token: &str, run: &str) -> Value {
     }
 }
 
+/// Hand step 1 of `run-a` in `dir` over (to be uploaded to `remote`) and wait for the verdict.
+async fn hand_over(e: &Env, token: &str, dir: &Path, remote: &str) -> Value {
+    let (s, v) = call(
+        &e.app,
+        Method::POST,
+        "/v1/ckpt/handoff",
+        Some(token),
+        Some(handoff_body("run-a", dir, Some(remote.to_string()), vec![])),
+    )
+    .await;
+    assert_eq!(s, 202, "{v}");
+    handoff_verdict(e, token, "run-a").await
+}
+
 /// A listener on loopback that records every request's head and answers 500.
 fn listener() -> (String, std::sync::mpsc::Receiver<String>) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -448,21 +462,13 @@ async fn a_shard_record_cannot_point_outside_its_checkpoint() {
     ] {
         rec["file"] = json!(target);
         std::fs::write(&rec_path, rec.to_string()).unwrap();
-        let (s, v) = call(
-            &e.app,
-            Method::POST,
-            "/v1/ckpt/handoff",
-            Some(&a_member),
-            Some(handoff_body(
-                "run-a",
-                &a_dir,
-                Some(format!("file://{}/team-a/r", root.display())),
-                vec![],
-            )),
+        let st = hand_over(
+            &e,
+            &a_member,
+            &a_dir,
+            &format!("file://{}/team-a/r", root.display()),
         )
         .await;
-        assert_eq!(s, 202, "{v}");
-        let st = handoff_verdict(&e, &a_member, "run-a").await;
         assert_eq!(st["state"], "failed", "{st}");
         assert_eq!(st["error_kind"], "corrupt", "{st}");
         let msg = st["error"].as_str().unwrap();
@@ -480,21 +486,13 @@ async fn a_shard_record_cannot_point_outside_its_checkpoint() {
     std::fs::write(&rec_path, rec.to_string()).unwrap();
     std::fs::remove_file(step.join("rank-00000.safetensors")).unwrap();
     std::os::unix::fs::symlink(&outside, step.join("rank-00000.safetensors")).unwrap();
-    let (s, v) = call(
-        &e.app,
-        Method::POST,
-        "/v1/ckpt/handoff",
-        Some(&a_member),
-        Some(handoff_body(
-            "run-a",
-            &a_dir,
-            Some(format!("file://{}/team-a/r2", root.display())),
-            vec![],
-        )),
+    let st = hand_over(
+        &e,
+        &a_member,
+        &a_dir,
+        &format!("file://{}/team-a/r2", root.display()),
     )
     .await;
-    assert_eq!(s, 202, "{v}");
-    let st = handoff_verdict(&e, &a_member, "run-a").await;
     assert_eq!(st["state"], "failed", "{st}");
     assert!(
         !root

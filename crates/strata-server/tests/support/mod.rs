@@ -196,3 +196,24 @@ pub async fn call_raw(
         .unwrap();
     (status, String::from_utf8_lossy(&bytes).into())
 }
+
+/// What the administrator sees of `team` over the control API (audit excluded: append-only by design).
+pub async fn team_state(e: &Env, team: &str) -> serde_json::Map<String, Value> {
+    let mut out = serde_json::Map::new();
+    for path in [
+        format!("/v1/teams/{team}"),
+        format!("/v1/teams/{team}/members"),
+        format!("/v1/quotas/{team}"),
+        "/v1/policies".into(),
+        "/v1/protections".into(),
+        "/v1/cleanup/plans".into(),
+        "/v1/scratch".into(),
+        "/v1/prefixes".into(),
+        format!("/v1/tokens?team={team}"),
+        "/v1/usage?by=team".into(),
+    ] {
+        let v = ok(&e.app, Method::GET, &path, &e.admin, None).await;
+        out.insert(path, v);
+    }
+    out
+}
