@@ -486,6 +486,26 @@ async fn every_route_and_every_caller_against_another_teams_resources() {
                 }
             }
         }
+        // What team B's own people and the administrator did to its data is audited.
+        let audit = ok(&e.app, Method::GET, "/v1/audit?team=team-b", &e.admin, None).await;
+        let actions: Vec<&str> = audit
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["action"].as_str().unwrap())
+            .collect();
+        for want in [
+            "team.create",
+            "principal.create",
+            "quota.set",
+            "prefix.own",
+            "policy.add",
+            "pin.add",
+            "cleanup.plan",
+            "scratch.alloc",
+        ] {
+            assert!(actions.contains(&want), "{want} not audited: {actions:?}");
+        }
         e.agent.catalog().close().await;
     }
 }
