@@ -380,6 +380,35 @@ def test_corrupt_tar_header_names_the_shard(tmp_path, wds_dir):
         strata.StreamingDataset(str(d))
 
 
+def _member_offsets(data):
+    """The offset of every member header of a tar."""
+    off, out = 0, []
+    while off + 512 <= len(data) and any(data[off:off + 512]):
+        size = int(data[off + 124:off + 136].strip(b"\0 ") or b"0", 8)
+        out.append(off)
+        off += 512 + (size + 511) // 512 * 512
+    return out
+
+
+def test_a_shard_cut_between_members_or_empty_is_an_error_never_fewer_samples(tmp_path, wds_dir):
+    """Cut at a block boundary between two fields of a sample, a tar has only whole blocks: without its
+    end-of-archive blocks it must still be refused, never read as fewer samples, one of them short a field."""
+    torch = pytest.importorskip("torch")
+    d = tmp_path / "cut"
+    shutil.copytree(wds_dir, d)
+    shard = d / "shard-00001.tar"
+    data = shard.read_bytes()
+    heads = _member_offsets(data)
+    shard.write_bytes(data[:heads[len(heads) // 2 + 1]])   # inside a sample, on a member boundary
+    for workers in (0, 2):
+        with pytest.raises(strata.CorruptDataError, match="shard-00001.tar.*cut short"):
+            ds = strata.StreamingDataset(str(d), shuffle=False)
+            list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers))
+    shard.write_bytes(b"")
+    with pytest.raises(strata.CorruptDataError, match="shard-00001.tar.*empty"):
+        strata.StreamingDataset(str(d))
+
+
 def test_truncated_shard_and_changed_shard_against_a_manifest(tmp_path, wds_dir):
     d = tmp_path / "t"
     shutil.copytree(wds_dir, d)

@@ -85,16 +85,31 @@ fn pax_path(data: &[u8]) -> Option<String> {
     path
 }
 
-/// Iterate over file entries of `buf` (a whole shard or one sample's span). `base` is the offset of `buf` in
-/// the shard, for error messages.
-fn entries(shard: &str, buf: &[u8], base: usize) -> Result<Vec<Entry>> {
+/// Iterate over file entries of `buf`: a whole shard (`whole`), which must end with tar's end-of-archive
+/// block, or one sample's span. `base` is the offset of `buf` in the shard, for error messages.
+fn entries(shard: &str, buf: &[u8], base: usize, whole: bool) -> Result<Vec<Entry>> {
     let mut out = Vec::new();
     let mut off = 0usize;
     let mut long_name: Option<String> = None;
     let mut entry_start: Option<usize> = None;
+    if whole && buf.is_empty() {
+        return Err(corrupt(
+            shard,
+            0,
+            "the shard is empty (0 bytes): not a tar archive",
+        ));
+    }
     loop {
         if off == buf.len() {
-            // Some writers omit the end-of-archive marker: harmless when the last entry is complete.
+            if whole {
+                // tar, webdataset and GNU tar all end an archive with zero blocks. Without them, a shard cut
+                // at a block boundary would pass for complete, its last sample short of fields.
+                return Err(corrupt(
+                    shard,
+                    base + off,
+                    "the shard ends without tar's end-of-archive blocks: it was cut short",
+                ));
+            }
             break;
         }
         if off + BLOCK > buf.len() {
@@ -204,7 +219,7 @@ pub fn split_name(name: &str) -> Option<(&str, String)> {
 /// Scan a whole shard into sample spans.
 pub fn scan(shard: &str, buf: &[u8]) -> Result<Vec<SampleSpan>> {
     let mut spans: Vec<SampleSpan> = Vec::new();
-    for e in entries(shard, buf, 0)? {
+    for e in entries(shard, buf, 0, true)? {
         let Some((key, _)) = split_name(&e.name) else {
             continue;
         };
@@ -229,7 +244,7 @@ pub fn parse_sample(
 ) -> Result<(String, Vec<(String, Bytes)>)> {
     let mut key: Option<String> = None;
     let mut fields = Vec::new();
-    for e in entries(shard, buf, span_start as usize)? {
+    for e in entries(shard, buf, span_start as usize, false)? {
         let Some((k, field)) = split_name(&e.name) else {
             continue;
         };
@@ -326,5 +341,20 @@ pub(crate) mod tests {
         let t = tar(&[("x.bin", &[7u8; 1000])]);
         let e = scan("s.tar", &t[..700]).unwrap_err();
         assert!(e.message().contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn a_shard_cut_at_a_block_boundary_or_empty_is_corrupt_not_short() {
+        let t = tar(&[("a.cls", b"1"), ("a.bin", &[7u8; 1000]), ("b.cls", b"2")]);
+        // Cut right before the second member's header: every block whole, the last sample short a field.
+        let e = scan("s.tar", &t[..1024]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert!(
+            e.message().contains("s.tar") && e.message().contains("cut short"),
+            "{e}"
+        );
+        let e = scan("e.tar", &[]).unwrap_err();
+        assert!(e.message().contains("empty"), "{e}");
+        assert_eq!(scan("s.tar", &t).unwrap().len(), 2);
     }
 }
