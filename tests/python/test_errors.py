@@ -80,3 +80,66 @@ def test_the_checkpointer_finds_its_rank_as_the_loader_does(tmp_path, monkeypatc
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(strata.InvalidInputError, match="RANK"):
         strata.Checkpointer("run-rank", str(tmp_path / "ck"))
+
+
+@pytest.mark.parametrize("failure", ["changed", "corrupt", "origin_down", "worker_killed"])
+def test_every_failure_in_a_dataloader_worker_reaches_the_training_loop(tmp_path, failure, monkeypatch):
+    """Through a DataLoader with two workers, an epoch either yields every sample of the partition or raises:
+    a shard changed after indexing, a corrupt one, the object store going away mid-epoch, a killed worker."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import torch
+    from conftest import ORIGIN_KEY, ORIGIN_SECRET, VENV_BIN, client, free_port, wait_port
+
+    d = write_wds(str(tmp_path / "ds"), 400, 50)
+    total = 400
+    url, moto = d, None
+    if failure == "origin_down":
+        port = free_port()
+        moto = subprocess.Popen([os.path.join(VENV_BIN, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(port, moto)
+        endpoint = f"http://127.0.0.1:{port}"
+        s3 = client(endpoint, ORIGIN_KEY, ORIGIN_SECRET)
+        s3.create_bucket(Bucket="down")
+        upload_dir(s3, "down", "ds", d)
+        for k, v in (("AWS_ENDPOINT_URL", endpoint), ("AWS_ACCESS_KEY_ID", ORIGIN_KEY),
+                     ("AWS_SECRET_ACCESS_KEY", ORIGIN_SECRET), ("AWS_REGION", "us-east-1"),
+                     ("AWS_ALLOW_HTTP", "true")):
+            monkeypatch.setenv(k, v)
+        url = "s3://down/ds"
+    strata.index_dataset(url)
+    shard = os.path.join(d, "shard-00005.tar")
+    data = open(shard, "rb").read()
+    if failure == "changed":
+        open(shard, "wb").write(data[: len(data) // 2])
+    elif failure == "corrupt":
+        open(shard, "wb").write(data[1024:] + b"\0" * 1024)   # same size, other bytes
+    ds = strata.StreamingDataset(url, shuffle=False)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    seen = 0
+    try:
+        if failure == "origin_down":
+            # Indexed and opened; then the store goes away before the workers read a byte of it.
+            moto.terminate()
+            moto.wait()
+        with pytest.raises(BaseException) as e:
+            it = iter(dl)
+            for _ in it:
+                seen += 1
+                if seen == 20 and failure == "worker_killed":
+                    os.kill(it._workers[0].pid, signal.SIGKILL)
+                    time.sleep(0.5)
+        assert seen < total, "the epoch ended as if complete"
+        want = {"changed": strata.ChangedError, "corrupt": (strata.CorruptDataError, strata.ChangedError),
+                "origin_down": strata.UnavailableError, "worker_killed": RuntimeError}[failure]
+        assert isinstance(e.value, want), repr(e.value)
+        if failure != "worker_killed":
+            assert "shard-00005.tar" in str(e.value) or failure == "origin_down", str(e.value)
+    finally:
+        if moto and moto.poll() is None:
+            moto.terminate()
+            moto.wait()
