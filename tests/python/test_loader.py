@@ -769,3 +769,38 @@ def test_zero_copy_with_default_collate_in_process_and_through_workers(wds_dir):
             assert kinds == {strata.Buffer}, kinds
             got.extend(batch["__key__"])
         assert sorted(got) == want
+
+
+SHARE_THEN_HANG = r"""
+import sys, time, torch, strata
+ds = strata.StreamingDataset(sys.argv[1], shuffle=False, cache="local")
+dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1)
+it = iter(dl)
+next(it)
+print("serving", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_ranks_share_socket_is_swept_at_the_next_start(s3_env, tmp_path):
+    """The share sockets live in this user's directory, named after their process; one left by a SIGKILLed
+    rank is removed when the next rank starts its share."""
+    torch = pytest.importorskip("torch")
+    d = write_wds(str(tmp_path / "sock"), 40, 10, seed=9)
+    upload_dir(s3_env, "direct", "loader/sock", d)
+    url = "s3://direct/loader/sock"
+    strata.index_dataset(url)
+    p = subprocess.Popen([sys.executable, "-c", SHARE_THEN_HANG, url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "serving"
+        sock_dir = os.path.join(tempfile.gettempdir(), f"strata-loader-{os.getuid()}")
+        mine = [f for f in os.listdir(sock_dir) if f.startswith(f"{p.pid}-")] if os.path.isdir(sock_dir) else []
+        assert mine, f"no socket of {p.pid} in {sock_dir}"
+        assert os.stat(sock_dir).st_mode & 0o777 == 0o700
+    finally:
+        p.kill()
+        p.wait()
+    assert os.path.exists(os.path.join(sock_dir, mine[0])), "left behind by the kill"
+    ds = strata.StreamingDataset(url, shuffle=False, cache="local")
+    assert len(list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1))) == 40
+    assert not os.path.exists(os.path.join(sock_dir, mine[0])), "the dead rank's socket was not swept"

@@ -81,6 +81,25 @@ pub(super) fn io_err(e: std::io::Error, what: &str) -> Error {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn sockets_of_dead_processes_are_swept_and_live_ones_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = super::server::socket_dir(tmp.path()).unwrap();
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let dead = dir.join("999999999-0.sock"); // above any pid_max
+        let live = dir.join(format!("{}-3.sock", std::process::id()));
+        let other = dir.join("notes.txt");
+        for f in [&dead, &live, &other] {
+            std::fs::write(f, b"").unwrap();
+        }
+        super::server::sweep_dead(&dir);
+        assert!(!dead.exists() && live.exists() && other.exists());
+    }
+
+    #[test]
     fn every_error_kind_and_its_retryable_flag_cross_to_the_worker() {
         for kind in ErrorKind::ALL {
             for retryable in [false, true] {

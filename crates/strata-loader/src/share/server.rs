@@ -29,7 +29,8 @@ pub struct ShareServer {
 }
 
 impl ShareServer {
-    /// Listen on a new socket under the temp directory and serve `src` (the shards of `index`) on `rt`.
+    /// Listen on a new socket in this user's socket directory under the temp directory (dead processes'
+    /// sockets swept from it first) and serve `src` (the shards of `index`) on `rt`.
     pub fn start(
         rt: &tokio::runtime::Handle,
         index: Arc<DatasetIndex>,
@@ -53,8 +54,10 @@ impl ShareServer {
         let direct_writes = Arc::new(AtomicU64::new(0));
         let writes = direct_writes.clone();
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "strata-loader-{}-{}.sock",
+        let dir = socket_dir(&std::env::temp_dir())?;
+        sweep_dead(&dir);
+        let path = dir.join(format!(
+            "{}-{}.sock",
             std::process::id(),
             SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
@@ -142,6 +145,54 @@ impl ShareServer {
     /// The socket workers connect to.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// This user's directory of share sockets under `tmp` (`strata-loader-<uid>`, mode 0700): a socket is named
+/// `<pid>-<n>.sock` after the process serving it, so the sockets of killed processes can be told and removed.
+pub(crate) fn socket_dir(tmp: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    // The process's own user: the owner of its /proc entry.
+    let uid = std::fs::metadata("/proc/self")
+        .map_err(|e| Error::from_io(e, "reading /proc/self"))?
+        .uid();
+    let dir = tmp.join(format!("strata-loader-{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::from_io(e, format!("creating {}", dir.display()))),
+    }
+    let m = std::fs::symlink_metadata(&dir)
+        .map_err(|e| Error::from_io(e, format!("reading {}", dir.display())))?;
+    if !m.is_dir() || m.uid() != uid {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            format!("{} is not a directory of this user", dir.display()),
+        ));
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| Error::from_io(e, format!("restricting {}", dir.display())))?;
+    Ok(dir)
+}
+
+/// Remove the sockets of processes that no longer exist (killed ranks leave theirs behind).
+pub(crate) fn sweep_dead(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".sock"))
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
