@@ -396,7 +396,8 @@ impl BlockCache {
         if let Some((fill, share)) = self.take_staged(&d) {
             let r = fill.await;
             drop(share);
-            if r.is_ok() {
+            if let Ok(b) = &r {
+                self.count_filled_read(ctx, &obj.id, b.len() as u64);
                 return r;
             }
         }
@@ -411,8 +412,17 @@ impl BlockCache {
             .clone()
             .try_acquire_many_owned(units(len))
             .ok();
-        self.fetch(ctx, obj, index, FillMode::Readahead, permit)
-            .await
+        let r = self
+            .fetch(ctx, obj, index, FillMode::Readahead, permit)
+            .await;
+        if let Ok(b) = &r {
+            // The lookup above counted the miss; its bytes are counted once they are here.
+            self.inner
+                .counters
+                .miss_bytes
+                .fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
     }
 
     /// Blocks per backend request for sequential fills.

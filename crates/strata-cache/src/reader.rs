@@ -80,15 +80,25 @@ impl CachedObject {
         // Taken before readahead bookkeeping, which forgets prefetched entries at or before the read.
         let pre = self.ra.lock().prefetched.remove(&i);
         self.schedule_readahead(i, i, end);
+        let filled = |b: &Bytes| {
+            self.cache
+                .count_filled_read(&self.ctx, &self.obj.id, b.len() as u64)
+        };
         let (b, share) = match pre {
             Some((fut, permit)) => match fut.await {
-                Ok(b) => (b, permit.map(BudgetShare)),
+                Ok(b) => {
+                    filled(&b);
+                    (b, permit.map(BudgetShare))
+                }
                 Err(_) => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
             },
             None => match self.cache.take_staged(&self.obj.digest(i)) {
                 // Staged by a hint: the fill's share goes out with the bytes.
                 Some((fill, permit)) => match fill.await {
-                    Ok(b) => (b, permit.map(BudgetShare)),
+                    Ok(b) => {
+                        filled(&b);
+                        (b, permit.map(BudgetShare))
+                    }
                     Err(_) => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
                 },
                 None => {
@@ -296,7 +306,9 @@ impl CachedObject {
         if let Some((fut, permit)) = pre {
             let r = fut.await;
             drop(permit);
-            if r.is_ok() {
+            if let Ok(b) = &r {
+                self.cache
+                    .count_filled_read(&self.ctx, &self.obj.id, b.len() as u64);
                 return r;
             }
         }

@@ -39,6 +39,9 @@ pub(crate) struct Counters {
     pub(crate) ram_hits: AtomicU64,
     pub(crate) disk_hits: AtomicU64,
     pub(crate) misses: AtomicU64,
+    /// Bytes of reads served from a tier, and of reads whose block had to be filled.
+    pub(crate) hit_bytes: AtomicU64,
+    pub(crate) miss_bytes: AtomicU64,
     pub(crate) ram_evictions: AtomicU64,
     pub(crate) ram_rejected: AtomicU64,
     pub(crate) fills: AtomicU64,

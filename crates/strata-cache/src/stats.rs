@@ -52,10 +52,20 @@ pub struct CacheStats {
     pub disk: Option<TierStats>,
     /// Disk tier faults.
     pub disk_faults: DiskFaults,
-    /// Lookups no tier could serve.
+    /// Reads of a block no tier held: looked up and not found, or served by a fill made for them (readahead,
+    /// a range's prefetch, a staged hint): every read whose bytes came from the backend.
     pub misses: u64,
-    /// Hits / (hits + misses) since start.
+    /// Hits / (hits + misses) since start, by blocks.
     pub hit_ratio: f64,
+    /// Hit bytes / (hit + miss bytes) since start: the share of the bytes read that no backend served.
+    #[serde(default)]
+    pub byte_hit_ratio: f64,
+    /// Bytes of the blocks reads took from a tier.
+    #[serde(default)]
+    pub hit_bytes: u64,
+    /// Bytes of the blocks reads had to fill.
+    #[serde(default)]
+    pub miss_bytes: u64,
     /// Blocks filled from backends.
     pub fills: u64,
     /// Backend requests made to fill blocks (one request may fill several consecutive blocks).
@@ -168,6 +178,16 @@ impl BlockCache {
             } else {
                 hits as f64 / (hits + misses) as f64
             },
+            byte_hit_ratio: {
+                let (h, m) = (ld(&c.hit_bytes), ld(&c.miss_bytes));
+                if h + m == 0 {
+                    0.0
+                } else {
+                    h as f64 / (h + m) as f64
+                }
+            },
+            hit_bytes: ld(&c.hit_bytes),
+            miss_bytes: ld(&c.miss_bytes),
             fills: ld(&c.fills),
             fill_requests: ld(&c.fill_requests),
             fill_bytes: ld(&c.fill_bytes),

@@ -114,6 +114,10 @@ impl BlockCache {
             b
         };
         self.inner.counters.ram_hits.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .counters
+            .hit_bytes
+            .fetch_add(b.len() as u64, Ordering::Relaxed);
         if let Some(disk) = &self.inner.disk {
             disk.record_request(d);
         }
@@ -144,6 +148,7 @@ impl BlockCache {
                     Tier::Disk => c.disk_hits.fetch_add(1, Ordering::Relaxed),
                     _ => 0,
                 };
+                c.hit_bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
                 self.insert_ram(key, *d, &b, false);
                 self.emit_lookup(ctx, &key.object, tier.kind(), b.len() as u64, start);
                 return Some(b);
@@ -152,6 +157,15 @@ impl BlockCache {
         c.misses.fetch_add(1, Ordering::Relaxed);
         self.emit_lookup(ctx, &key.object, Tier::Miss, 0, start);
         None
+    }
+
+    /// A read served by a fill made for it (its readahead, its range's prefetch, a staged hint): a miss, since
+    /// its bytes came from the backend, however early they were asked for.
+    pub(crate) fn count_filled_read(&self, ctx: &IoContext, id: &ObjectId, len: u64) {
+        let c = &self.inner.counters;
+        c.misses.fetch_add(1, Ordering::Relaxed);
+        c.miss_bytes.fetch_add(len, Ordering::Relaxed);
+        self.emit_lookup(ctx, id, Tier::Miss, 0, Instant::now());
     }
 
     /// The tiers after RAM, fastest first.

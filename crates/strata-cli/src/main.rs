@@ -626,9 +626,10 @@ fn print_stats(s: &serde_json::Value) {
         );
     }
     println!(
-        "misses {}   hit ratio {:.3}   fills {} ({})   single-flight joins {}   readahead blocks {}",
+        "misses {}   hit ratio {:.3} (bytes {:.3})   fills {} ({})   single-flight joins {}   readahead blocks {}",
         n(&s["misses"]),
         s["hit_ratio"].as_f64().unwrap_or(0.0),
+        s["byte_hit_ratio"].as_f64().unwrap_or(0.0),
         n(&s["fills"]),
         human(n(&s["fill_bytes"])),
         n(&s["single_flight_joins"]),

@@ -91,6 +91,16 @@ pub(crate) fn render_cache(s: &CacheStats) -> String {
     );
     family(
         &mut o,
+        "strata_cache_read_bytes_total",
+        "counter",
+        "Bytes of the blocks reads took from a tier (hit) or had to fill (miss); their ratio is the byte-weighted hit ratio",
+        &[
+            ("outcome=\"hit\"", s.hit_bytes),
+            ("outcome=\"miss\"", s.miss_bytes),
+        ],
+    );
+    family(
+        &mut o,
         "strata_cache_fills_total",
         "counter",
         "Blocks filled from backends",

@@ -1400,3 +1400,44 @@ async fn unread_hints_yield_their_budget_to_reads_and_expire_after_the_hold() {
         .unwrap();
     assert!(r.body.collect().await.unwrap() == data);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statistics_count_every_block_read_and_every_fill_is_a_miss() {
+    // A data set four times the cache, read three times: most reads must fill, and the counters must say so
+    // (blocks fetched ahead of a reader used to be handed over as neither hit nor miss: "misses 0").
+    let server = S3Server::start();
+    server.create_bucket("truth").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let t = Telemetry::new();
+    let backend = s3_backend(&proxy.endpoint(), "truth", t.clone());
+    let data = pattern(16 * 64 * 1024, 7); // 16 blocks of 64 KiB
+    put(&backend, "big.bin", &data).await;
+    let cache = open(config(None, 64, 4, 0, PolicyKind::Tinylfu), t.clone());
+    proxy.clear();
+    for _ in 0..3 {
+        assert!(get_bytes(&cache, &backend, "big.bin", None).await.unwrap() == data);
+    }
+    let s = cache.stats();
+    assert_eq!(
+        s.ram.hits + s.misses,
+        48,
+        "every block read is a hit or a miss: {s:?}"
+    );
+    assert!(s.misses >= 36, "{s:?}");
+    assert_eq!(
+        s.miss_bytes, s.fill_bytes,
+        "every filled byte was read by a miss: {s:?}"
+    );
+    assert!(s.byte_hit_ratio < 0.3 && s.hit_ratio < 0.3, "{s:?}");
+    let gets = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET")
+        .count() as u64;
+    assert_eq!(
+        gets, s.fill_requests,
+        "origin requests counted at the proxy"
+    );
+    assert_eq!(t.metrics().cache_misses(), s.misses);
+    cache.shutdown().await;
+}
