@@ -503,3 +503,34 @@ def test_gateway_io_shows_in_metrics(gateway):
     s3.get_object(Bucket="default", Key="ev/x")["Body"].read()
     metrics = api_get(gateway.api + "/metrics").read().decode()
     assert 'strata_io_requests_total{op="put",outcome="ok",tier="backend"}' in metrics
+
+
+@pytest.mark.parametrize("bucket", ["default", "origin"])
+def test_write_preconditions_are_honoured_or_refused_never_ignored(gateway, bucket):
+    """A lost update is what a client relying on If-Match / If-None-Match gets when they are ignored: each
+    conditional write or delete either holds its condition or is refused (501) with nothing changed."""
+    s3 = gateway.client()
+    key = "cond/obj.bin"
+    etag = s3.put_object(Bucket=bucket, Key=key, Body=b"first")["ETag"]
+    # PutObject: honoured.
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"second", IfNoneMatch="*")
+    assert code_of(e.value)[1] == 412, e.value.response
+    # DeleteObject with a wrong If-Match: not deleted.
+    with pytest.raises(ClientError) as e:
+        s3.delete_object(Bucket=bucket, Key=key, IfMatch='"not-the-etag"')
+    assert code_of(e.value) == ("NotImplemented", 501), e.value.response
+    # DeleteObjects entries with an ETag: not deleted.
+    r = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": key, "ETag": '"not-the-etag"'}]})
+    assert r.get("Errors") and r["Errors"][0]["Code"] == "NotImplemented", r
+    # CompleteMultipartUpload with If-None-Match: * over an existing key: not overwritten.
+    up = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    part = s3.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=1, Body=b"m" * 100)
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up, IfNoneMatch="*",
+                                     MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
+    assert code_of(e.value) == ("NotImplemented", 501), e.value.response
+    got = s3.get_object(Bucket=bucket, Key=key)
+    assert got["Body"].read() == b"first" and got["ETag"] == etag
+    s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=up)
+    s3.delete_object(Bucket=bucket, Key=key)

@@ -183,6 +183,14 @@ impl Gateway {
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
         let info = self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
+        if input.if_match.is_some() || input.if_none_match.is_some() {
+            // The assembled object goes to the backend as a multipart upload, which has no condition: refused
+            // before anything is written (the upload stays, to complete without the condition or abort).
+            return Err(s3_error!(
+                NotImplemented,
+                "conditional CompleteMultipartUpload (If-Match, If-None-Match) is not implemented; nothing was written"
+            ));
+        }
         let team = self
             .tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)

@@ -188,6 +188,17 @@ impl Gateway {
         self.tenancy
             .attribute(&req.input.bucket, &req.input.key, &who.caller, Role::Member)
             .await?;
+        let i = &req.input;
+        if i.if_match.is_some()
+            || i.if_match_last_modified_time.is_some()
+            || i.if_match_size.is_some()
+        {
+            // The backends have no conditional delete: refused, never a delete that ignores the condition.
+            return Err(s3_error!(
+                NotImplemented,
+                "conditional DeleteObject (If-Match, x-amz-if-match-*) is not implemented; nothing was deleted"
+            ));
+        }
         let r = backend.delete(&ctx, &req.input.key).await;
         self.agent.cache().invalidate(&backend, &req.input.key);
         r.map_err(s3err)?;
@@ -214,7 +225,13 @@ impl Gateway {
         let quiet = input.delete.quiet.unwrap_or(false);
         let (mut deleted, mut errors) = (Vec::new(), Vec::new());
         for o in input.delete.objects {
+            let conditional =
+                o.e_tag.is_some() || o.last_modified_time.is_some() || o.size.is_some();
             let r = match validate_key(&o.key) {
+                Ok(_) if conditional => Err(Error::new(
+                    ErrorKind::Unsupported,
+                    "a conditional delete (ETag, LastModifiedTime, Size) is not implemented; not deleted",
+                )),
                 Ok(_) => {
                     match self
                         .tenancy
