@@ -236,6 +236,12 @@ impl BlockCache {
                 c.fill_errors.fetch_add(1, Ordering::Relaxed);
                 if e.kind() == ErrorKind::PreconditionFailed {
                     c.stale.fetch_add(1, Ordering::Relaxed);
+                    // The cached metadata names a version that is gone: the next open asks the backend, so a
+                    // changed object is a new version at once, not an error until the TTL runs out.
+                    self.inner
+                        .meta
+                        .lock()
+                        .remove(obj.backend.id(), &obj.meta.key);
                     return Err(e.context(format!(
                         "{} changed at the backend while being read; reopen it to read the new version",
                         obj.meta.key

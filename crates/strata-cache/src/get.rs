@@ -358,6 +358,31 @@ impl BlockCache {
         key: &str,
         opts: GetOptions,
     ) -> Result<GetResult> {
+        match self.get_once(ctx, backend, key, &opts).await {
+            // The object changed at the backend since its metadata was cached, and nothing went out yet: the
+            // fill forgot that metadata, so this open finds the new version (once: a second change in between
+            // is the caller's error to see).
+            Err(Fill(e)) if e.kind() == ErrorKind::PreconditionFailed => {
+                self.inner
+                    .counters
+                    .stale_retried
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.get_once(ctx, backend, key, &opts)
+                    .await
+                    .map_err(Failure::into_error)
+            }
+            r => r.map_err(Failure::into_error),
+        }
+    }
+
+    async fn get_once(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+        opts: &GetOptions,
+    ) -> std::result::Result<GetResult, Failure> {
+        let opts = opts.clone();
         let obj = self.open_for(ctx, backend, key, &opts).await?;
         let meta = obj.meta().clone();
         let not_modified = opts.evaluate(&meta)?;
@@ -387,7 +412,7 @@ impl BlockCache {
                 if range.start / bs != range.end.saturating_sub(1) / bs {
                     obj.prefetch(range.clone(), true).await;
                 }
-                self.stream(obj, range.clone()).await?
+                self.stream(obj, range.clone()).await.map_err(Fill)?
             }
         };
         Ok(GetResult {
@@ -448,19 +473,20 @@ impl BlockCache {
     /// `range` of an open object as a body.
     async fn stream(&self, obj: CachedObject, range: Range<u64>) -> Result<GetBody> {
         let bs = self.config().block_size.bytes();
-        if range.end - range.start <= bs && range.start / bs == range.end.saturating_sub(1) / bs {
-            // One block: read now, so that errors reach the caller before any header goes out.
-            let (b, share) = obj.read_block(range).await?;
-            let (tx, rx) = mpsc::channel(1);
-            let _ = tx.try_send((Ok(b), share));
+        // The first block is read now, so that its errors (a changed object above all) reach the caller
+        // before any header goes out.
+        let first_end = (range.start + bs - range.start % bs).min(range.end);
+        let (b, share) = obj.read_block(range.start..first_end).await?;
+        let (tx, rx) = mpsc::channel(1);
+        let _ = tx.try_send((Ok(b), share));
+        if first_end >= range.end {
             return Ok(GetBody {
                 inner: BodyInner::Channel(rx),
                 held: None,
             });
         }
-        let (tx, rx) = mpsc::channel(1);
         tokio::spawn(async move {
-            let mut off = range.start;
+            let mut off = first_end;
             while off < range.end {
                 let next = (off + bs - off % bs).min(range.end);
                 // Read the next block once the consumer has taken the last one, not before: a body holds at
@@ -483,6 +509,28 @@ impl BlockCache {
             inner: BodyInner::Channel(rx),
             held: None,
         })
+    }
+}
+
+/// Why one attempt of [`BlockCache::get`] failed: before reading (opening, conditions) or reading the
+/// bytes (a fill), which alone may have found the object changed.
+enum Failure {
+    Before(Error),
+    Fill(Error),
+}
+use Failure::Fill;
+
+impl Failure {
+    fn into_error(self) -> Error {
+        match self {
+            Failure::Before(e) | Failure::Fill(e) => e,
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Before(e)
     }
 }
 

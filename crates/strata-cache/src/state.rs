@@ -53,6 +53,8 @@ pub(crate) struct Counters {
     pub(crate) hints_reclaimed: AtomicU64,
     pub(crate) hints_read: AtomicU64,
     pub(crate) stale: AtomicU64,
+    /// Reads that found the object changed before sending anything and were served the new version.
+    pub(crate) stale_retried: AtomicU64,
     pub(crate) fill_errors: AtomicU64,
     pub(crate) writes_dropped: AtomicU64,
     pub(crate) meta_refreshes: AtomicU64,

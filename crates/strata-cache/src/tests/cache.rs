@@ -1441,3 +1441,52 @@ async fn statistics_count_every_block_read_and_every_fill_is_a_miss() {
     assert_eq!(t.metrics().cache_misses(), s.misses);
     cache.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_changed_at_the_origin_is_read_as_its_new_version_at_once() {
+    // Metadata cached for a minute; the object is overwritten behind the cache's back. Every read of it used
+    // to fail (the pinned fill finds another ETag) until the TTL ran out: an outage for every client.
+    let server = S3Server::start();
+    server.create_bucket("changed").await;
+    let t = Telemetry::new();
+    let backend = s3_backend(&server.endpoint(), "changed", t.clone());
+    let mut cfg = config(None, 64, 64, 0, PolicyKind::Tinylfu);
+    cfg.metadata_ttl_ms = 60_000;
+    let cache = open(cfg, t.clone());
+    let len = 5 * 64 * 1024 + 17;
+    let (v1, v2) = (pattern(len, 1), pattern(len + 4096, 2));
+    // A read that must fill before it sends anything is served the new version.
+    put(&backend, "a.bin", &v1).await;
+    assert!(
+        get_bytes(&cache, &backend, "a.bin", Some(0..100))
+            .await
+            .unwrap()
+            == v1.slice(0..100)
+    );
+    put(&backend, "a.bin", &v2).await;
+    let tail = 3 * 64 * 1024..len as u64;
+    let got = get_bytes(&cache, &backend, "a.bin", Some(tail.clone())).await;
+    assert!(
+        got.as_ref()
+            .is_ok_and(|b| *b == v2.slice(tail.start as usize..tail.end as usize)),
+        "{:?}",
+        got.err()
+    );
+    assert!(get_bytes(&cache, &backend, "a.bin", None).await.unwrap() == v2);
+    // One already streaming the old version from its cached first block fails where it needs an uncached
+    // old block (never mixed bytes), and the very next read has the new version.
+    put(&backend, "b.bin", &v1).await;
+    assert!(
+        get_bytes(&cache, &backend, "b.bin", Some(0..100))
+            .await
+            .unwrap()
+            == v1.slice(0..100)
+    );
+    put(&backend, "b.bin", &v2).await;
+    match get_bytes(&cache, &backend, "b.bin", None).await {
+        Ok(b) => assert!(b == v2, "mixed or old bytes"),
+        Err(e) => assert_eq!(e.kind(), ErrorKind::PreconditionFailed, "{e}"),
+    }
+    assert!(get_bytes(&cache, &backend, "b.bin", None).await.unwrap() == v2);
+    cache.shutdown().await;
+}
