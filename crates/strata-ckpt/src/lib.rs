@@ -740,11 +740,39 @@ impl Checkpointer {
             let Some(&newest) = committed.last() else {
                 return Ok::<_, Error>(());
             };
-            let charged = self.cfg.quota.as_ref().filter(|_| {
-                stores.len() == 1 && std::ptr::eq(stores[0], &self.cfg.local)
-            });
+            let is_local = stores.len() == 1 && std::ptr::eq(stores[0], &self.cfg.local);
+            let charged = self.cfg.quota.as_ref().filter(|_| is_local);
+            // The local tier gives a step up only once it is durable elsewhere: committed in another tier, or
+            // superseded by a newer step that is. (A tier that cannot be listed now holds nothing.)
+            let durable = if is_local && (self.cfg.remote.is_some() || !self.cfg.peers.is_empty()) {
+                let mut elsewhere = Vec::new();
+                for t in self.cfg.remote.iter().chain(self.cfg.peers.iter()) {
+                    match t.committed(&self.ctx, run).await {
+                        Ok(c) => elsewhere.extend(c),
+                        Err(e) => {
+                            tracing::warn!(tier = %t.describe(), error = %e, "retention: cannot tell what this tier holds; keeping local steps");
+                        }
+                    }
+                }
+                Some(elsewhere)
+            } else {
+                None
+            };
+            let victims: Vec<u64> = policy
+                .victims(&committed)
+                .into_iter()
+                .filter(|s| {
+                    durable.as_ref().is_none_or(|d| {
+                        let keep = !d.iter().any(|o| o >= s);
+                        if keep {
+                            tracing::info!(step = s, "retention keeps a local step no other tier has yet");
+                        }
+                        !keep
+                    })
+                })
+                .collect();
             for t in stores {
-                for step in policy.victims(&committed) {
+                for &step in &victims {
                     t.delete_step(&self.ctx, run, step).await?;
                     if let Some(q) = charged
                         && let Err(e) = q.deleted(run, step).await

@@ -291,3 +291,47 @@ async fn streamed_saves_write_while_the_caller_copies_and_can_be_abandoned() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_local_never_deletes_a_step_that_is_in_no_other_tier() {
+    // keep_local = 1 and the object store down for two saves: the local tier must keep every step committed
+    // since the last one the store has, or a step is gone everywhere.
+    let server = S3Server::start();
+    server.create_bucket("down").await;
+    let proxy = strata_testkit::FaultProxy::start(&server.endpoint()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let base = ckpt(dir.path(), Some(remote(&proxy.endpoint(), "down")), 0, 1);
+    let c = strata_ckpt::Checkpointer::new(
+        strata_ckpt::CheckpointConfig {
+            keep_local: Retention {
+                keep_last: 1,
+                keep_every: None,
+            },
+            ..base.config().clone()
+        },
+        IoContext::default(),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Handle::current();
+    let h = c.save(&rt, 1, state(0, 1), meta(1)).await.unwrap();
+    assert!(matches!(h.wait().await, SaveState::Done), "{:?}", h.state());
+    proxy.fail_next(100_000, 503);
+    for step in [2, 3] {
+        let h = c.save(&rt, step, state(0, step), meta(step)).await.unwrap();
+        assert!(
+            matches!(h.wait().await, SaveState::Failed(_)),
+            "{:?}",
+            h.state()
+        );
+    }
+    proxy.fail_next(0, 503);
+    let ctx = IoContext::default();
+    let local = Tier::Local(dir.path().to_path_buf())
+        .committed(&ctx, "run-1")
+        .await
+        .unwrap();
+    // Step 1 is in the store (and may go locally); 2 and 3 are nowhere else, so they stay.
+    assert!(local.ends_with(&[2, 3]), "local tier: {local:?}");
+    let (step, t, _) = c.load_latest().await.unwrap().unwrap();
+    assert_eq!((step, t), (3, state(0, 3)));
+}

@@ -1173,11 +1173,23 @@ impl MultipartUpload {
     /// Upload the last part and make the object visible.
     pub async fn complete(mut self) -> Result<PutOutcome> {
         let what = format!("multipart PUT {}/{}", self.backend.inner.id, self.key);
-        let w = self
+        let mut w = self
             .writer
             .take()
             .ok_or_else(|| Error::internal(format!("{what}: upload already finished")))?;
-        let r = w.finish().await.map_err(|e| classify(e, &what));
+        // The parts first: when one failed, that failure is what the caller reads. (object_store's `finish`
+        // aborts the upload then and returns the abort's error instead, a DELETE failure when the store is
+        // down.)
+        let r = match w.wait_for_capacity(0).await {
+            Ok(()) => w.finish().await.map_err(|e| classify(e, &what)),
+            Err(e) => {
+                let cause = classify(e, &what);
+                if let Err(a) = w.abort().await {
+                    tracing::warn!(error = %a, key = %self.key, "aborting a failed multipart upload (the store keeps its parts until it expires them)");
+                }
+                Err(cause)
+            }
+        };
         let outcome = match &r {
             Ok(_) => Outcome::Ok,
             Err(e) => Outcome::Err(e.kind()),

@@ -564,3 +564,42 @@ fn bad_urls_are_clear_errors() {
     );
     let _ = Arc::clone(&t);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_multipart_upload_reports_its_cause_not_the_cleanup() {
+    // The store goes away after the upload started: the parts fail, and so does the abort that cleans up.
+    // The error the caller reads must be the parts' failure (it used to be the abort's "DELETE ...").
+    let server = S3Server::start();
+    server.create_bucket("cause").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let b = Backend::open(
+        "s3://cause",
+        &s3_options(&proxy.endpoint()),
+        fast_retry(),
+        Telemetry::new(),
+    )
+    .unwrap();
+    let mut up = b
+        .put_multipart(&ctx(), "ckpt/shard", 5 << 20)
+        .await
+        .unwrap();
+    proxy.fail_next(10_000, 500);
+    let mut r = Ok(());
+    for i in 0..3u8 {
+        r = up.write(pattern(5 << 20, i)).await;
+        if r.is_err() {
+            break;
+        }
+    }
+    let e = match r {
+        Err(e) => e,
+        Ok(()) => up.complete().await.unwrap_err(),
+    };
+    let text = e.to_string();
+    assert!(
+        !text.contains("DELETE") && !text.contains("abort"),
+        "{text}"
+    );
+    assert!(text.contains("PUT") || text.contains("multipart"), "{text}");
+    proxy.fail_next(0, 500);
+}
