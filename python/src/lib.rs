@@ -1294,6 +1294,16 @@ impl Checkpointer {
         })
     }
 
+    /// Upload this rank's steps that a previous process committed locally but never got to the object store
+    /// (it was down, the process was killed); returns them. Blocks; `strata.Checkpointer` runs it in a
+    /// background thread when it starts.
+    fn finish_pending(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        let (rt, _) = proc()?;
+        let inner = self.inner.clone();
+        py.detach(|| rt.block_on(async move { inner.finish_pending().await }))
+            .map_err(to_py)
+    }
+
     /// Copy `tensors` (`(name, dtype, shape, buffer)`; the buffer's bytes) into staging memory and save them
     /// as `step` in the background. Only the copy (and, with overlap="wait", waiting for the previous save)
     /// blocks.

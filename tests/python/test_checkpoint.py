@@ -354,3 +354,45 @@ def test_the_agent_finishes_a_save_after_the_process_exits(tmp_path, s3):
         assert status["state"] == "done", status
     finally:
         agent.stop()
+
+
+def test_a_step_committed_while_the_store_was_down_is_uploaded_by_the_next_process(tmp_path, monkeypatch):
+    """Committed means eventually durable: saves whose upload failed (the object store was down) stay in the
+    local tier (keep_local=1 deletes none of them) and the next Checkpointer of the run uploads them."""
+    from conftest import ORIGIN_KEY, ORIGIN_SECRET, VENV_BIN, client, free_port, wait_port
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+
+    def moto():
+        p = subprocess.Popen([os.path.join(VENV_BIN, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(port, p)
+        client(endpoint, ORIGIN_KEY, ORIGIN_SECRET).create_bucket(Bucket="later")
+        return p
+
+    for k, v in (("AWS_ENDPOINT_URL", endpoint), ("AWS_ACCESS_KEY_ID", ORIGIN_KEY),
+                 ("AWS_SECRET_ACCESS_KEY", ORIGIN_SECRET), ("AWS_REGION", "us-east-1"), ("AWS_ALLOW_HTTP", "true")):
+        monkeypatch.setenv(k, v)
+    local = str(tmp_path / "nvme")
+    server = moto()
+    try:
+        c = strata.Checkpointer("run-d", local, "s3://later/runs", rank=0, world_size=1, agent="", keep_local=1)
+        assert c.save(1, model_state(1)).wait() == "done"
+        server.terminate()
+        server.wait()
+        for step in (2, 3):
+            assert c.save(step, model_state(step)).wait() == "failed"
+        kept = sorted(int(p[-20:]) for p in glob.glob(os.path.join(local, "run-d", "step-*")))
+        assert kept[-2:] == [2, 3], kept
+        server = moto()   # back, empty: the store lost nothing it had, but has none of these
+        again = strata.Checkpointer("run-d", local, "s3://later/runs", rank=0, world_size=1, agent="")
+        again.pending_uploads.join(timeout=60)
+        elsewhere = strata.Checkpointer("run-d", str(tmp_path / "other-node"), "s3://later/runs", rank=0,
+                                        world_size=1, agent="")
+        assert sorted(elsewhere.steps()) == kept
+        step, got = elsewhere.load_latest()
+        assert step == 3 and same(got, model_state(3))
+    finally:
+        server.terminate()
+        server.wait()

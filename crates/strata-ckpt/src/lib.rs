@@ -240,6 +240,9 @@ pub struct Checkpointer {
     running: Arc<Semaphore>,
     saves: Arc<std::sync::atomic::AtomicU64>,
     tasks: tokio_tasks::Tracker,
+    /// The steps in the local tier when this checkpointer was made: what [`Checkpointer::finish_pending`]
+    /// may finish (never a step this process is saving).
+    found: Arc<Vec<u64>>,
 }
 
 mod tokio_tasks {
@@ -296,12 +299,23 @@ impl Checkpointer {
         if cfg.upload_every == 0 {
             return Err(Error::invalid_input("upload_every must be at least 1"));
         }
+        let found = match &cfg.local {
+            Tier::Local(root) => std::fs::read_dir(root.join(&cfg.run_id))
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .filter_map(|e| e.file_name().to_str().and_then(manifest::parse_step_dir))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
         Ok(Self {
             cfg: Arc::new(cfg),
             ctx,
             running: Arc::new(Semaphore::new(1)),
             saves: Arc::default(),
             tasks: tokio_tasks::Tracker::default(),
+            found: Arc::new(found),
         })
     }
 
@@ -619,6 +633,44 @@ impl Checkpointer {
             }
         }
         failed
+    }
+
+    /// Finish what a previous process on this run left undone: this rank's steps durable in the local tier
+    /// when this checkpointer was made (its record is there; never a step this process saves) but newer than
+    /// anything committed in the object store, because the store was
+    /// down or the process was killed before the upload. Each is uploaded (and replicated) as a handed-over
+    /// save is, oldest first; returns the steps finished. The first failure stops it (the store is still
+    /// away): the steps stay local (retention keeps them) for the next try. Without an object store, nothing.
+    pub async fn finish_pending(&self) -> Result<Vec<u64>> {
+        let cfg = &self.cfg;
+        let Some(remote) = &cfg.remote else {
+            return Ok(Vec::new());
+        };
+        let run = &cfg.run_id;
+        let newest_remote = remote.committed(&self.ctx, run).await?.into_iter().max();
+        let mut steps = self.found.as_ref().clone();
+        steps.sort_unstable();
+        let mut done = Vec::new();
+        for step in steps {
+            if newest_remote.is_some_and(|n| step <= n) {
+                continue;
+            }
+            let record = manifest::record_file(cfg.rank);
+            if cfg
+                .local
+                .read_file(&self.ctx, run, step, &record)
+                .await
+                .is_err()
+            {
+                continue; // this rank's shard never became durable: nothing to finish
+            }
+            self.finish_from_local(step, true)
+                .await
+                .map_err(|e| e.context(format!("finishing the upload of step {step}")))?;
+            tracing::info!(run = %run, step, "uploaded a step a previous process left local only");
+            done.push(step);
+        }
+        Ok(done)
     }
 
     /// Finish a save whose shard is already durable in the local tier: read it back (verified against its

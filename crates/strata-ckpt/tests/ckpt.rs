@@ -335,3 +335,44 @@ async fn keep_local_never_deletes_a_step_that_is_in_no_other_tier() {
     let (step, t, _) = c.load_latest().await.unwrap().unwrap();
     assert_eq!((step, t), (3, state(0, 3)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_run_uploads_the_steps_its_last_process_left_local_only() {
+    let server = S3Server::start();
+    server.create_bucket("later").await;
+    let proxy = strata_testkit::FaultProxy::start(&server.endpoint()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = || remote(&proxy.endpoint(), "later");
+    let c = ckpt(dir.path(), Some(store()), 0, 1);
+    let rt = tokio::runtime::Handle::current();
+    let h = c.save(&rt, 1, state(0, 1), meta(1)).await.unwrap();
+    assert!(matches!(h.wait().await, SaveState::Done), "{:?}", h.state());
+    // The store is down for two saves: committed locally, never uploaded.
+    proxy.fail_next(100_000, 503);
+    for step in [2, 3] {
+        let h = c.save(&rt, step, state(0, step), meta(step)).await.unwrap();
+        assert!(
+            matches!(h.wait().await, SaveState::Failed(_)),
+            "{:?}",
+            h.state()
+        );
+    }
+    // While it is still down, finishing fails and keeps them local.
+    let again = ckpt(dir.path(), Some(store()), 0, 1);
+    assert!(again.finish_pending().await.is_err());
+    proxy.fail_next(0, 503);
+    drop(c);
+    // The next process on the run finishes them.
+    let next = ckpt(dir.path(), Some(store()), 0, 1);
+    assert_eq!(next.finish_pending().await.unwrap(), vec![2, 3]);
+    let ctx = IoContext::default();
+    assert_eq!(
+        store().committed(&ctx, "run-1").await.unwrap(),
+        vec![1, 2, 3]
+    );
+    let fresh = tempfile::tempdir().unwrap();
+    let remote_only = ckpt(fresh.path(), Some(store()), 0, 1);
+    let (step, t, _) = remote_only.load_latest().await.unwrap().unwrap();
+    assert_eq!((step, t), (3, state(0, 3)));
+    assert!(next.finish_pending().await.unwrap().is_empty());
+}

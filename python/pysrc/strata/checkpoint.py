@@ -6,6 +6,7 @@ import atexit
 import json
 import os
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Optional
 
@@ -300,6 +301,20 @@ class Checkpointer:
         self._on_error = on_error
         self._handles: list[SaveHandle] = []  # saves whose process part may still be running
         _LIVE.add(self)
+        # Committed means eventually durable: steps a previous process of this run committed locally but never
+        # uploaded (the store was down, it was killed) go up now, in the background.
+        self.pending_uploads: Optional[threading.Thread] = None
+        if remote_url:
+            self.pending_uploads = threading.Thread(target=self._finish_pending, name="strata-ckpt-pending",
+                                                    daemon=True)
+            self.pending_uploads.start()
+
+    def _finish_pending(self) -> None:
+        try:
+            self._native.finish_pending()
+        except Exception as e:  # the next start tries again; the steps stay local meanwhile
+            warnings.warn(f"uploading checkpoint steps left local by a previous process: {e}", RuntimeWarning,
+                          stacklevel=1)
 
     def save(self, step: int, state: Any, metadata: Optional[dict] = None) -> SaveHandle:
         tensors: list = []
