@@ -312,18 +312,7 @@ async fn keep_local_never_deletes_a_step_that_is_in_no_other_tier() {
         IoContext::default(),
     )
     .unwrap();
-    let rt = tokio::runtime::Handle::current();
-    let h = c.save(&rt, 1, state(0, 1), meta(1)).await.unwrap();
-    assert!(matches!(h.wait().await, SaveState::Done), "{:?}", h.state());
-    proxy.fail_next(100_000, 503);
-    for step in [2, 3] {
-        let h = c.save(&rt, step, state(0, step), meta(step)).await.unwrap();
-        assert!(
-            matches!(h.wait().await, SaveState::Failed(_)),
-            "{:?}",
-            h.state()
-        );
-    }
+    save_1_then_2_and_3_with_the_store_down(&c, &proxy).await;
     proxy.fail_next(0, 503);
     let ctx = IoContext::default();
     let local = Tier::Local(dir.path().to_path_buf())
@@ -344,19 +333,8 @@ async fn a_restarted_run_uploads_the_steps_its_last_process_left_local_only() {
     let dir = tempfile::tempdir().unwrap();
     let store = || remote(&proxy.endpoint(), "later");
     let c = ckpt(dir.path(), Some(store()), 0, 1);
-    let rt = tokio::runtime::Handle::current();
-    let h = c.save(&rt, 1, state(0, 1), meta(1)).await.unwrap();
-    assert!(matches!(h.wait().await, SaveState::Done), "{:?}", h.state());
     // The store is down for two saves: committed locally, never uploaded.
-    proxy.fail_next(100_000, 503);
-    for step in [2, 3] {
-        let h = c.save(&rt, step, state(0, step), meta(step)).await.unwrap();
-        assert!(
-            matches!(h.wait().await, SaveState::Failed(_)),
-            "{:?}",
-            h.state()
-        );
-    }
+    save_1_then_2_and_3_with_the_store_down(&c, &proxy).await;
     // While it is still down, finishing fails and keeps them local.
     let again = ckpt(dir.path(), Some(store()), 0, 1);
     assert!(again.finish_pending().await.is_err());
@@ -375,4 +353,24 @@ async fn a_restarted_run_uploads_the_steps_its_last_process_left_local_only() {
     let (step, t, _) = remote_only.load_latest().await.unwrap().unwrap();
     assert_eq!((step, t), (3, state(0, 3)));
     assert!(next.finish_pending().await.unwrap().is_empty());
+}
+
+/// Save step 1 (uploaded), then steps 2 and 3 while the store behind `proxy` fails everything (each save
+/// fails, committed locally only).
+async fn save_1_then_2_and_3_with_the_store_down(
+    c: &strata_ckpt::Checkpointer,
+    proxy: &strata_testkit::FaultProxy,
+) {
+    let rt = tokio::runtime::Handle::current();
+    let h = c.save(&rt, 1, state(0, 1), meta(1)).await.unwrap();
+    assert!(matches!(h.wait().await, SaveState::Done), "{:?}", h.state());
+    proxy.fail_next(100_000, 503);
+    for step in [2, 3] {
+        let h = c.save(&rt, step, state(0, step), meta(step)).await.unwrap();
+        assert!(
+            matches!(h.wait().await, SaveState::Failed(_)),
+            "{:?}",
+            h.state()
+        );
+    }
 }
