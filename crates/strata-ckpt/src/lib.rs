@@ -13,6 +13,10 @@
 //! Restore ([`Checkpointer::load`], [`Checkpointer::load_latest`]) takes the newest step committed in any tier,
 //! reads this rank's shard from the local tier, else the object store, verifies its blake3, and on a mismatch
 //! tries the next tier; `load_latest` falls back to older checkpoints when every copy of the newest is bad.
+//!
+//! One room, though long: save, commit, retention, finishing a previous process's uploads and restore all
+//! work on the same `Checkpointer` state and ordering (what is durable where); the tiers, formats, manifests,
+//! handoff and quota each have their own module already. Restore is the candidate to move out next.
 
 pub mod format;
 pub mod handoff;
