@@ -382,8 +382,7 @@ impl BlockCache {
         key: &str,
         opts: &GetOptions,
     ) -> std::result::Result<GetResult, Failure> {
-        let opts = opts.clone();
-        let obj = self.open_for(ctx, backend, key, &opts).await?;
+        let obj = self.open_for(ctx, backend, key, opts).await?;
         let meta = obj.meta().clone();
         let not_modified = opts.evaluate(&meta)?;
         let (range, partial) = match &opts.range {

@@ -425,13 +425,15 @@ impl Catalog {
         res: &Reservation,
         charge: Option<(i64, i64)>,
     ) -> Result<()> {
-        let held = sqlx::query("DELETE FROM reservations WHERE id = $1")
-            .bind(&res.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?
-            .rows_affected()
-            == 1;
+        // A usage change without a reservation (empty id) has nothing to settle.
+        let held = !res.id.is_empty()
+            && sqlx::query("DELETE FROM reservations WHERE id = $1")
+                .bind(&res.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?
+                .rows_affected()
+                == 1;
         let (rb, ro) = if held {
             (res.bytes, res.objects)
         } else {

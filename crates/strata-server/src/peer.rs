@@ -238,8 +238,7 @@ type Who = (Option<Extension<Principal>>, Option<Extension<ClusterCall>>);
 
 async fn write(
     State(agent): State<Arc<Agent>>,
-    principal: Option<Extension<Principal>>,
-    cluster: Option<Extension<ClusterCall>>,
+    (principal, cluster): Who,
     Path((run, step, file)): Path<(String, u64, String)>,
     headers: HeaderMap,
     body: Body,

@@ -55,8 +55,14 @@ impl Gateway {
             return Ok((objects, prefixes, None));
         }
         loop {
-            // One more than the page: whether a visible entry follows decides IsTruncated.
-            let want = (max + 1 - objects.len() - prefixes.len()).clamp(1, 1000);
+            // One more than the page: whether a visible entry follows decides IsTruncated. A delimited listing
+            // reads the whole level at once anyway: take all of it, so it is read once, not once per page of
+            // hidden entries.
+            let want = if matches!(delimiter, Some("/")) {
+                usize::MAX
+            } else {
+                (max + 1 - objects.len() - prefixes.len()).clamp(1, 1000)
+            };
             let (o, p, next) = self
                 .list(ctx, backend, prefix, delimiter, pos.as_deref(), want)
                 .await?;
