@@ -534,3 +534,70 @@ def test_write_preconditions_are_honoured_or_refused_never_ignored(gateway, buck
     assert got["Body"].read() == b"first" and got["ETag"] == etag
     s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=up)
     s3.delete_object(Bucket=bucket, Key=key)
+
+
+def test_origin_keys_and_metadata_are_taken_as_they_are(gateway, origin):
+    """Keys S3 allows but Strata would not create (`x//y`, `./z`, `a/../b`, a folder marker `dir/`) and user
+    metadata that is not UTF-8, put at the origin by other tools: every listing that covers them works, each
+    reads back byte-exact, and the metadata comes back with its bytes kept (RFC 2047), never a 500."""
+    import http.client
+    import urllib.parse
+    o = client(origin, ORIGIN_KEY, ORIGIN_SECRET)
+    bodies = {
+        "odd/x//y": b"double slash",
+        "odd/./z": b"dot segment",
+        "odd/a/../b": b"dot-dot segment",
+        "odd/dir/": b"",
+        "odd/dir/inside": b"under the marker",
+        "odd/plain": b"plain",
+    }
+    for k, v in bodies.items():
+        o.put_object(Bucket="gw-origin", Key=k, Body=v)
+    # A metadata value that is not UTF-8, as a tool that writes raw header bytes leaves it (moto takes the
+    # request unsigned).
+    host, port = origin.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port))
+    conn.putrequest("PUT", "/gw-origin/odd/meta")
+    conn.putheader("x-amz-meta-note", b"caf\xe9")
+    conn.putheader("Content-Length", "4")
+    conn.endheaders(b"meta")
+    assert conn.getresponse().status == 200
+    conn.close()
+    bodies["odd/meta"] = b"meta"
+    listed = {x["Key"] for x in o.list_objects_v2(Bucket="gw-origin", Prefix="odd/").get("Contents", [])}
+    assert listed == set(bodies), listed  # the origin holds these exact keys
+
+    s3 = gateway.client()
+    got = {x["Key"]: x["Size"] for x in s3.list_objects_v2(Bucket="origin", Prefix="odd/")["Contents"]}
+    assert got == {k: len(v) for k, v in bodies.items()}
+    paged, token = [], None
+    while True:
+        kw = {"ContinuationToken": token} if token else {}
+        r = s3.list_objects_v2(Bucket="origin", Prefix="odd/", MaxKeys=2, **kw)
+        paged += [x["Key"] for x in r.get("Contents", [])]
+        if not r.get("IsTruncated"):
+            break
+        token = r["NextContinuationToken"]
+    assert paged == sorted(bodies)
+    r = s3.list_objects_v2(Bucket="origin", Prefix="odd/", Delimiter="/")
+    assert {x["Key"] for x in r.get("Contents", [])} == {"odd/plain", "odd/meta"}
+    assert {p["Prefix"] for p in r["CommonPrefixes"]} == {"odd/x/", "odd/./", "odd/a/", "odd/dir/"}
+    r = s3.list_objects_v2(Bucket="origin", Prefix="odd/dir/", Delimiter="/")
+    assert {x["Key"] for x in r["Contents"]} == {"odd/dir/", "odd/dir/inside"}
+    for k, v in bodies.items():
+        assert s3.get_object(Bucket="origin", Key=k)["Body"].read() == v, k  # cold
+        assert s3.get_object(Bucket="origin", Key=k)["Body"].read() == v, k  # from the cache
+        assert s3.head_object(Bucket="origin", Key=k)["ContentLength"] == len(v), k
+    meta = s3.head_object(Bucket="origin", Key="odd/meta")["Metadata"]
+    assert meta == {"note": "=?ISO-8859-1?B?Y2Fm6Q==?="}, meta
+    # The aws cli's recursive copy (what s3fs and rclone do too: list, then read every key).
+    out = subprocess.run([os.path.join(VENV_BIN, "aws"), "s3", "ls", "--recursive", "s3://origin/odd/",
+                          "--endpoint-url", gateway.endpoint],
+                         env=dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+                                  AWS_DEFAULT_REGION="us-east-1"),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == len(bodies), out.stdout
+    for k in bodies:
+        o.delete_object(Bucket="gw-origin", Key=k)
+

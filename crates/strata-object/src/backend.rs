@@ -46,6 +46,7 @@ use strata_types::{
 
 use crate::classify::classify;
 use crate::retry::{PartRetry, RetryPolicy};
+use crate::s3wire::S3Wire;
 
 /// Connection options for a backend. Anything left unset falls back to the standard AWS environment variables
 /// (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...)
@@ -146,8 +147,48 @@ struct Inner {
     /// The same store when it is a local directory: object attributes then live in an extended attribute of
     /// each file ([`ATTRS_XATTR`]), as the file store has no place for them.
     local: Option<Arc<object_store::local::LocalFileSystem>>,
+    /// S3 spoken directly, for S3 backends: every read and listing goes through it (keys and headers as they
+    /// are, see [`crate::s3wire`]); writes stay on `object_store`.
+    wire: Option<S3Wire>,
     retry: RetryPolicy,
     telemetry: Arc<Telemetry>,
+}
+
+/// What a GET or HEAD brought: the object's metadata and its bytes as they arrive (failures classified).
+struct Fetched {
+    meta: ObjectMeta,
+    body: futures::stream::BoxStream<'static, Result<Bytes>>,
+}
+
+impl Fetched {
+    fn empty(meta: ObjectMeta) -> Self {
+        Self {
+            meta,
+            body: futures::stream::empty().boxed(),
+        }
+    }
+
+    /// The body in one piece, which must be exactly `want` bytes.
+    async fn collect(mut self, want: u64, what: &str) -> Result<Bytes> {
+        let mut buf = Vec::with_capacity(want.min(1 << 30) as usize);
+        while let Some(c) = self.body.next().await {
+            let c = c?;
+            if (buf.len() + c.len()) as u64 > want {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("{what}: more than the {want} bytes asked"),
+                ));
+            }
+            buf.extend_from_slice(&c);
+        }
+        if buf.len() as u64 != want {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("{what}: short read, got {} of {want} bytes", buf.len()),
+            ));
+        }
+        Ok(Bytes::from(buf))
+    }
 }
 
 /// The extended attribute in which a local-directory backend keeps an object's [`ObjectAttrs`] (JSON).
@@ -183,12 +224,26 @@ impl Backend {
         let parsed = url::Url::parse(url)
             .map_err(|e| Error::invalid_input(format!("invalid backend URL {url:?}: {e}")))?;
         let prefix = parsed.path().trim_matches('/').to_string();
+        let mut wire = None;
         let (scheme, store, id): (&'static str, Arc<dyn ObjectStore>, String) = match parsed
             .scheme()
         {
             "s3" | "s3a" => {
                 let bucket = host_of(&parsed, url)?;
-                let store = build_s3(&bucket, options, url)?;
+                let (store, target) = build_s3(&bucket, options, url)?;
+                let credentials =
+                    (!options.skip_signature.unwrap_or(false)).then(|| store.credentials().clone());
+                wire = Some(S3Wire::new(
+                    crate::s3wire::Target {
+                        bucket: &bucket,
+                        prefix: &prefix,
+                        endpoint: target.endpoint.as_deref(),
+                        region: &target.region,
+                        virtual_hosted: target.virtual_hosted,
+                        timeout: target.timeout,
+                    },
+                    credentials,
+                )?);
                 let endpoint = s3_endpoint(options).unwrap_or_else(|| "aws".into());
                 let id = format!("s3://{bucket}/{prefix}@{}", endpoint.trim_end_matches('/'));
                 ("s3", Arc::new(store), id)
@@ -220,6 +275,7 @@ impl Backend {
                         scheme: "file",
                         store: fs.clone(),
                         local: Some(fs),
+                        wire: None,
                         retry,
                         telemetry,
                     }),
@@ -288,7 +344,14 @@ impl Backend {
                 prefix.as_str(),
             ))
         };
-        Ok(Self::from_store(id, scheme, store, retry, telemetry))
+        let mut backend = Self::from_store(id, scheme, store, retry, telemetry);
+        if let Some(w) = wire {
+            // Only just made: no clone of it exists yet.
+            if let Some(inner) = Arc::get_mut(&mut backend.inner) {
+                inner.wire = Some(w);
+            }
+        }
+        Ok(backend)
     }
 
     /// Wrap an existing `object_store` (for embedding and tests).
@@ -305,6 +368,7 @@ impl Backend {
                 scheme,
                 store,
                 local: None,
+                wire: None,
                 retry,
                 telemetry,
             }),
@@ -370,85 +434,61 @@ impl Backend {
         r
     }
 
-    /// Metadata of `key`.
-    pub async fn head(&self, ctx: &IoContext, key: &str) -> Result<ObjectMeta> {
-        let path = read_path(key)?;
-        let what = format!("HEAD {}/{key}", self.inner.id);
-        self.observe(ctx, Op::Head, key, |_| 0, async {
-            self.inner
-                .retry
-                .run(&self.inner.telemetry, Op::Head, || async {
-                    if self.inner.local.is_some() {
-                        let m = self
-                            .inner
-                            .store
-                            .head(&path)
-                            .await
-                            .map_err(|e| classify(e, &what))?;
-                        return Ok(self.meta_of(&path, m, &object_store::Attributes::new()));
-                    }
-                    // A HEAD that keeps the object's attributes (`ObjectStore::head` drops them).
-                    let opts = object_store::GetOptions {
-                        head: true,
-                        ..Default::default()
-                    };
-                    self.inner
-                        .store
-                        .get_opts(&path, opts)
-                        .await
-                        .map(|r| self.meta_of(&path, r.meta, &r.attributes))
-                        .map_err(|e| classify(e, &what))
-                })
-                .await
-        })
-        .await
+    /// Whether `key` may be asked of this backend: on S3, any key S3 allows (1 to 1,024 bytes: keys from an
+    /// origin are taken as they are, `x//y`, `./z` and `dir/` included); elsewhere a key Strata could have
+    /// written (see [`validate_key`]; a key ending in `/` names no object there).
+    pub fn check_read_key(&self, key: &str) -> Result<()> {
+        if self.inner.wire.is_some() {
+            return match key.len() {
+                0 => Err(Error::invalid_input("empty object key")),
+                1..=1024 => Ok(()),
+                _ => Err(Error::invalid_input(format!(
+                    "invalid object key {:?}...: longer than 1024 bytes",
+                    key.chars().take(32).collect::<String>()
+                ))),
+            };
+        }
+        read_path(key).map(|_| ())
     }
 
-    /// The whole object.
-    pub async fn get(&self, ctx: &IoContext, key: &str) -> Result<(ObjectMeta, Bytes)> {
-        let path = read_path(key)?;
-        let what = format!("GET {}/{key}", self.inner.id);
-        self.observe(
-            ctx,
-            Op::Get,
-            key,
-            |(_, b): &(ObjectMeta, Bytes)| b.len() as u64,
-            async {
-                self.inner
-                    .retry
-                    .run(&self.inner.telemetry, Op::Get, || async {
-                        let r = self
-                            .inner
-                            .store
-                            .get(&path)
-                            .await
-                            .map_err(|e| classify(e, &what))?;
-                        let meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
-                        let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
-                        Ok((meta, bytes))
-                    })
-                    .await
-            },
-        )
-        .await
-    }
-
-    /// One ranged GET, pinned to `if_match`: the server checks `If-Match`, and so do we, on the response's ETag
-    /// (some S3-compatible servers ignore the header).
-    async fn request_range(
+    /// One GET (or HEAD) of `key`, `range` of it when given, pinned to `if_match`: the server checks
+    /// `If-Match`, and so do we, on the response's ETag (some S3-compatible servers ignore the header). S3
+    /// backends ask through [`S3Wire`]; the others through `object_store`.
+    async fn fetch(
         &self,
-        path: &Path,
-        range: &Range<u64>,
+        key: &str,
+        range: Option<&Range<u64>>,
         if_match: Option<&str>,
+        head: bool,
         what: &str,
-    ) -> Result<object_store::GetResult> {
-        let opts = object_store::GetOptions::new()
-            .with_range(Some(range.clone()))
-            .with_if_match(if_match.map(str::to_string));
+    ) -> Result<Fetched> {
+        self.check_read_key(key)?;
+        if let Some(w) = &self.inner.wire {
+            let (meta, body) = w.get(key, range, if_match, head, what).await?;
+            return Ok(Fetched { meta, body });
+        }
+        let path = read_path(key)?;
+        if head && self.inner.local.is_some() {
+            let m = self
+                .inner
+                .store
+                .head(&path)
+                .await
+                .map_err(|e| classify(e, what))?;
+            let meta = self.meta_of(&path, m, &object_store::Attributes::new());
+            return Ok(Fetched::empty(meta));
+        }
+        // With `head`, a HEAD that keeps the object's attributes (`ObjectStore::head` drops them).
+        let opts = object_store::GetOptions {
+            head,
+            range: range.map(|r| r.clone().into()),
+            if_match: if_match.map(str::to_string),
+            ..Default::default()
+        };
         let r = self
             .inner
             .store
-            .get_opts(path, opts)
+            .get_opts(&path, opts)
             .await
             .map_err(|e| classify(e, what))?;
         if let (Some(expect), Some(got)) = (if_match, r.meta.e_tag.as_deref())
@@ -459,7 +499,56 @@ impl Backend {
                 format!("{what}: object changed (ETag {got}, expected {expect})"),
             ));
         }
-        Ok(r)
+        let meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
+        if head {
+            return Ok(Fetched::empty(meta));
+        }
+        let what = what.to_string();
+        let body = r
+            .into_stream()
+            .map(move |c| c.map_err(|e| classify(e, &what)))
+            .boxed();
+        Ok(Fetched { meta, body })
+    }
+
+    /// Metadata of `key`.
+    pub async fn head(&self, ctx: &IoContext, key: &str) -> Result<ObjectMeta> {
+        self.check_read_key(key)?;
+        let what = format!("HEAD {}/{key}", self.inner.id);
+        self.observe(ctx, Op::Head, key, |_| 0, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::Head, || async {
+                    Ok(self.fetch(key, None, None, true, &what).await?.meta)
+                })
+                .await
+        })
+        .await
+    }
+
+    /// The whole object.
+    pub async fn get(&self, ctx: &IoContext, key: &str) -> Result<(ObjectMeta, Bytes)> {
+        self.check_read_key(key)?;
+        let what = format!("GET {}/{key}", self.inner.id);
+        self.observe(
+            ctx,
+            Op::Get,
+            key,
+            |(_, b): &(ObjectMeta, Bytes)| b.len() as u64,
+            async {
+                self.inner
+                    .retry
+                    .run(&self.inner.telemetry, Op::Get, || async {
+                        let f = self.fetch(key, None, None, false, &what).await?;
+                        let want = f.meta.size;
+                        let meta = f.meta.clone();
+                        let bytes = f.collect(want, &what).await?;
+                        Ok((meta, bytes))
+                    })
+                    .await
+            },
+        )
+        .await
     }
 
     /// Bytes `range` of `key`. With `if_match`, the read fails with [`ErrorKind::PreconditionFailed`] unless the
@@ -472,7 +561,7 @@ impl Backend {
         range: Range<u64>,
         if_match: Option<&str>,
     ) -> Result<Bytes> {
-        let path = read_path(key)?;
+        self.check_read_key(key)?;
         if range.end <= range.start {
             return Ok(Bytes::new());
         }
@@ -487,15 +576,10 @@ impl Backend {
             self.inner
                 .retry
                 .run(&self.inner.telemetry, Op::Get, || async {
-                    let r = self.request_range(&path, &range, if_match, &what).await?;
-                    let bytes = r.bytes().await.map_err(|e| classify(e, &what))?;
-                    if (bytes.len() as u64) != want {
-                        return Err(Error::new(
-                            ErrorKind::Unavailable,
-                            format!("{what}: short read, got {} of {want} bytes", bytes.len()),
-                        ));
-                    }
-                    Ok(bytes)
+                    let f = self
+                        .fetch(key, Some(&range), if_match, false, &what)
+                        .await?;
+                    f.collect(want, &what).await
                 })
                 .await
         })
@@ -514,7 +598,7 @@ impl Backend {
         range: Range<u64>,
         if_match: Option<&str>,
     ) -> Result<futures::stream::BoxStream<'static, Result<Bytes>>> {
-        let path = read_path(key)?;
+        self.check_read_key(key)?;
         let what = format!(
             "GET {}/{key} bytes {}-{}",
             self.inner.id,
@@ -522,29 +606,27 @@ impl Backend {
             range.end.saturating_sub(1)
         );
         let start = Instant::now();
-        let r = self
-            .request_retried(ctx, key, &path, &range, if_match, &what, start)
+        let f = self
+            .request_retried(ctx, key, &range, if_match, &what, start)
             .await?;
-        Ok(self.body_stream(ctx, key, what, start, r))
+        Ok(self.body_stream(ctx, key, start, f.body))
     }
 
-    /// [`Self::request_range`] under the retry policy; a final failure is an I/O event.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Self::fetch`] of a range under the retry policy; a final failure is an I/O event.
     async fn request_retried(
         &self,
         ctx: &IoContext,
         key: &str,
-        path: &Path,
         range: &Range<u64>,
         if_match: Option<&str>,
         what: &str,
         start: Instant,
-    ) -> Result<object_store::GetResult> {
+    ) -> Result<Fetched> {
         let r = self
             .inner
             .retry
             .run(&self.inner.telemetry, Op::Get, || {
-                self.request_range(path, range, if_match, what)
+                self.fetch(key, Some(range), if_match, false, what)
             })
             .await;
         if let Err(e) = &r {
@@ -568,14 +650,13 @@ impl Backend {
         ObjectMeta,
         futures::stream::BoxStream<'static, Result<Bytes>>,
     )> {
-        let path = read_path(key)?;
+        self.check_read_key(key)?;
         let what = format!("GET {}/{key} bytes 0-{}", self.inner.id, len.max(1) - 1);
         let start = Instant::now();
-        let r = self
-            .request_retried(ctx, key, &path, &(0..len.max(1)), None, &what, start)
+        let f = self
+            .request_retried(ctx, key, &(0..len.max(1)), None, &what, start)
             .await?;
-        let meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
-        Ok((meta, self.body_stream(ctx, key, what, start, r)))
+        Ok((f.meta, self.body_stream(ctx, key, start, f.body)))
     }
 
     /// A response body as a stream of `Bytes`, with an I/O event when it ends (bytes, duration, outcome).
@@ -583,26 +664,23 @@ impl Backend {
         &self,
         ctx: &IoContext,
         key: &str,
-        what: String,
         start: Instant,
-        r: object_store::GetResult,
+        body: futures::stream::BoxStream<'static, Result<Bytes>>,
     ) -> futures::stream::BoxStream<'static, Result<Bytes>> {
         struct State {
-            inner: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+            inner: futures::stream::BoxStream<'static, Result<Bytes>>,
             backend: Backend,
             ctx: IoContext,
             key: String,
-            what: String,
             start: Instant,
             bytes: u64,
             done: bool,
         }
         let state = State {
-            inner: r.into_stream(),
+            inner: body,
             backend: self.clone(),
             ctx: ctx.clone(),
             key: key.to_string(),
-            what,
             start,
             bytes: 0,
             done: false,
@@ -617,7 +695,6 @@ impl Backend {
                     Some((Ok(b), st))
                 }
                 Some(Err(e)) => {
-                    let e = classify(e, &st.what);
                     st.backend.emit(
                         &st.ctx,
                         Op::Get,
@@ -913,8 +990,41 @@ impl Backend {
         max_keys: usize,
     ) -> Result<ListPage> {
         let what = format!("LIST {}/{prefix}", self.inner.id);
-        let (dir, name_prefix) = split_prefix(prefix)?;
         let max_keys = max_keys.max(1);
+        if let Some(w) = &self.inner.wire {
+            return self
+                .observe(ctx, Op::List, prefix, |_| 0, async {
+                    self.inner
+                        .retry
+                        .run(&self.inner.telemetry, Op::List, || async {
+                            // One more than the page shows whether another page follows.
+                            let (mut objects, _, _) = wire_list(
+                                w,
+                                prefix,
+                                None,
+                                start_after,
+                                |_| false,
+                                max_keys.saturating_add(1),
+                                &what,
+                            )
+                            .await?;
+                            let next = if objects.len() > max_keys {
+                                objects.truncate(max_keys);
+                                objects.last().map(|o| o.key.clone())
+                            } else {
+                                None
+                            };
+                            Ok(ListPage {
+                                objects,
+                                common_prefixes: Vec::new(),
+                                next_start_after: next,
+                            })
+                        })
+                        .await
+                })
+                .await;
+        }
+        let (dir, name_prefix) = split_prefix(prefix)?;
         let ordered = self.lists_in_order();
         self.observe(ctx, Op::List, prefix, |_| 0, async {
             self.inner
@@ -997,6 +1107,23 @@ impl Backend {
         if start_after.contains('\0') || end_before.is_some_and(|e| e.contains('\0')) {
             return Err(Error::invalid_input("listing bounds contain a NUL byte"));
         }
+        if let Some(w) = &self.inner.wire {
+            return self
+                .observe(ctx, Op::List, start_after, |_| 0, async {
+                    self.inner
+                        .retry
+                        .run(&self.inner.telemetry, Op::List, || async {
+                            let past_end =
+                                |m: &ObjectMeta| end_before.is_some_and(|e| m.key.as_str() >= e);
+                            let (objects, _, complete) =
+                                wire_list(w, "", None, Some(start_after), past_end, limit, &what)
+                                    .await?;
+                            Ok(ListSpan { objects, complete })
+                        })
+                        .await
+                })
+                .await;
+        }
         let ordered = self.lists_in_order();
         self.observe(ctx, Op::List, start_after, |_| 0, async {
             self.inner
@@ -1048,6 +1175,25 @@ impl Backend {
     /// Everything directly under `prefix` with `/` as the delimiter: objects plus common prefixes.
     pub async fn list_delimited(&self, ctx: &IoContext, prefix: &str) -> Result<ListPage> {
         let what = format!("LIST {}/{prefix} (delimited)", self.inner.id);
+        if let Some(w) = &self.inner.wire {
+            return self
+                .observe(ctx, Op::List, prefix, |_| 0, async {
+                    self.inner
+                        .retry
+                        .run(&self.inner.telemetry, Op::List, || async {
+                            let (objects, common_prefixes, _) =
+                                wire_list(w, prefix, Some("/"), None, |_| false, usize::MAX, &what)
+                                    .await?;
+                            Ok(ListPage {
+                                objects,
+                                common_prefixes,
+                                next_start_after: None,
+                            })
+                        })
+                        .await
+                })
+                .await;
+        }
         let (dir, name_prefix) = split_prefix(prefix)?;
         self.observe(ctx, Op::List, prefix, |_| 0, async {
             self.inner
@@ -1078,6 +1224,77 @@ impl Backend {
                         common_prefixes,
                         next_start_after: None,
                     })
+                })
+                .await
+        })
+        .await
+    }
+
+    /// The incomplete multipart uploads of keys under `prefix`: on S3, what ListMultipartUploads says; other
+    /// backends keep no upload beyond the process that wrote it, so none.
+    pub async fn incomplete_uploads(
+        &self,
+        ctx: &IoContext,
+        prefix: &str,
+    ) -> Result<Vec<crate::IncompleteUpload>> {
+        let Some(w) = &self.inner.wire else {
+            return Ok(Vec::new());
+        };
+        let what = format!("LIST uploads {}/{prefix}", self.inner.id);
+        self.observe(ctx, Op::List, prefix, |_| 0, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::List, || w.uploads(prefix, &what))
+                .await
+        })
+        .await
+    }
+
+    /// Abort the incomplete multipart uploads under `prefix` that `which` selects (a killed writer's, or ones
+    /// older than a threshold), freeing their parts; how many were aborted. Every one is tried; the first
+    /// failure is returned after.
+    pub async fn abort_uploads(
+        &self,
+        ctx: &IoContext,
+        prefix: &str,
+        which: impl Fn(&crate::IncompleteUpload) -> bool,
+    ) -> Result<usize> {
+        if self.inner.wire.is_none() {
+            return Ok(0);
+        }
+        let mut aborted = 0;
+        let mut first_err = None;
+        for u in self.incomplete_uploads(ctx, prefix).await? {
+            if !which(&u) {
+                continue;
+            }
+            match self.abort_upload(ctx, &u).await {
+                Ok(()) => aborted += 1,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(aborted),
+        }
+    }
+
+    /// Abort one incomplete multipart upload (one already gone counts as aborted).
+    pub async fn abort_upload(&self, ctx: &IoContext, u: &crate::IncompleteUpload) -> Result<()> {
+        let Some(w) = &self.inner.wire else {
+            return Ok(());
+        };
+        let what = format!(
+            "abort multipart {}/{} (upload {})",
+            self.inner.id, u.key, u.upload_id
+        );
+        self.observe(ctx, Op::Delete, &u.key, |_| 0, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::Delete, || {
+                    w.abort(&u.key, &u.upload_id, &what)
                 })
                 .await
         })
@@ -1242,7 +1459,19 @@ fn s3_endpoint(o: &BackendOptions) -> Option<String> {
         .or_else(|| std::env::var("AWS_ENDPOINT").ok())
 }
 
-fn build_s3(bucket: &str, o: &BackendOptions, url: &str) -> Result<object_store::aws::AmazonS3> {
+/// How an S3 backend is reached, for [`S3Wire`] (the same answers `object_store`'s builder was given).
+struct S3Target {
+    endpoint: Option<String>,
+    region: String,
+    virtual_hosted: bool,
+    timeout: Duration,
+}
+
+fn build_s3(
+    bucket: &str,
+    o: &BackendOptions,
+    url: &str,
+) -> Result<(object_store::aws::AmazonS3, S3Target)> {
     use object_store::aws::AmazonS3Builder;
     let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
     let endpoint = s3_endpoint(o);
@@ -1257,7 +1486,7 @@ fn build_s3(bucket: &str, o: &BackendOptions, url: &str) -> Result<object_store:
         .or_else(|| std::env::var("AWS_REGION").ok())
         .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
         .unwrap_or_else(|| "us-east-1".into());
-    b = b.with_region(region);
+    b = b.with_region(&region);
     if let Some(k) = &o.access_key_id {
         b = b.with_access_key_id(k);
     }
@@ -1267,7 +1496,8 @@ fn build_s3(bucket: &str, o: &BackendOptions, url: &str) -> Result<object_store:
     if let Some(t) = &o.session_token {
         b = b.with_token(t);
     }
-    b = b.with_virtual_hosted_style_request(o.virtual_hosted_style.unwrap_or(endpoint.is_none()));
+    let virtual_hosted = o.virtual_hosted_style.unwrap_or(endpoint.is_none());
+    b = b.with_virtual_hosted_style_request(virtual_hosted);
     if o.skip_signature.unwrap_or(false) {
         b = b.with_skip_signature(true);
     }
@@ -1281,14 +1511,61 @@ fn build_s3(bucket: &str, o: &BackendOptions, url: &str) -> Result<object_store:
                 .as_deref()
                 .is_some_and(|e| e.starts_with("http://")),
         );
-    b.with_client_options(client)
+    let store = b
+        .with_client_options(client)
         // Strata retries in one place (RetryPolicy), so object_store's own loop is off.
         .with_retry(object_store::RetryConfig {
             max_retries: 0,
             ..Default::default()
         })
         .build()
-        .map_err(|e| classify(e, &format!("configuring {url}")).with_retryable(false))
+        .map_err(|e| classify(e, &format!("configuring {url}")).with_retryable(false))?;
+    let target = S3Target {
+        endpoint,
+        region,
+        virtual_hosted,
+        timeout,
+    };
+    Ok((store, target))
+}
+
+/// A listing through [`S3Wire`], page after page: objects (in key order, after `start_after`) until `limit` of
+/// them or the first for which `past_end` holds, and the common prefixes. `complete`: the listing reached its
+/// end (or `past_end`) rather than the limit.
+async fn wire_list(
+    w: &S3Wire,
+    prefix: &str,
+    delimiter: Option<&str>,
+    start_after: Option<&str>,
+    past_end: impl Fn(&ObjectMeta) -> bool,
+    limit: usize,
+    what: &str,
+) -> Result<(Vec<ObjectMeta>, Vec<String>, bool)> {
+    let mut objects = Vec::new();
+    let mut prefixes = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let want = limit.saturating_sub(objects.len()).max(1);
+        let page = w
+            .list(prefix, delimiter, start_after, token.as_deref(), want, what)
+            .await?;
+        prefixes.extend(page.common_prefixes);
+        for m in page.objects {
+            if past_end(&m) {
+                return Ok((objects, prefixes, true));
+            }
+            if objects.len() == limit {
+                return Ok((objects, prefixes, false));
+            }
+            objects.push(m);
+        }
+        match page.next_token {
+            Some(t) if objects.len() < limit => token = Some(t),
+            // Full: complete only if nothing follows.
+            Some(_) => return Ok((objects, prefixes, false)),
+            None => return Ok((objects, prefixes, true)),
+        }
+    }
 }
 
 /// A listing offset as the backend compares it: the key itself, never percent-encoded (`Path::from` encodes

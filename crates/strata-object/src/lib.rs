@@ -24,9 +24,11 @@
 mod backend;
 mod classify;
 mod retry;
+mod s3wire;
 
 pub use backend::{
     Backend, BackendOptions, ListPage, ListSpan, MultipartUpload, PutMode, PutOutcome,
 };
 pub use classify::classify;
 pub use retry::RetryPolicy;
+pub use s3wire::IncompleteUpload;

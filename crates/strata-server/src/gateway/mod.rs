@@ -122,6 +122,18 @@ fn s3err(e: Error) -> S3Error {
     S3Error::with_message(code, e.message().to_string())
 }
 
+/// A key read from `backend`: any key its storage can hold (S3 origins: any key S3 allows, taken as it is).
+fn check_read_key(backend: &strata_object::Backend, key: &str) -> S3Result<()> {
+    backend.check_read_key(key).map_err(|e| {
+        let code = if key.len() > 1024 {
+            S3ErrorCode::KeyTooLongError
+        } else {
+            S3ErrorCode::InvalidArgument
+        };
+        S3Error::with_message(code, e.message().to_string())
+    })
+}
+
 fn check_key(key: &str) -> S3Result<()> {
     validate_key(key).map(|_| ()).map_err(|e| {
         let code = if key.len() > 1024 {

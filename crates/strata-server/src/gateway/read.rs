@@ -76,7 +76,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let input = req.input;
         let backend = self.backend(input.bucket())?;
-        check_key(input.key())?;
+        check_read_key(&backend, input.key())?;
         self.tenancy
             .attribute(input.bucket(), input.key(), &who.caller, Role::Reader)
             .await?;

@@ -290,9 +290,9 @@ impl Gateway {
             CopySource::Bucket { bucket, key, .. } => (bucket.to_string(), key.to_string()),
             _ => return Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
         };
-        check_key(&src_key)?;
         check_key(&input.key)?;
         let src = self.backend(&src_bucket)?;
+        check_read_key(&src, &src_key)?;
         let dst = self.backend(&input.bucket)?;
         self.tenancy
             .attribute(&src_bucket, &src_key, &who.caller, Role::Reader)
