@@ -396,3 +396,45 @@ def test_a_step_committed_while_the_store_was_down_is_uploaded_by_the_next_proce
     finally:
         server.terminate()
         server.wait()
+
+
+KILL_MID_UPLOAD = r"""
+import sys, numpy as np, strata
+local, remote = sys.argv[1], sys.argv[2]
+c = strata.Checkpointer("run-mpu", local, remote, rank=0, world_size=1, agent="")
+st = {"w": np.arange(24 << 20, dtype=np.float32), "step": 1}   # 96 MiB: six parts
+c.save(1, st).wait()
+print("finished", flush=True)
+"""
+
+
+def test_a_save_killed_mid_upload_leaves_no_incomplete_upload_after_the_next_start(tmp_path, s3, s3_env):
+    """kill -9 while a shard's multipart upload is in flight leaves its parts at the store; the next
+    Checkpointer of the run aborts that upload (its key is journaled in the local tier), then uploads the step
+    the killed process had committed locally."""
+    bucket = s3[len("s3://"):].split("/", 1)[0]
+    local = str(tmp_path / "nvme")
+    p = subprocess.Popen([sys.executable, "-c", KILL_MID_UPLOAD, local, s3], stdout=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not s3_env.list_multipart_uploads(Bucket=bucket).get("Uploads"):
+        assert p.poll() is None, "the save finished before its upload was seen"
+        assert time.time() < deadline, "no upload started"
+        time.sleep(0.01)
+    time.sleep(0.3)  # a part or two in
+    p.kill()
+    p.wait()
+    assert b"finished" not in p.stdout.read()
+    left = s3_env.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [u["Key"] for u in left] == ["runs/run-mpu/step-00000000000000000001/rank-00000.safetensors"], left
+    assert os.listdir(os.path.join(local, "run-mpu", "uploads")) == ["rank-00000.step-00000000000000000001"]
+
+    again = strata.Checkpointer("run-mpu", local, s3, rank=0, world_size=1, agent="")
+    again.pending_uploads.join(timeout=120)
+    assert not again.pending_uploads.is_alive()
+    assert s3_env.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert os.listdir(os.path.join(local, "run-mpu", "uploads")) == []
+    # Committed means eventually durable: the step the killed process committed locally is in the store now.
+    assert again.steps() == [1]
+    elsewhere = strata.Checkpointer("run-mpu", str(tmp_path / "other-node"), s3, rank=0, world_size=1, agent="")
+    step, got = elsewhere.load_latest()
+    assert step == 1 and np.array_equal(got["w"], np.arange(24 << 20, dtype=np.float32))

@@ -20,6 +20,7 @@
 
 pub mod format;
 pub mod handoff;
+mod journal;
 pub mod manifest;
 pub mod ops;
 pub mod quota;
@@ -247,6 +248,11 @@ pub struct Checkpointer {
     /// The steps in the local tier when this checkpointer was made: what [`Checkpointer::finish_pending`]
     /// may finish (never a step this process is saving).
     found: Arc<Vec<u64>>,
+    /// The local tier's journal of uploads in flight (none when the local tier is not a directory).
+    journal: Option<journal::UploadJournal>,
+    /// This rank's uploads a previous process journaled and never ended, when this checkpointer was made:
+    /// what [`Checkpointer::finish_pending`] aborts at the object store.
+    journaled: Arc<Vec<(u64, String)>>,
 }
 
 mod tokio_tasks {
@@ -313,6 +319,14 @@ impl Checkpointer {
                 .unwrap_or_default(),
             _ => Vec::new(),
         };
+        let journal = match &cfg.local {
+            Tier::Local(root) => Some(journal::UploadJournal::new(root, &cfg.run_id)),
+            _ => None,
+        };
+        let journaled = journal
+            .as_ref()
+            .map(|j| j.pending(cfg.rank))
+            .unwrap_or_default();
         Ok(Self {
             cfg: Arc::new(cfg),
             ctx,
@@ -320,6 +334,8 @@ impl Checkpointer {
             saves: Arc::default(),
             tasks: tokio_tasks::Tracker::default(),
             found: Arc::new(found),
+            journal,
+            journaled: Arc::new(journaled),
         })
     }
 
@@ -620,9 +636,20 @@ impl Checkpointer {
         // 3. The object store, on its schedule.
         if let (true, Some(remote)) = (upload, &cfg.remote) {
             let r = async {
+                // Journaled first, so a kill mid-upload leaves what the next process needs to abort it.
+                let journal = self
+                    .journal
+                    .as_ref()
+                    .filter(|_| matches!(remote, Tier::Remote(_)));
+                if let Some(j) = journal {
+                    j.begin(cfg.rank, step, &Tier::shard_key(run, step, cfg.rank))?;
+                }
                 let rec = remote
                     .write_shard(ctx, run, step, cfg.rank, header, tensors)
                     .await?;
+                if let Some(j) = journal {
+                    j.end(cfg.rank, step);
+                }
                 remote.write_record(ctx, run, step, &rec).await?;
                 if cfg.rank == 0 {
                     self.commit_when_complete(&[remote], step, metadata, &[remote])
@@ -651,6 +678,7 @@ impl Checkpointer {
             return Ok(Vec::new());
         };
         let run = &cfg.run_id;
+        self.abort_journaled(remote).await?;
         let newest_remote = remote.committed(&self.ctx, run).await?.into_iter().max();
         let mut steps = self.found.as_ref().clone();
         steps.sort_unstable();
@@ -675,6 +703,27 @@ impl Checkpointer {
             done.push(step);
         }
         Ok(done)
+    }
+
+    /// Abort at the object store the uploads a previous process of this rank journaled and never ended
+    /// (killed mid-upload, or its abort failed): their parts are freed, the entries removed. Returns how many
+    /// uploads were aborted; a failure (the store is away) leaves the entries for the next start.
+    pub async fn abort_journaled(&self, remote: &Tier) -> Result<usize> {
+        let (Some(j), Tier::Remote(b)) = (&self.journal, remote) else {
+            return Ok(0);
+        };
+        let mut aborted = 0;
+        for (step, key) in self.journaled.iter() {
+            aborted += b
+                .abort_uploads(&self.ctx, key, |u| u.key == *key)
+                .await
+                .map_err(|e| e.context(format!("aborting the unfinished upload of step {step}")))?;
+            j.end(self.cfg.rank, *step);
+        }
+        if aborted > 0 {
+            tracing::info!(run = %self.cfg.run_id, aborted, "aborted uploads a previous process left unfinished");
+        }
+        Ok(aborted)
     }
 
     /// Finish a save whose shard is already durable in the local tier: read it back (verified against its

@@ -221,6 +221,11 @@ impl Tier {
         root.join(run).join(step_dir(step))
     }
 
+    /// The object key of `rank`'s shard of `step` in an object-store tier.
+    pub fn shard_key(run: &str, step: u64, rank: u32) -> String {
+        Self::key(run, step, &shard_file(rank))
+    }
+
     fn key(run: &str, step: u64, file: &str) -> String {
         format!("{run}/{}/{file}", step_dir(step))
     }
