@@ -86,7 +86,7 @@ def origin():
 class Gateway:
     """One `strata serve` process with an S3 gateway; restartable on the same data dir."""
 
-    def __init__(self, origin_endpoint, umask=None):
+    def __init__(self, origin_endpoint, umask=None, extra=""):
         self.umask = umask  # started under this umask (default: the test's)
         self.dir = tempfile.mkdtemp(prefix="strata-gw-")
         self.data = os.path.join(self.dir, "data")
@@ -128,6 +128,7 @@ url = "s3://gw-origin"
 endpoint = "{origin_endpoint}"
 access_key_id = "{ORIGIN_KEY}"
 secret_access_key = "{ORIGIN_SECRET}"
+{extra}
 """)
         os.makedirs(self.mount, exist_ok=True)
         # The canary sits next to the local mount: no request may ever read or change it.

@@ -601,3 +601,30 @@ def test_origin_keys_and_metadata_are_taken_as_they_are(gateway, origin):
     for k in bodies:
         o.delete_object(Bucket="gw-origin", Key=k)
 
+
+def test_stale_incomplete_uploads_under_a_backend_are_aborted(origin):
+    """A writer killed mid-upload leaves its parts at the store, billed and invisible. The agent aborts
+    incomplete uploads under its configured backends once they are `abort_uploads_after_secs` old (by the
+    server's date and since it first saw them), and never one outside its backends."""
+    o = client(origin, ORIGIN_KEY, ORIGIN_SECRET)
+
+    def uploads(bucket):
+        return {u["UploadId"] for u in o.list_multipart_uploads(Bucket=bucket).get("Uploads", [])}
+
+    mine = o.create_multipart_upload(Bucket="gw-origin", Key="sweep/killed writer +%")["UploadId"]
+    o.upload_part(Bucket="gw-origin", Key="sweep/killed writer +%", UploadId=mine, PartNumber=1,
+                  Body=b"x" * (5 << 20))
+    theirs = o.create_multipart_upload(Bucket="direct", Key="sweep/not-a-backend")["UploadId"]
+    g = Gateway(origin, extra="[catalog]\nabort_uploads_after_secs = 3\n")
+    try:
+        # Just started: it has seen the upload for less than the threshold (moto dates every upload 2010,
+        # so the server's date alone would abort it at once).
+        assert mine in uploads("gw-origin")
+        deadline = time.time() + 30
+        while mine in uploads("gw-origin"):
+            assert time.time() < deadline, "the stale upload was never aborted"
+            time.sleep(0.2)
+        assert theirs in uploads("direct")
+    finally:
+        g.close()
+        o.abort_multipart_upload(Bucket="direct", Key="sweep/not-a-backend", UploadId=theirs)

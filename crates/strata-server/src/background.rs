@@ -1,7 +1,8 @@
 //! The agent's background work ([`spawn_background`]): access times from the gateway flushed to the catalog
 //! every 5 s, expired reservations reaped every minute, usage sampled every `catalog.sample_interval_secs`
-//! (teams and volumes) and forecasts recomputed, expired scratch moved to the trash. Every loop stops with
-//! the agent's cancellation token.
+//! (teams and volumes) and forecasts recomputed, expired scratch moved to the trash, incomplete multipart
+//! uploads older than `catalog.abort_uploads_after_secs` aborted. Every loop stops with the agent's
+//! cancellation token.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,6 +15,80 @@ use strata_types::Result;
 
 use crate::Agent;
 use crate::control::{compute_forecasts, release_scratch};
+
+/// The sweep of incomplete multipart uploads under the configured backends. An upload is aborted once it is
+/// `after` old by two witnesses: the server's `Initiated` (when it reports one) and the first time this agent
+/// saw it. The second keeps a server whose clock or dates are wrong (moto dates every upload 2010) and a
+/// skewed agent clock from aborting a live upload; restarting the agent only ever delays an abort.
+#[derive(Debug)]
+pub struct UploadSweep {
+    after: Duration,
+    /// When this agent first saw each upload (backend name, upload id); bounded by [`Self::MAX_TRACKED`].
+    seen: HashMap<(String, String), std::time::Instant>,
+}
+
+impl UploadSweep {
+    /// Uploads tracked at most; ones beyond it wait for a later sweep.
+    pub const MAX_TRACKED: usize = 100_000;
+
+    /// A sweep aborting uploads older than `after`.
+    pub fn new(after: Duration) -> Self {
+        Self {
+            after,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// One pass over every configured backend; how many uploads were aborted. Every backend is tried; the
+    /// first failure is returned after.
+    pub async fn run(&mut self, a: &Agent) -> Result<usize> {
+        let now_unix = a.catalog().now();
+        let now = std::time::Instant::now();
+        let ctx = strata_types::IoContext::default();
+        let mut alive = std::collections::HashSet::new();
+        let mut aborted = 0;
+        let mut first_err = None;
+        for b in a.backends() {
+            let uploads = match b.backend.incomplete_uploads(&ctx, "").await {
+                Ok(u) => u,
+                Err(e) => {
+                    first_err.get_or_insert(e.context(format!("backend {}", b.name)));
+                    continue;
+                }
+            };
+            for u in uploads {
+                let id = (b.name.clone(), u.upload_id.clone());
+                alive.insert(id.clone());
+                let first = match self.seen.get(&id) {
+                    Some(t) => *t,
+                    None if self.seen.len() < Self::MAX_TRACKED => {
+                        *self.seen.entry(id).or_insert(now)
+                    }
+                    None => continue,
+                };
+                let server_says_old = u.initiated_unix <= 0
+                    || now_unix.saturating_sub(u.initiated_unix) >= self.after.as_secs() as i64;
+                if now.duration_since(first) < self.after || !server_says_old {
+                    continue;
+                }
+                match b.backend.abort_upload(&ctx, &u).await {
+                    Ok(()) => {
+                        tracing::info!(backend = %b.name, key = %u.key, "aborted a stale incomplete multipart upload");
+                        aborted += 1;
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e.context(format!("backend {}", b.name)));
+                    }
+                }
+            }
+        }
+        self.seen.retain(|k, _| alive.contains(k));
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(aborted),
+        }
+    }
+}
 
 /// Take one usage sample of every team's total and every local volume.
 pub async fn sample_usage(a: &Agent) -> Result<()> {
@@ -101,6 +176,12 @@ pub fn spawn_background(
         let mut flush = tokio::time::interval(Duration::from_secs(5));
         let mut minute = tokio::time::interval(Duration::from_secs(60));
         let mut sample = tokio::time::interval(sample_every);
+        let abort_after = Duration::from_secs(agent.config().catalog.abort_uploads_after_secs);
+        let mut uploads = tokio::time::interval(
+            (abort_after / 4).clamp(Duration::from_secs(1), Duration::from_secs(3600)),
+        );
+        uploads.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweep = UploadSweep::new(abort_after);
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         minute.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -121,6 +202,11 @@ pub fn spawn_background(
                     }
                     if let Err(e) = expire_scratch(&agent).await {
                         tracing::warn!(error = %e, "expiring scratch");
+                    }
+                }
+                _ = uploads.tick(), if !abort_after.is_zero() => {
+                    if let Err(e) = sweep.run(&agent).await {
+                        tracing::warn!(error = %e, "aborting stale multipart uploads");
                     }
                 }
                 _ = sample.tick() => {

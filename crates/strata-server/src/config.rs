@@ -65,6 +65,11 @@ pub struct CatalogSection {
     pub reservation_ttl_secs: i64,
     /// Seconds trashed data is kept before `strata cleanup purge` deletes it. Default 7 days.
     pub trash_grace_secs: i64,
+    /// Incomplete multipart uploads under a configured S3 backend are aborted once they are this many seconds
+    /// old, both by the server's date and since this agent first saw them (checked at start, then every
+    /// quarter of it, at least every second and at most hourly): a killed writer's parts are not kept and
+    /// billed forever. 0 turns it off. Default 86400 (a day: longer than any live upload).
+    pub abort_uploads_after_secs: u64,
 }
 
 impl Default for CatalogSection {
@@ -76,6 +81,7 @@ impl Default for CatalogSection {
             forecast_window_days: 30,
             reservation_ttl_secs: 86_400,
             trash_grace_secs: 7 * 86_400,
+            abort_uploads_after_secs: 86_400,
         }
     }
 }
