@@ -7,8 +7,11 @@
 //! - **Identity**: [`Backend::id`] is canonical (scheme, bucket, prefix and, for S3, the endpoint; never a
 //!   credential) and part of every cache key. A URL's prefix becomes a `PrefixStore`; a `file://` URL a
 //!   local directory (created if missing).
-//! - **Reads**: [`Backend::head`] asks with `get_opts(head: true)`, since `object_store`'s own `head` drops
-//!   the attributes. Ranged reads ([`Backend::get_range`], [`Backend::get_range_stream`]) are one retried
+//! - **S3 reads and listings** go through [`S3Wire`] (Strata's own signed requests): keys are taken as they
+//!   are (`x//y`, `./z`, `dir/`, which `object_store`'s `Path` refuses or rewrites) and headers as they come.
+//!   Writes, deletes and copies stay on `object_store`. Every read shares one request shape ([`Fetched`]).
+//! - **Reads**: [`Backend::head`] asks with `get_opts(head: true)` elsewhere, since `object_store`'s own
+//!   `head` drops the attributes. Ranged reads ([`Backend::get_range`], [`Backend::get_range_stream`]) are one retried
 //!   request, pinned to an ETag when asked; [`Backend::get_head_stream`] returns the metadata as soon as the
 //!   response headers are in and the bytes as they arrive (how the cache opens an object it has not seen
 //!   without a HEAD). The caller of a stream checks it got every byte and decides whether to retry a stream
