@@ -584,6 +584,8 @@ def test_origin_keys_and_metadata_are_taken_as_they_are(gateway, origin):
     assert {p["Prefix"] for p in r["CommonPrefixes"]} == {"odd/x/", "odd/./", "odd/a/", "odd/dir/"}
     r = s3.list_objects_v2(Bucket="origin", Prefix="odd/dir/", Delimiter="/")
     assert {x["Key"] for x in r["Contents"]} == {"odd/dir/", "odd/dir/inside"}
+    r = s3.list_objects_v2(Bucket="origin", Prefix="odd/a/../")
+    assert [x["Key"] for x in r["Contents"]] == ["odd/a/../b"]
     for k, v in bodies.items():
         assert s3.get_object(Bucket="origin", Key=k)["Body"].read() == v, k  # cold
         assert s3.get_object(Bucket="origin", Key=k)["Body"].read() == v, k  # from the cache

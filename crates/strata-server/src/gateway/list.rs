@@ -134,7 +134,12 @@ impl Gateway {
         after: Option<&str>,
         max: usize,
     ) -> S3Result<(Vec<Object>, Vec<CommonPrefix>, Option<String>)> {
-        if !prefix.is_empty() && (prefix.contains('\0') || prefix.split('/').any(|s| s == "..")) {
+        // A prefix naming a path outside the directory never reaches a local-directory backend; an S3 origin
+        // takes it as the key prefix it is (`a/../` is a prefix of the key `a/../b`).
+        if !prefix.is_empty()
+            && backend.scheme() != "s3"
+            && (prefix.contains('\0') || prefix.split('/').any(|s| s == ".."))
+        {
             return Err(s3_error!(InvalidArgument, "invalid prefix"));
         }
         match delimiter {
