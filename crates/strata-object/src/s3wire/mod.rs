@@ -34,7 +34,7 @@ use strata_types::{Error, ErrorKind, ObjectAttrs, ObjectMeta, Result};
 
 use crate::classify::status_kind;
 
-type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+type Https = hyper_rustls::HttpsConnector<Connect>;
 
 /// The most of an error response's body read for its code and message.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
@@ -135,12 +135,34 @@ impl S3Wire {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(5)));
+        // Through a proxy when the environment names one for this endpoint, as every other HTTP client of
+        // Strata (object_store's, for writes) does: `HTTPS_PROXY`/`HTTP_PROXY`/`ALL_PROXY`, `NO_PROXY`.
+        let target: http::Uri = format!("{scheme}://{authority}/").parse().map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                format!("invalid S3 endpoint {authority:?}: {e}"),
+            )
+        })?;
+        let connect =
+            match hyper_util::client::proxy::matcher::Matcher::from_env().intercept(&target) {
+                None => Connect::Direct(http),
+                Some(proxy) => {
+                    let mut tunnel = hyper_util::client::legacy::connect::proxy::Tunnel::new(
+                        proxy.uri().clone(),
+                        http,
+                    );
+                    if let Some(auth) = proxy.basic_auth() {
+                        tunnel = tunnel.with_auth(auth.clone());
+                    }
+                    Connect::Proxied(tunnel)
+                }
+            };
         let tls = tls_config()?;
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
-            .wrap_connector(http);
+            .wrap_connector(connect);
         let client = Client::builder(hyper_util::rt::TokioExecutor::new())
             .pool_max_idle_per_host(64)
             .build(https);
@@ -545,6 +567,47 @@ impl S3Wire {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// How connections to the endpoint are made: directly, or through an HTTP proxy's `CONNECT` tunnel.
+#[derive(Clone)]
+enum Connect {
+    Direct(HttpConnector),
+    Proxied(hyper_util::client::legacy::connect::proxy::Tunnel<HttpConnector>),
+}
+
+type Conn = <HttpConnector as tower_service::Service<http::Uri>>::Response;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<http::Uri> for Connect {
+    type Response = Conn;
+    type Error = BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::result::Result<Conn, BoxError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), BoxError>> {
+        match self {
+            Connect::Direct(c) => c.poll_ready(cx).map_err(Into::into),
+            Connect::Proxied(t) => t.poll_ready(cx).map_err(Into::into),
+        }
+    }
+
+    fn call(&mut self, dst: http::Uri) -> Self::Future {
+        match self {
+            Connect::Direct(c) => {
+                let f = c.call(dst);
+                Box::pin(async move { f.await.map_err(Into::into) })
+            }
+            Connect::Proxied(t) => {
+                let f = t.call(dst);
+                Box::pin(async move { f.await.map_err(Into::into) })
+            }
         }
     }
 }
