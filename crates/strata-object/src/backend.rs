@@ -1175,6 +1175,71 @@ impl Backend {
         matches!(self.inner.scheme, "s3" | "gs" | "az" | "memory")
     }
 
+    /// Everything under `prefix` grouped by `delimiter` as S3 groups it: keys with no `delimiter` after the
+    /// prefix are objects; the others roll up into common prefixes (the prefix, up to and including the
+    /// first `delimiter` after it), in key order. S3 groups natively; other backends group a recursive
+    /// listing of the prefix (`/` on a local directory reads only its level, [`Self::list_delimited`]).
+    pub async fn list_grouped(
+        &self,
+        ctx: &IoContext,
+        prefix: &str,
+        delimiter: &str,
+    ) -> Result<ListPage> {
+        if delimiter.is_empty() {
+            return Err(Error::invalid_input("an empty delimiter groups nothing"));
+        }
+        if delimiter == "/" && self.inner.wire.is_none() {
+            return self.list_delimited(ctx, prefix).await;
+        }
+        if let Some(w) = &self.inner.wire {
+            let what = format!("LIST {}/{prefix} (delimiter {delimiter:?})", self.inner.id);
+            return self
+                .observe(ctx, Op::List, prefix, |_| 0, async {
+                    self.inner
+                        .retry
+                        .run(&self.inner.telemetry, Op::List, || async {
+                            let (objects, common_prefixes, _) = wire_list(
+                                w,
+                                prefix,
+                                Some(delimiter),
+                                None,
+                                |_| false,
+                                usize::MAX,
+                                &what,
+                            )
+                            .await?;
+                            Ok(ListPage {
+                                objects,
+                                common_prefixes,
+                                next_start_after: None,
+                            })
+                        })
+                        .await
+                })
+                .await;
+        }
+        let all = self.list_page(ctx, prefix, None, usize::MAX).await?;
+        let mut objects = Vec::new();
+        let mut common_prefixes: Vec<String> = Vec::new();
+        for o in all.objects {
+            match o.key[prefix.len()..].find(delimiter) {
+                None => objects.push(o),
+                Some(i) => {
+                    let p = &o.key[..prefix.len() + i + delimiter.len()];
+                    // Keys come in order, so a prefix's keys are contiguous.
+                    if common_prefixes.last().map(String::as_str) != Some(p) {
+                        common_prefixes.push(p.to_string());
+                    }
+                }
+            }
+        }
+        Ok(ListPage {
+            objects,
+            common_prefixes,
+            next_start_after: None,
+        })
+    }
+
     /// Everything directly under `prefix` with `/` as the delimiter: objects plus common prefixes.
     pub async fn list_delimited(&self, ctx: &IoContext, prefix: &str) -> Result<ListPage> {
         let what = format!("LIST {}/{prefix} (delimited)", self.inner.id);

@@ -58,7 +58,7 @@ impl Gateway {
             // One more than the page: whether a visible entry follows decides IsTruncated. A delimited listing
             // reads the whole level at once anyway: take all of it, so it is read once, not once per page of
             // hidden entries.
-            let want = if matches!(delimiter, Some("/")) {
+            let want = if delimiter.is_some_and(|d| !d.is_empty()) {
                 usize::MAX
             } else {
                 (max + 1 - objects.len() - prefixes.len()).clamp(1, 1000)
@@ -163,8 +163,8 @@ impl Gateway {
                     },
                 ))
             }
-            Some("/") => {
-                let page = backend.list_delimited(ctx, prefix).await.map_err(s3err)?;
+            Some(d) => {
+                let page = backend.list_grouped(ctx, prefix, d).await.map_err(s3err)?;
                 // Merge objects and prefixes in key order, then page.
                 let mut entries: Vec<(String, Option<ObjectMeta>)> = page
                     .objects
@@ -191,10 +191,6 @@ impl Gateway {
                 }
                 Ok((objects, prefixes, next))
             }
-            Some(d) => Err(s3_error!(
-                NotImplemented,
-                "only '/' is supported as a delimiter, not {d:?}"
-            )),
         }
     }
 
@@ -206,6 +202,7 @@ impl Gateway {
         let ctx = who.ctx.clone();
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
+        let url = url_encoded(input.encoding_type.as_ref())?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let max = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;
         let token = input
@@ -236,16 +233,20 @@ impl Gateway {
             .as_deref()
             .map(|n| self.token_encode(&input.bucket, &prefix, n))
             .transpose()?;
+        let (objects, prefixes) = encode_entries(url, objects, prefixes);
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(input.bucket),
-            prefix: input.prefix,
-            delimiter: input.delimiter,
+            prefix: Some(encode(url, input.prefix.unwrap_or_default())),
+            delimiter: input
+                .delimiter
+                .filter(|d| !d.is_empty())
+                .map(|d| encode(url, d)),
             max_keys: Some(max as i32),
             key_count: Some(key_count),
             is_truncated: Some(next.is_some()),
             next_continuation_token: next_token,
             continuation_token: input.continuation_token,
-            start_after: input.start_after,
+            start_after: input.start_after.map(|s| encode(url, s)),
             contents: Some(objects),
             common_prefixes: Some(prefixes),
             encoding_type: input.encoding_type,
@@ -261,6 +262,7 @@ impl Gateway {
         let ctx = who.ctx.clone();
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
+        let url = url_encoded(input.encoding_type.as_ref())?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let max = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;
         // Keys under a prefix owned by a team the caller may not read are not shown; NextMarker is the last key
@@ -278,18 +280,68 @@ impl Gateway {
                 false,
             )
             .await?;
+        let (objects, prefixes) = encode_entries(url, objects, prefixes);
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
-            prefix: input.prefix,
-            delimiter: input.delimiter,
-            marker: input.marker,
+            prefix: Some(encode(url, input.prefix.unwrap_or_default())),
+            delimiter: input
+                .delimiter
+                .filter(|d| !d.is_empty())
+                .map(|d| encode(url, d)),
+            // S3 always sends Marker, empty on a first page (s3fs looks for it).
+            marker: Some(encode(url, input.marker.unwrap_or_default())),
             max_keys: Some(max as i32),
             is_truncated: Some(next.is_some()),
-            next_marker: next,
+            next_marker: next.map(|n| encode(url, n)),
             contents: Some(objects),
             common_prefixes: Some(prefixes),
             encoding_type: input.encoding_type,
             ..Default::default()
         }))
     }
+}
+
+/// Characters a listing with `EncodingType=url` leaves as they are: the unreserved ones and `/`, as S3 does
+/// (`test_file(3).png` is `test_file%283%29.png`).
+const LISTING_KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b'/');
+
+/// Whether the listing's names go out URL-encoded; an encoding S3 does not know is its `InvalidArgument`.
+fn url_encoded(e: Option<&EncodingType>) -> S3Result<bool> {
+    match e.map(EncodingType::as_str) {
+        None => Ok(false),
+        Some(EncodingType::URL) => Ok(true),
+        Some(other) => Err(s3_error!(
+            InvalidArgument,
+            "Invalid Encoding Method specified in Request: {other:?}"
+        )),
+    }
+}
+
+/// A name as the listing sends it (`EncodingType=url`: percent-encoded; clients decode it).
+fn encode(url: bool, s: String) -> String {
+    match url {
+        true => percent_encoding::utf8_percent_encode(&s, LISTING_KEEP).to_string(),
+        false => s,
+    }
+}
+
+fn encode_entries(
+    url: bool,
+    mut objects: Vec<Object>,
+    mut prefixes: Vec<CommonPrefix>,
+) -> (Vec<Object>, Vec<CommonPrefix>) {
+    if url {
+        for o in &mut objects {
+            o.key = o.key.take().map(|k| encode(true, k));
+        }
+        for p in &mut prefixes {
+            p.prefix = p.prefix.take().map(|k| encode(true, k));
+        }
+    }
+    (objects, prefixes)
 }
