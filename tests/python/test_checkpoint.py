@@ -438,3 +438,40 @@ def test_a_save_killed_mid_upload_leaves_no_incomplete_upload_after_the_next_sta
     elsewhere = strata.Checkpointer("run-mpu", str(tmp_path / "other-node"), s3, rank=0, world_size=1, agent="")
     step, got = elsewhere.load_latest()
     assert step == 1 and np.array_equal(got["w"], np.arange(24 << 20, dtype=np.float32))
+
+
+def test_a_step_killed_before_its_manifest_is_not_uploaded_and_its_resave_is_whole(tmp_path, s3):
+    """A process killed after a step's shard and record were durable but before its manifest: that step was
+    never committed, so the next process resumes from the one before and saves the step again. The pending
+    uploads must not commit the dead process's copy in the store (the re-save then failed, after overwriting
+    the store's shard with bytes that no longer matched its manifest)."""
+    local = str(tmp_path / "nvme")
+    dead = strata.Checkpointer("r", local, s3, rank=0, world_size=1, agent="", keep_local=0, upload_every=2)
+    assert dead.save(1, {"w": np.full(4, 1.0, np.float32)}).wait() == "done"   # uploaded
+    assert dead.save(2, {"w": np.full(4, 2.0, np.float32)}).wait() == "done"   # local only (upload_every=2)
+    del dead
+    os.remove(os.path.join(local, "r", "step-%020d" % 2, "manifest.json"))     # killed before the commit
+    again = strata.Checkpointer("r", local, s3, rank=0, world_size=1, agent="", keep_local=0)
+    step, _ = again.load_latest()
+    assert step == 1
+    again.pending_uploads.join(timeout=60)
+    store = strata.Checkpointer("r", str(tmp_path / "store-only"), s3, rank=0, world_size=1, agent="")
+    assert store.steps() == [1]
+    h = again.save(2, {"w": np.full(4, 20.0, np.float32)})   # another value, as a GPU step may give
+    assert h.wait() == "done", h.error
+    assert np.array_equal(again.load(2)["w"], np.full(4, 20.0, np.float32))
+    fresh = strata.Checkpointer("r", str(tmp_path / "fresh"), s3, rank=0, world_size=1, agent="")
+    assert np.array_equal(fresh.load(2)["w"], np.full(4, 20.0, np.float32))
+
+
+def test_a_committed_step_is_never_overwritten_by_another_save_of_it(tmp_path, s3):
+    """A committed checkpoint is immutable: saving the same step again fails, and every tier keeps the
+    committed bytes (a replaced shard would no longer match its manifest)."""
+    local = str(tmp_path / "nvme")
+    c = strata.Checkpointer("imm", local, s3, rank=0, world_size=1, agent="")
+    assert c.save(3, {"w": np.full(4, 3.0, np.float32)}).wait() == "done"
+    h = c.save(3, {"w": np.full(4, 30.0, np.float32)})
+    assert h.wait() == "failed" and "already committed" in str(h.error), h.error
+    assert np.array_equal(c.load(3)["w"], np.full(4, 3.0, np.float32))
+    fresh = strata.Checkpointer("imm", str(tmp_path / "fresh"), s3, rank=0, world_size=1, agent="")
+    assert np.array_equal(fresh.load(3)["w"], np.full(4, 3.0, np.float32))

@@ -38,6 +38,17 @@ pub use format::Tensor;
 pub use manifest::{Manifest, ShardRecord};
 pub use tier::Tier;
 
+/// The refusal of a save of a step `tier` has committed.
+fn already_committed(run: &str, step: u64, tier: &Tier) -> Error {
+    Error::new(
+        ErrorKind::AlreadyExists,
+        format!(
+            "step {step} of run {run} is already committed in {}: a committed checkpoint is never overwritten (save another step, or delete this one first)",
+            tier.describe()
+        ),
+    )
+}
+
 /// Where a streamed save's tensors go, in the order of its specs (see [`Checkpointer::save_stream`]).
 #[derive(Debug)]
 pub struct TensorSink {
@@ -405,6 +416,18 @@ impl Checkpointer {
             .iter()
             .map(format::Spec::byte_len)
             .collect::<Result<Vec<u64>>>()?;
+        // A committed checkpoint is immutable: its shards are never replaced (they would no longer match the
+        // manifest). The local tier is checked here, before any byte; the other tiers before their writes.
+        if let Tier::Local(root) = &self.cfg.local
+            && Tier::local_step(root, &self.cfg.run_id, step)
+                .join(manifest::MANIFEST)
+                .exists()
+        {
+            let e = already_committed(&self.cfg.run_id, step, &self.cfg.local);
+            tracing::error!(run = %self.cfg.run_id, step, error = %e, "checkpoint save refused");
+            let (_tx, rx) = watch::channel(SaveState::Failed(e));
+            return Ok((SaveHandle { step, rx }, TensorSink::discard(lens)));
+        }
         let permit = match self.cfg.overlap {
             Overlap::Wait => self
                 .running
@@ -597,6 +620,32 @@ impl Checkpointer {
         all_ok(failed)
     }
 
+    /// Whether `step` still has to be written to `tier`: `false` when the tier has it committed with exactly
+    /// this rank's shard (a retried upload: nothing to do); an error when it has it committed with other
+    /// bytes, which are never replaced.
+    async fn uncommitted_in(
+        &self,
+        tier: &Tier,
+        step: u64,
+        header: &[u8],
+        tensors: &[Tensor],
+    ) -> Result<bool> {
+        let cfg = &self.cfg;
+        let Some(m) = tier.manifest(&self.ctx, &cfg.run_id, step).await? else {
+            return Ok(true);
+        };
+        let mut h = blake3::Hasher::new();
+        h.update(header);
+        for t in tensors {
+            h.update(&t.data);
+        }
+        let ours = h.finalize().to_hex();
+        match m.shards.iter().find(|r| r.rank == cfg.rank) {
+            Some(r) if r.blake3 == ours.as_str() => Ok(false),
+            _ => Err(already_committed(&cfg.run_id, step, tier)),
+        }
+    }
+
     /// The tiers after the local one: replicas on peers, then the object store (when `upload`). Returns the
     /// failures. `header` followed by `tensors` is the shard file (a whole file with no tensors works too).
     async fn replicate(
@@ -615,6 +664,9 @@ impl Checkpointer {
         let targets = self.replica_targets();
         for peer in &targets {
             let r = async {
+                if !self.uncommitted_in(peer, step, header, tensors).await? {
+                    return Ok(());
+                }
                 let rec = peer
                     .write_shard(ctx, run, step, cfg.rank, header, tensors)
                     .await?;
@@ -637,6 +689,9 @@ impl Checkpointer {
         if let (true, Some(remote)) = (upload, &cfg.remote) {
             let r = async {
                 // Journaled first, so a kill mid-upload leaves what the next process needs to abort it.
+                if !self.uncommitted_in(remote, step, header, tensors).await? {
+                    return Ok(());
+                }
                 let journal = self
                     .journal
                     .as_ref()
@@ -680,7 +735,31 @@ impl Checkpointer {
         let run = &cfg.run_id;
         self.abort_journaled(remote).await?;
         let newest_remote = remote.committed(&self.ctx, run).await?.into_iter().max();
-        let mut steps = self.found.as_ref().clone();
+        // Only steps committed in a tier besides the store: one whose manifest was never written (the process
+        // was killed first) was never a checkpoint, and the job, resuming from the one before, saves it again.
+        let mut committed: std::collections::BTreeSet<u64> = match cfg.local_is_shared {
+            true => cfg
+                .local
+                .committed(&self.ctx, run)
+                .await?
+                .into_iter()
+                .collect(),
+            false => Default::default(),
+        };
+        for p in &cfg.peers {
+            match p.committed(&self.ctx, run).await {
+                Ok(c) => committed.extend(c),
+                Err(e) => {
+                    tracing::warn!(peer = %p.describe(), error = %e, "listing a peer's checkpoints")
+                }
+            }
+        }
+        let mut steps: Vec<u64> = self
+            .found
+            .iter()
+            .copied()
+            .filter(|s| committed.contains(s))
+            .collect();
         steps.sort_unstable();
         let mut done = Vec::new();
         for step in steps {
