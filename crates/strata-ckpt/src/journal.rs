@@ -8,12 +8,58 @@
 //! ([`crate::Checkpointer::finish_pending`]) aborts every incomplete upload of each key its rank journaled,
 //! then removes the entry. Keys name the rank's own shard, so no other rank's upload is ever touched.
 //! Uploads no journal knows of (a lost node) are the clean-up's: see `strata_object::Backend::abort_uploads`.
+//!
+//! The same start sweeps the run's step directories of temporary files (`.<name>.tmp-<pid>`) a killed
+//! writer left: those untouched for [`STALE_TMP`] (a live writer keeps writing; a process id says nothing
+//! across the pid namespaces of containers that share a node's disk).
 
 use std::path::{Path, PathBuf};
 
 use strata_types::{Error, Result};
 
 use crate::manifest::step_dir;
+
+/// How long a temporary file of a checkpoint write may go unmodified before it counts as a dead writer's.
+pub(crate) const STALE_TMP: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Remove the temporary files killed writers left in `run`'s step directories under `root` (untouched for
+/// [`STALE_TMP`]); how many.
+pub(crate) fn sweep_stale_tmp(root: &Path, run: &str) -> usize {
+    let Ok(steps) = std::fs::read_dir(root.join(run)) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for step in steps.filter_map(|e| e.ok()) {
+        let is_step = step
+            .file_name()
+            .to_str()
+            .and_then(crate::manifest::parse_step_dir)
+            .is_some();
+        if !is_step {
+            continue;
+        }
+        let Ok(files) = std::fs::read_dir(step.path()) else {
+            continue;
+        };
+        for f in files.filter_map(|e| e.ok()) {
+            let name = f.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if !(name.starts_with('.') && name.contains(".tmp-")) {
+                continue;
+            }
+            let stale = f
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= STALE_TMP);
+            if stale && std::fs::remove_file(f.path()).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
 
 /// The journal of one run in one local tier.
 #[derive(Debug, Clone)]
@@ -79,6 +125,30 @@ impl UploadJournal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temporary_files_untouched_for_an_hour_are_swept_and_others_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let step = dir.path().join("run").join(step_dir(4));
+        std::fs::create_dir_all(&step).unwrap();
+        let old = step.join(".rank-00000.safetensors.tmp-4242");
+        let fresh = step.join(".manifest.json.tmp-4343");
+        let shard = step.join("rank-00000.safetensors");
+        for p in [&old, &fresh, &shard] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let long_ago = std::time::SystemTime::now() - STALE_TMP - std::time::Duration::from_secs(5);
+        for p in [&old, &shard] {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(long_ago)
+                .unwrap();
+        }
+        assert_eq!(sweep_stale_tmp(dir.path(), "run"), 1);
+        assert!(!old.exists() && fresh.exists() && shard.exists());
+    }
 
     #[test]
     fn entries_are_per_rank_and_step_and_end() {

@@ -331,7 +331,13 @@ impl Checkpointer {
             _ => Vec::new(),
         };
         let journal = match &cfg.local {
-            Tier::Local(root) => Some(journal::UploadJournal::new(root, &cfg.run_id)),
+            Tier::Local(root) => {
+                let swept = journal::sweep_stale_tmp(root, &cfg.run_id);
+                if swept > 0 {
+                    tracing::info!(run = %cfg.run_id, swept, "removed temporary files killed writers left");
+                }
+                Some(journal::UploadJournal::new(root, &cfg.run_id))
+            }
             _ => None,
         };
         let journaled = journal
