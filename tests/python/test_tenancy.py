@@ -752,48 +752,54 @@ def test_an_xml_body_over_the_limit_is_a_clear_400(tenancy):
     s3.list_objects_v2(Bucket="default", Prefix="vision/")   # the gateway is fine
 
 
-def test_local_directory_keys_never_alias_and_conflicts_are_clear(tenancy):
-    """On a local-directory backend `P` and `P/` are never the same object, no team can block another's owned
-    prefix by creating the file in its way, and a key that cannot exist beside another is a clear 400."""
+def test_local_directory_keys_never_alias_and_every_key_is_stored(tenancy):
+    """On a local-directory backend `P` and `P/` are two objects, never one; an object can also be a prefix
+    (`P` and `P/x`), whichever comes first, by PUT, copy or multipart upload; no team can block another's
+    owned prefix by creating the object in its way."""
     gw, keys, _ = tenancy
     cli(gw, "prefix", "own", "default", "va-empty", "vision")
     vision, nlp = s3_for(gw, keys["vision"]), s3_for(gw, keys["nlp"])
-    # `P/` is refused rather than stored as `P`; nothing appears.
-    with pytest.raises(ClientError) as e:
-        vision.put_object(Bucket="default", Key="va-empty/", Body=b"")
-    assert code_of(e.value) == ("InvalidArgument", 400), e.value.response
-    assert not os.path.exists(os.path.join(gw.mount, "va-empty"))
-    # Another team cannot put a file where vision's prefix needs its directory.
+    vision.put_object(Bucket="default", Key="va-empty/", Body=b"folder marker")
+    # Another team cannot put an object where vision's prefix is.
     with pytest.raises(ClientError) as e:
         nlp.put_object(Bucket="default", Key="va-empty", Body=b"in the way")
     assert code_of(e.value) == ("AccessDenied", 403), e.value.response
     vision.put_object(Bucket="default", Key="va-empty/x", Body=b"x")
-    # `P` read, overwritten or deleted through `P/`: never.
+    vision.put_object(Bucket="default", Key="va-empty", Body=b"the object P")
+    # `P` is never read, overwritten or deleted through `P/`, nor the other way round.
     nlp.put_object(Bucket="default", Key="open-p", Body=b"the file P")
     with pytest.raises(ClientError) as e:
         nlp.get_object(Bucket="default", Key="open-p/")
     assert code_of(e.value)[1] == 404, e.value.response
     nlp.delete_object(Bucket="default", Key="open-p/")
     assert nlp.get_object(Bucket="default", Key="open-p")["Body"].read() == b"the file P"
-    # A file and a directory of the same name cannot both exist: a 400 naming the conflict, never a 500.
-    with pytest.raises(ClientError) as e:
-        nlp.put_object(Bucket="default", Key="open-p/below", Body=b"b")
-    assert code_of(e.value) == ("InvalidArgument", 400), e.value.response
-    assert "open-p" in e.value.response["Error"]["Message"]
+    nlp.put_object(Bucket="default", Key="open-p/", Body=b"P/")
+    nlp.put_object(Bucket="default", Key="open-p/below", Body=b"b")
+    # An object that is also a prefix, made the other way round, by each kind of write.
     nlp.put_object(Bucket="default", Key="open-d/below", Body=b"b")
-    for attempt in (lambda: nlp.put_object(Bucket="default", Key="open-d", Body=b"d"),
-                    lambda: nlp.copy_object(Bucket="default", Key="open-d",
-                                            CopySource={"Bucket": "default", "Key": "open-p"})):
-        with pytest.raises(ClientError) as e:
-            attempt()
-        assert code_of(e.value) == ("InvalidArgument", 400), e.value.response
-    up = nlp.create_multipart_upload(Bucket="default", Key="open-d")["UploadId"]
-    part = nlp.upload_part(Bucket="default", Key="open-d", UploadId=up, PartNumber=1, Body=b"m")
-    with pytest.raises(ClientError) as e:
-        nlp.complete_multipart_upload(Bucket="default", Key="open-d", UploadId=up,
-                                      MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
-    assert code_of(e.value)[1] == 400, e.value.response
-    assert nlp.get_object(Bucket="default", Key="open-d/below")["Body"].read() == b"b"
+    nlp.put_object(Bucket="default", Key="open-d", Body=b"d")
+    nlp.copy_object(Bucket="default", Key="open-c", CopySource={"Bucket": "default", "Key": "open-p"})
+    nlp.put_object(Bucket="default", Key="open-c/x", Body=b"cx")
+    nlp.put_object(Bucket="default", Key="open-m/x", Body=b"mx")
+    up = nlp.create_multipart_upload(Bucket="default", Key="open-m")["UploadId"]
+    part = nlp.upload_part(Bucket="default", Key="open-m", UploadId=up, PartNumber=1, Body=b"m")
+    nlp.complete_multipart_upload(Bucket="default", Key="open-m", UploadId=up,
+                                  MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
+    want = {"va-empty/": b"folder marker", "va-empty/x": b"x", "va-empty": b"the object P",
+            "open-p": b"the file P", "open-p/": b"P/", "open-p/below": b"b", "open-d/below": b"b",
+            "open-d": b"d", "open-c": b"the file P", "open-c/x": b"cx", "open-m/x": b"mx", "open-m": b"m"}
+    for k, v in want.items():
+        assert vision.get_object(Bucket="default", Key=k)["Body"].read() == v, k
+    listed = {x["Key"] for p in ("va-empty", "open-") for x in
+              vision.list_objects_v2(Bucket="default", Prefix=p).get("Contents", [])}
+    assert set(want) <= listed and not {k for k in listed - set(want) if k.split("/")[0] in
+                                        {"va-empty", "open-p", "open-d", "open-c", "open-m"}}, listed
+    r = vision.list_objects_v2(Bucket="default", Prefix="open-p", Delimiter="/")
+    assert [x["Key"] for x in r["Contents"]] == ["open-p"]
+    assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["open-p/"]
+    nlp.delete_object(Bucket="default", Key="open-p")
+    assert nlp.get_object(Bucket="default", Key="open-p/")["Body"].read() == b"P/"
+    assert nlp.get_object(Bucket="default", Key="open-p/below")["Body"].read() == b"b"
 
 
 def _api(gw, method, path, token, body=None, raw=None):

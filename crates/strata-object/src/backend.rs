@@ -26,6 +26,9 @@
 //! - **Writes**: [`Backend::put_with`] and [`Backend::put_multipart_with`] (parts uploaded as data arrives, at
 //!   most 8 in flight, retried through the same policy; nothing visible until
 //!   [`MultipartUpload::complete`]). [`PutMode`] gives create-only and `If-Match` puts.
+//! - **Keys on a local directory**: every key S3 allows, a plain file where it can be one, else escaped
+//!   under `.strata-keys/` ([`crate::localkeys`]); reads, writes, deletes and listings go through that
+//!   mapping.
 //! - **Attributes on a local directory**: `object_store`'s file store refuses attributes, so they are kept as
 //!   JSON in the file's [`ATTRS_XATTR`] extended attribute, set once the write has completed. Files are
 //!   replaced, never rewritten, so an overwrite without attributes has none, and a server-side copy (a hard
@@ -150,6 +153,8 @@ struct Inner {
     /// The same store when it is a local directory: object attributes then live in an extended attribute of
     /// each file ([`ATTRS_XATTR`]), as the file store has no place for them.
     local: Option<Arc<object_store::local::LocalFileSystem>>,
+    /// The local directory's root (with `local`): where keys map to files ([`crate::localkeys`]).
+    local_root: Option<std::path::PathBuf>,
     /// S3 spoken directly, for S3 backends: every read and listing goes through it (keys and headers as they
     /// are, see [`crate::s3wire`]); writes stay on `object_store`.
     wire: Option<S3Wire>,
@@ -278,6 +283,7 @@ impl Backend {
                         scheme: "file",
                         store: fs.clone(),
                         local: Some(fs),
+                        local_root: Some(path.clone()),
                         wire: None,
                         retry,
                         telemetry,
@@ -371,6 +377,7 @@ impl Backend {
                 scheme,
                 store,
                 local: None,
+                local_root: None,
                 wire: None,
                 retry,
                 telemetry,
@@ -437,11 +444,12 @@ impl Backend {
         r
     }
 
-    /// Whether `key` may be asked of this backend: on S3, any key S3 allows (1 to 1,024 bytes: keys from an
-    /// origin are taken as they are, `x//y`, `./z` and `dir/` included); elsewhere a key Strata could have
-    /// written (see [`validate_key`]; a key ending in `/` names no object there).
+    /// Whether `key` may be asked of this backend: on S3 and local directories, any key S3 allows (1 to 1,024
+    /// bytes: keys from an origin are taken as they are, `x//y`, `./z` and `dir/` included; a local directory
+    /// maps every key to a file, [`crate::localkeys`]); elsewhere a key Strata could have written (see
+    /// [`validate_key`]; a key ending in `/` names no object there).
     pub fn check_read_key(&self, key: &str) -> Result<()> {
-        if self.inner.wire.is_some() {
+        if self.inner.wire.is_some() || self.inner.local_root.is_some() {
             return match key.len() {
                 0 => Err(Error::invalid_input("empty object key")),
                 1..=1024 => Ok(()),
@@ -452,6 +460,52 @@ impl Backend {
             };
         }
         read_path(key).map(|_| ())
+    }
+
+    /// Whether `key` may be written to this backend: on a local directory any key S3 allows (keys that cannot
+    /// be plain paths are escaped, [`crate::localkeys`]); elsewhere a key `object_store` can name as it is
+    /// ([`validate_key`], and not ending in `/`).
+    pub fn check_write_key(&self, key: &str) -> Result<()> {
+        match self.inner.local_root {
+            Some(_) => s3_key(key),
+            None => to_path(key).map(|_| ()),
+        }
+    }
+
+    /// The store path `key` is written to: on a local directory its plain path when it can be one now, else
+    /// its escaped one; elsewhere the key itself.
+    fn write_path(&self, key: &str) -> Result<Path> {
+        let Some(root) = &self.inner.local_root else {
+            return to_path(key);
+        };
+        s3_key(key)?;
+        let p = match crate::localkeys::plain_now(root, key) {
+            true => key.to_string(),
+            false => crate::localkeys::escaped(key),
+        };
+        Path::parse(&p)
+            .map_err(|e| Error::invalid_input(format!("invalid object key {key:?}: {e}")))
+    }
+
+    /// After `key` was written to `written` on a local directory: the key's other place (escaped, when it was
+    /// written plain) no longer holds it.
+    fn forget_other_place(&self, key: &str, written: &Path) {
+        if let Some(root) = &self.inner.local_root
+            && written.as_ref() == key
+        {
+            let _ = std::fs::remove_file(root.join(crate::localkeys::escaped(key)));
+        }
+    }
+
+    /// The store path `key` is read from on a local directory: its plain file when there is one, else its
+    /// escaped one.
+    fn local_read_path(&self, root: &std::path::Path, key: &str) -> Result<Path> {
+        let p = match crate::localkeys::plain_shape(key) && root.join(key).is_file() {
+            true => key.to_string(),
+            false => crate::localkeys::escaped(key),
+        };
+        Path::parse(&p)
+            .map_err(|e| Error::invalid_input(format!("invalid object key {key:?}: {e}")))
     }
 
     /// One GET (or HEAD) of `key`, `range` of it when given, pinned to `if_match`: the server checks
@@ -470,7 +524,10 @@ impl Backend {
             let (meta, body) = w.get(key, range, if_match, head, what).await?;
             return Ok(Fetched { meta, body });
         }
-        let path = read_path(key)?;
+        let path = match &self.inner.local_root {
+            Some(root) => self.local_read_path(root, key)?,
+            None => read_path(key)?,
+        };
         if head && self.inner.local.is_some() {
             let m = self
                 .inner
@@ -478,7 +535,8 @@ impl Backend {
                 .head(&path)
                 .await
                 .map_err(|e| classify(e, what))?;
-            let meta = self.meta_of(&path, m, &object_store::Attributes::new());
+            let mut meta = self.meta_of(&path, m, &object_store::Attributes::new());
+            meta.key = key.to_string();
             return Ok(Fetched::empty(meta));
         }
         // With `head`, a HEAD that keeps the object's attributes (`ObjectStore::head` drops them).
@@ -502,7 +560,8 @@ impl Backend {
                 format!("{what}: object changed (ETag {got}, expected {expect})"),
             ));
         }
-        let meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
+        let mut meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
+        meta.key = key.to_string();
         if head {
             return Ok(Fetched::empty(meta));
         }
@@ -775,40 +834,6 @@ impl Backend {
             .await
     }
 
-    /// On a local directory an object is a file: `a/b` cannot be written while `a/b/c` exists (`a/b` is a
-    /// directory), nor `a/b/c` while `a/b` does (a file cannot hold files). Either is a clear
-    /// [`ErrorKind::InvalidInput`] naming the conflict, checked before any byte is written.
-    fn local_conflict(&self, key: &str) -> Result<()> {
-        let Some(fs) = &self.inner.local else {
-            return Ok(());
-        };
-        let segments: Vec<&str> = key.split('/').collect();
-        for i in 0..segments.len() {
-            let here = segments[..=i].join("/");
-            let Ok(p) = fs.path_to_filesystem(&Path::from(here.as_str())) else {
-                return Ok(());
-            };
-            let last = i + 1 == segments.len();
-            match std::fs::symlink_metadata(&p) {
-                Ok(m) if !last && !m.is_dir() => {
-                    return Err(Error::invalid_input(format!(
-                        "{key:?} cannot be stored: {here:?} is an object, and a local-directory backend cannot hold \
-                         objects beneath an object"
-                    )));
-                }
-                Ok(m) if last && m.is_dir() => {
-                    return Err(Error::invalid_input(format!(
-                        "{key:?} cannot be stored: objects exist beneath it ({key}/...), and a local-directory \
-                         backend cannot hold both"
-                    )));
-                }
-                Ok(_) => {}
-                Err(_) => return Ok(()),
-            }
-        }
-        Ok(())
-    }
-
     /// The attributes to send with a write: object stores keep them natively; a local directory keeps them in
     /// an extended attribute instead ([`Self::keep_local_attrs`]).
     fn attributes(&self, attrs: &ObjectAttrs) -> object_store::Attributes {
@@ -883,8 +908,14 @@ impl Backend {
         mode: PutMode,
         attrs: &ObjectAttrs,
     ) -> Result<PutOutcome> {
-        let path = to_path(key)?;
-        self.local_conflict(key)?;
+        let path = self.write_path(key)?;
+        if matches!(mode, PutMode::Create) && self.local_holds(key) {
+            // Create-only: the key may be in its other place (escaped while a conflict lasted).
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("PUT {}/{key}: the object exists", self.inner.id),
+            ));
+        }
         let attributes = self.attributes(attrs);
         let what = format!("PUT {}/{key}", self.inner.id);
         let len = bytes.len() as u64;
@@ -912,6 +943,7 @@ impl Backend {
                         .await
                         .map_err(|e| classify(e, &what))?;
                     self.keep_local_attrs(&path, attrs);
+                    self.forget_other_place(key, &path);
                     Ok(PutOutcome {
                         etag: r.e_tag,
                         version: r.version,
@@ -942,8 +974,7 @@ impl Backend {
         part_size: usize,
         attrs: &ObjectAttrs,
     ) -> Result<MultipartUpload> {
-        let path = to_path(key)?;
-        self.local_conflict(key)?;
+        let path = self.write_path(key)?;
         let what = format!("multipart PUT {}/{key}", self.inner.id);
         let policy = Arc::new(PartRetry {
             policy: self.inner.retry,
@@ -975,8 +1006,11 @@ impl Backend {
             )),
             bytes: 0,
             start: Instant::now(),
-            local_attrs: (self.inner.local.is_some() && !attrs.is_empty())
-                .then(|| (path, attrs.clone())),
+            local: self
+                .inner
+                .local
+                .is_some()
+                .then(|| (path, (!attrs.is_empty()).then(|| attrs.clone()))),
         })
     }
 
@@ -1024,6 +1058,27 @@ impl Backend {
                             })
                         })
                         .await
+                })
+                .await;
+        }
+        if self.inner.local_root.is_some() {
+            return self
+                .observe(ctx, Op::List, prefix, |_| 0, async {
+                    let mut objects = self.local_list(prefix, &what).await?;
+                    if let Some(s) = start_after {
+                        objects.retain(|o| o.key.as_str() > s);
+                    }
+                    let next = if objects.len() > max_keys {
+                        objects.truncate(max_keys);
+                        objects.last().map(|o| o.key.clone())
+                    } else {
+                        None
+                    };
+                    Ok(ListPage {
+                        objects,
+                        common_prefixes: Vec::new(),
+                        next_start_after: next,
+                    })
                 })
                 .await;
         }
@@ -1124,6 +1179,20 @@ impl Backend {
                             Ok(ListSpan { objects, complete })
                         })
                         .await
+                })
+                .await;
+        }
+        if self.inner.local_root.is_some() {
+            return self
+                .observe(ctx, Op::List, start_after, |_| 0, async {
+                    let mut objects = self.local_list("", &what).await?;
+                    objects.retain(|m| {
+                        m.key.as_str() > start_after
+                            && end_before.is_none_or(|e| m.key.as_str() < e)
+                    });
+                    let complete = objects.len() <= limit;
+                    objects.truncate(limit);
+                    Ok(ListSpan { objects, complete })
                 })
                 .await;
         }
@@ -1262,6 +1331,28 @@ impl Backend {
                 })
                 .await;
         }
+        if self.inner.local_root.is_some() && !local_dir_walkable(prefix) {
+            // No plain directory can hold this prefix: only escaped keys can be under it.
+            return self
+                .observe(ctx, Op::List, prefix, |_| 0, async {
+                    let mut page = ListPage {
+                        objects: Vec::new(),
+                        common_prefixes: Vec::new(),
+                        next_start_after: None,
+                    };
+                    for m in self.local_escaped(prefix, &what).await? {
+                        match m.key[prefix.len()..].find('/') {
+                            Some(i) => page
+                                .common_prefixes
+                                .push(m.key[..prefix.len() + i + 1].to_string()),
+                            None => page.objects.push(m),
+                        }
+                    }
+                    page.common_prefixes.dedup();
+                    Ok(page)
+                })
+                .await;
+        }
         let (dir, name_prefix) = split_prefix(prefix)?;
         self.observe(ctx, Op::List, prefix, |_| 0, async {
             self.inner
@@ -1279,14 +1370,26 @@ impl Backend {
                         .filter(|m| m.location.as_ref().starts_with(&*name_prefix))
                         .map(convert_meta)
                         .collect();
-                    objects.sort_by(|a, b| a.key.cmp(&b.key));
                     let mut common_prefixes: Vec<String> = r
                         .common_prefixes
                         .into_iter()
                         .map(|p| format!("{p}/"))
                         .filter(|p| p.starts_with(&*name_prefix))
+                        .filter(|p| p.as_str() != format!("{}/", crate::localkeys::ESCAPE_DIR))
                         .collect();
+                    // A local directory's escaped keys, grouped as the level's plain entries are.
+                    for m in self.local_escaped(&name_prefix, &what).await? {
+                        match m.key[name_prefix.len()..].find('/') {
+                            Some(i) => {
+                                common_prefixes.push(m.key[..name_prefix.len() + i + 1].to_string())
+                            }
+                            None => objects.push(m),
+                        }
+                    }
+                    objects.sort_by(|a, b| a.key.cmp(&b.key));
+                    objects.dedup_by(|a, b| a.key == b.key);
                     common_prefixes.sort();
+                    common_prefixes.dedup();
                     Ok(ListPage {
                         objects,
                         common_prefixes,
@@ -1371,31 +1474,118 @@ impl Backend {
 
     /// Delete `key`. Deleting a missing key succeeds (S3 semantics).
     pub async fn delete(&self, ctx: &IoContext, key: &str) -> Result<()> {
-        if key.ends_with('/') && validate_key(key).is_ok() {
-            // No object can exist there: deleting it deletes nothing (and never `P` for `P/`).
-            return Ok(());
-        }
-        let path = to_path(key)?;
+        // On a local directory a key may be in either of its places: both are removed.
+        let paths: Vec<Path> = match &self.inner.local_root {
+            Some(root) => {
+                s3_key(key)?;
+                let mut p = Vec::new();
+                if crate::localkeys::plain_shape(key) && root.join(key).is_file() {
+                    p.push(Path::parse(key).map_err(|e| Error::invalid_input(e.to_string()))?);
+                }
+                p.push(
+                    Path::parse(crate::localkeys::escaped(key))
+                        .map_err(|e| Error::invalid_input(e.to_string()))?,
+                );
+                p
+            }
+            None if key.ends_with('/') && validate_key(key).is_ok() => {
+                // No object can exist there: deleting it deletes nothing (and never `P` for `P/`).
+                return Ok(());
+            }
+            None => vec![to_path(key)?],
+        };
         let what = format!("DELETE {}/{key}", self.inner.id);
         self.observe(ctx, Op::Delete, key, |_| 0, async {
             self.inner
                 .retry
                 .run(&self.inner.telemetry, Op::Delete, || async {
-                    match self.inner.store.delete(&path).await {
-                        Ok(()) => Ok(()),
-                        Err(object_store::Error::NotFound { .. }) => Ok(()),
-                        Err(e) => Err(classify(e, &what)),
+                    for path in &paths {
+                        match self.inner.store.delete(path).await {
+                            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                            Err(e) => return Err(classify(e, &what)),
+                        }
                     }
+                    Ok(())
                 })
                 .await
         })
         .await
     }
 
+    /// Every object of a local directory whose key starts with `prefix`, in key order: the plain files under
+    /// the prefix's directory (when it can be a plain path) and the escaped keys ([`crate::localkeys`]); a key
+    /// found in both places is shown once.
+    async fn local_list(&self, prefix: &str, what: &str) -> Result<Vec<ObjectMeta>> {
+        let mut out: std::collections::BTreeMap<String, ObjectMeta> = Default::default();
+        if local_dir_walkable(prefix) {
+            let dir = match prefix.rfind('/') {
+                Some(i) if i > 0 => Some(
+                    Path::parse(&prefix[..i]).map_err(|e| Error::invalid_input(e.to_string()))?,
+                ),
+                _ => None,
+            };
+            let mut stream = self.inner.store.list(dir.as_ref());
+            let escape = format!("{}/", crate::localkeys::ESCAPE_DIR);
+            while let Some(m) = stream.next().await {
+                let m = m.map_err(|e| classify(e, what))?;
+                let loc = m.location.as_ref();
+                if loc.starts_with(&escape) || !loc.starts_with(prefix) {
+                    continue;
+                }
+                out.insert(loc.to_string(), convert_meta(m));
+            }
+        }
+        for m in self.local_escaped(prefix, what).await? {
+            out.entry(m.key.clone()).or_insert(m);
+        }
+        Ok(out.into_values().collect())
+    }
+
+    /// The escaped keys of a local directory that start with `prefix` (none, at no cost, while there are none).
+    async fn local_escaped(&self, prefix: &str, what: &str) -> Result<Vec<ObjectMeta>> {
+        let Some(root) = &self.inner.local_root else {
+            return Ok(Vec::new());
+        };
+        if !root.join(crate::localkeys::ESCAPE_DIR).is_dir() {
+            return Ok(Vec::new());
+        }
+        let dir = Path::from(crate::localkeys::ESCAPE_DIR);
+        let mut stream = self.inner.store.list(Some(&dir));
+        let mut out = Vec::new();
+        while let Some(m) = stream.next().await {
+            let m = m.map_err(|e| classify(e, what))?;
+            let Some(key) = crate::localkeys::key_of(m.location.as_ref()) else {
+                continue;
+            };
+            if key.starts_with(prefix) {
+                let mut meta = convert_meta(m);
+                meta.key = key;
+                out.push(meta);
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Whether a local directory holds `key` (in either of its places).
+    fn local_holds(&self, key: &str) -> bool {
+        let Some(root) = &self.inner.local_root else {
+            return false;
+        };
+        (crate::localkeys::plain_shape(key) && root.join(key).is_file())
+            || root.join(crate::localkeys::escaped(key)).is_file()
+    }
+
     /// Server-side copy of `from` to `to` inside this backend.
     pub async fn copy(&self, ctx: &IoContext, from: &str, to: &str) -> Result<()> {
-        let (src, dst) = (read_path(from)?, to_path(to)?);
-        self.local_conflict(to)?;
+        let src = match &self.inner.local_root {
+            Some(root) => {
+                s3_key(from)?;
+                self.local_read_path(root, from)?
+            }
+            None => read_path(from)?,
+        };
+        let dst = self.write_path(to)?;
         let what = format!("COPY {}/{from} -> {to}", self.inner.id);
         self.observe(ctx, Op::Copy, to, |_| 0, async {
             self.inner
@@ -1405,7 +1595,9 @@ impl Backend {
                         .store
                         .copy(&src, &dst)
                         .await
-                        .map_err(|e| classify(e, &what))
+                        .map_err(|e| classify(e, &what))?;
+                    self.forget_other_place(to, &dst);
+                    Ok(())
                 })
                 .await
         })
@@ -1424,7 +1616,8 @@ pub struct MultipartUpload {
     bytes: u64,
     start: Instant,
     /// For a local directory: where and what to keep as the object's attributes once complete.
-    local_attrs: Option<(Path, ObjectAttrs)>,
+    /// On a local directory: the file written, and the attributes to keep with it.
+    local: Option<(Path, Option<ObjectAttrs>)>,
 }
 
 impl fmt::Debug for MultipartUpload {
@@ -1488,8 +1681,11 @@ impl MultipartUpload {
             outcome,
         );
         let r = r?;
-        if let Some((path, attrs)) = &self.local_attrs {
-            self.backend.keep_local_attrs(path, attrs);
+        if let Some((path, attrs)) = &self.local {
+            if let Some(attrs) = attrs {
+                self.backend.keep_local_attrs(path, attrs);
+            }
+            self.backend.forget_other_place(&self.key, path);
         }
         Ok(PutOutcome {
             etag: r.e_tag,
@@ -1647,6 +1843,18 @@ fn offset_path(s: &str) -> Option<Path> {
     Path::parse(s).ok().filter(|p| p.as_ref() == s)
 }
 
+/// A key S3 allows: 1 to 1,024 bytes.
+fn s3_key(key: &str) -> Result<()> {
+    match key.len() {
+        0 => Err(Error::invalid_input("empty object key")),
+        1..=1024 => Ok(()),
+        _ => Err(Error::invalid_input(format!(
+            "invalid object key {:?}...: longer than 1024 bytes",
+            key.chars().take(32).collect::<String>()
+        ))),
+    }
+}
+
 /// The store's path of a key written or copied to. A key ending in `/` is refused: the stores' paths cannot
 /// tell `P/` from `P`, and writing one must never change the other.
 fn to_path(key: &str) -> Result<Path> {
@@ -1669,6 +1877,16 @@ fn read_path(key: &str) -> Result<Path> {
         ));
     }
     to_path(key)
+}
+
+/// Whether the directory part of a listing prefix (up to its last `/`) can be a plain path on a local
+/// directory, so that plain files can be under it.
+fn local_dir_walkable(prefix: &str) -> bool {
+    match prefix.rfind('/') {
+        Some(i) if i > 0 => crate::localkeys::plain_shape(&prefix[..i]),
+        Some(_) => false,
+        None => true,
+    }
 }
 
 /// Split a listing prefix into the directory to list and the name prefix to filter by.

@@ -134,14 +134,8 @@ impl Gateway {
         after: Option<&str>,
         max: usize,
     ) -> S3Result<(Vec<Object>, Vec<CommonPrefix>, Option<String>)> {
-        // A prefix naming a path outside the directory never reaches a local-directory backend; an S3 origin
-        // takes it as the key prefix it is (`a/../` is a prefix of the key `a/../b`).
-        if !prefix.is_empty()
-            && backend.scheme() != "s3"
-            && (prefix.contains('\0') || prefix.split('/').any(|s| s == ".."))
-        {
-            return Err(s3_error!(InvalidArgument, "invalid prefix"));
-        }
+        // A prefix is a key prefix on every backend (`a/../` is a prefix of the key `a/../b`): a local
+        // directory walks only prefixes that are plain paths, the rest are in its escaped keys.
         match delimiter {
             None | Some("") => {
                 let page = backend

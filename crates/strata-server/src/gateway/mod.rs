@@ -61,7 +61,7 @@ use s3s::dto::*;
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use strata_cache::{ByteRange, ETagMatch, GetOptions};
 use strata_object::{Backend, PutMode};
-use strata_types::{Error, ErrorKind, IoContext, ObjectAttrs, ObjectMeta, validate_key};
+use strata_types::{Error, ErrorKind, IoContext, ObjectAttrs, ObjectMeta};
 use tokio::io::AsyncWriteExt;
 
 use crate::Agent;
@@ -134,8 +134,9 @@ fn check_read_key(backend: &strata_object::Backend, key: &str) -> S3Result<()> {
     })
 }
 
-fn check_key(key: &str) -> S3Result<()> {
-    validate_key(key).map(|_| ()).map_err(|e| {
+/// A key written to `backend`: one its storage can hold (local directories: any key S3 allows).
+fn check_write_key(backend: &strata_object::Backend, key: &str) -> S3Result<()> {
+    backend.check_write_key(key).map_err(|e| {
         let code = if key.len() > 1024 {
             S3ErrorCode::KeyTooLongError
         } else {

@@ -14,8 +14,8 @@ impl Gateway {
         let owner = who.access_key.clone();
         let input = req.input;
         refuse_unimplemented!(input)?;
-        self.backend(&input.bucket)?;
-        check_key(&input.key)?;
+        let backend = self.backend(&input.bucket)?;
+        check_write_key(&backend, &input.key)?;
         self.tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
             .await?;

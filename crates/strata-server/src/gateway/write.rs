@@ -97,7 +97,7 @@ impl Gateway {
         let input = req.input;
         refuse_unimplemented!(input)?;
         let backend = self.backend(&input.bucket)?;
-        check_key(&input.key)?;
+        check_write_key(&backend, &input.key)?;
         let team = self
             .tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
@@ -184,7 +184,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let ctx = who.ctx;
         let backend = self.backend(&req.input.bucket)?;
-        check_key(&req.input.key)?;
+        check_write_key(&backend, &req.input.key)?;
         self.tenancy
             .attribute(&req.input.bucket, &req.input.key, &who.caller, Role::Member)
             .await?;
@@ -227,7 +227,7 @@ impl Gateway {
         for o in input.delete.objects {
             let conditional =
                 o.e_tag.is_some() || o.last_modified_time.is_some() || o.size.is_some();
-            let r = match validate_key(&o.key) {
+            let r = match backend.check_write_key(&o.key) {
                 Ok(_) if conditional => Err(Error::new(
                     ErrorKind::Unsupported,
                     "a conditional delete (ETag, LastModifiedTime, Size) is not implemented; not deleted",
@@ -290,10 +290,10 @@ impl Gateway {
             CopySource::Bucket { bucket, key, .. } => (bucket.to_string(), key.to_string()),
             _ => return Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
         };
-        check_key(&input.key)?;
         let src = self.backend(&src_bucket)?;
         check_read_key(&src, &src_key)?;
         let dst = self.backend(&input.bucket)?;
+        check_write_key(&dst, &input.key)?;
         self.tenancy
             .attribute(&src_bucket, &src_key, &who.caller, Role::Reader)
             .await?;
