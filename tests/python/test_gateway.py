@@ -696,3 +696,40 @@ def test_keys_the_file_store_refused_are_stored(gateway, bucket):
     for k in keys:
         s3.delete_object(Bucket=bucket, Key=k)
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="hash/")
+
+
+def test_errors_name_their_request_and_never_where_data_lives(gateway, origin):
+    """A failure tells the client what happened to its request, with a request id, never the agent's paths or
+    its origins' internals (`NoSuchKey: GET file:///srv/.../nonexist bytes 0-8388607: Object at location
+    /srv/... not found`); the details are in the agent's log under that id. A 304 names the version."""
+    s3 = gateway.client()
+    for bucket in BUCKETS:
+        with pytest.raises(ClientError) as e:
+            s3.get_object(Bucket=bucket, Key="no/such/key")
+        r = e.value.response
+        assert code_of(e.value) == ("NoSuchKey", 404), r
+        text = json.dumps(r)
+        assert gateway.mount not in text and "file://" not in text and "127.0.0.1" not in text, text
+        assert r["ResponseMetadata"]["RequestId"], r
+        assert r["ResponseMetadata"]["HTTPHeaders"].get("x-amz-request-id") == r["ResponseMetadata"]["RequestId"]
+        etag = s3.put_object(Bucket=bucket, Key="cond/304", Body=b"v1")["ETag"]
+        with pytest.raises(ClientError) as e:
+            s3.get_object(Bucket=bucket, Key="cond/304", IfNoneMatch=etag)
+        h = e.value.response["ResponseMetadata"]["HTTPHeaders"]
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 304
+        assert h.get("etag") == etag and h.get("last-modified"), h
+    # A server-side failure: the client gets S3's words and an id; the log has the cause under the id.
+    g = Gateway(origin, extra='[[backends]]\nname = "dead"\nurl = "s3://dead"\n[backends.options]\n'
+                              'endpoint = "http://127.0.0.1:9"\naccess_key_id = "k"\nsecret_access_key = "s"\n')
+    try:
+        with pytest.raises(ClientError) as e:
+            g.client().get_object(Bucket="dead", Key="k")
+        r = e.value.response
+        assert r["ResponseMetadata"]["HTTPStatusCode"] == 503, r
+        assert "127.0.0.1" not in json.dumps(r), r
+        rid = r["ResponseMetadata"]["RequestId"]
+    finally:
+        g.stop()
+        log = g.proc.stderr.read().decode()
+        g.close()
+    assert rid and rid in log and "127.0.0.1:9" in log, log[-2000:]

@@ -103,6 +103,56 @@ struct Who {
     dataset: Option<String>,
 }
 
+tokio::task_local! {
+    /// The id of the S3 request being served (set per request by the accept loop, [`serve`]): carried by
+    /// every error body (`<RequestId>`) and the `x-amz-request-id` header, and logged with the failure's
+    /// details, which the client's message leaves out.
+    pub(super) static REQUEST_ID: String;
+}
+
+/// The request id of the request being served, if any.
+fn request_id() -> Option<String> {
+    REQUEST_ID.try_with(|id| id.clone()).ok()
+}
+
+/// An error as the client gets it: with the request's id.
+fn tagged(mut e: S3Error) -> S3Error {
+    if e.request_id().is_none()
+        && let Some(id) = request_id()
+    {
+        e.set_request_id(id);
+    }
+    e
+}
+
+/// What a client reads of a failure: S3's words for what happened to the request, and for a refusal of
+/// its input the refusal itself, never where the data lives (local paths, origin endpoints, an origin's
+/// own error text); those are in the agent's log under the request id.
+fn public_message(code: &S3ErrorCode, e: &Error) -> String {
+    let standard = match code.as_str() {
+        "NoSuchKey" => "The specified key does not exist.",
+        "PreconditionFailed" => "At least one of the preconditions you specified did not hold.",
+        "ServiceUnavailable" => "The storage behind this bucket did not answer; please retry.",
+        "SlowDown" => "Please reduce your request rate.",
+        "InternalError" => "We encountered an internal error. Please try again.",
+        "InvalidRange" => "The requested range is not satisfiable.",
+        "AccessDenied" => "Access Denied.",
+        "NotImplemented" => {
+            "A header or parameter you provided implies functionality that is not implemented."
+        }
+        _ => "Invalid argument.",
+    };
+    let m = e.message();
+    let says_where =
+        m.contains("://") || m.contains(" /") || m.contains("\"/") || m.contains("location");
+    match code.as_str() {
+        "NoSuchKey" | "PreconditionFailed" | "ServiceUnavailable" | "SlowDown"
+        | "InternalError" => standard.to_string(),
+        _ if says_where => standard.to_string(),
+        _ => m.to_string(),
+    }
+}
+
 /// Map a Strata error to the S3 error a client expects.
 fn s3err(e: Error) -> S3Error {
     let code = match e.kind() {
@@ -116,10 +166,17 @@ fn s3err(e: Error) -> S3Error {
         ErrorKind::Unsupported => S3ErrorCode::NotImplemented,
         _ => S3ErrorCode::InternalError,
     };
+    let id = request_id().unwrap_or_default();
     if code == S3ErrorCode::InternalError || code == S3ErrorCode::ServiceUnavailable {
-        tracing::warn!(error = %e, "gateway request failed");
+        tracing::warn!(request_id = %id, error = %e, "gateway request failed");
+    } else {
+        tracing::debug!(request_id = %id, error = %e, "gateway request refused");
     }
-    S3Error::with_message(code, e.message().to_string())
+    let mut err = S3Error::with_message(code.clone(), public_message(&code, &e));
+    if !id.is_empty() {
+        err.set_request_id(id);
+    }
+    err
 }
 
 /// A key read from `backend`: any key its storage can hold (S3 origins: any key S3 allows, taken as it is).
@@ -321,112 +378,112 @@ impl S3 for Gateway {
         &self,
         req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
-        self.s3_list_buckets(req).await
+        self.s3_list_buckets(req).await.map_err(tagged)
     }
 
     async fn head_bucket(
         &self,
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
-        self.s3_head_bucket(req).await
+        self.s3_head_bucket(req).await.map_err(tagged)
     }
 
     async fn get_bucket_location(
         &self,
         req: S3Request<GetBucketLocationInput>,
     ) -> S3Result<S3Response<GetBucketLocationOutput>> {
-        self.s3_get_bucket_location(req).await
+        self.s3_get_bucket_location(req).await.map_err(tagged)
     }
 
     async fn get_object(
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        self.s3_get_object(req).await
+        self.s3_get_object(req).await.map_err(tagged)
     }
 
     async fn head_object(
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        self.s3_head_object(req).await
+        self.s3_head_object(req).await.map_err(tagged)
     }
 
     async fn list_objects_v2(
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
-        self.s3_list_objects_v2(req).await
+        self.s3_list_objects_v2(req).await.map_err(tagged)
     }
 
     async fn list_objects(
         &self,
         req: S3Request<ListObjectsInput>,
     ) -> S3Result<S3Response<ListObjectsOutput>> {
-        self.s3_list_objects(req).await
+        self.s3_list_objects(req).await.map_err(tagged)
     }
 
     async fn put_object(
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        self.s3_put_object(req).await
+        self.s3_put_object(req).await.map_err(tagged)
     }
 
     async fn delete_object(
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        self.s3_delete_object(req).await
+        self.s3_delete_object(req).await.map_err(tagged)
     }
 
     async fn delete_objects(
         &self,
         req: S3Request<DeleteObjectsInput>,
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
-        self.s3_delete_objects(req).await
+        self.s3_delete_objects(req).await.map_err(tagged)
     }
 
     async fn copy_object(
         &self,
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
-        self.s3_copy_object(req).await
+        self.s3_copy_object(req).await.map_err(tagged)
     }
 
     async fn create_multipart_upload(
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        self.s3_create_multipart_upload(req).await
+        self.s3_create_multipart_upload(req).await.map_err(tagged)
     }
 
     async fn upload_part(
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        self.s3_upload_part(req).await
+        self.s3_upload_part(req).await.map_err(tagged)
     }
 
     async fn list_parts(
         &self,
         req: S3Request<ListPartsInput>,
     ) -> S3Result<S3Response<ListPartsOutput>> {
-        self.s3_list_parts(req).await
+        self.s3_list_parts(req).await.map_err(tagged)
     }
 
     async fn complete_multipart_upload(
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        self.s3_complete_multipart_upload(req).await
+        self.s3_complete_multipart_upload(req).await.map_err(tagged)
     }
 
     async fn abort_multipart_upload(
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        self.s3_abort_multipart_upload(req).await
+        self.s3_abort_multipart_upload(req).await.map_err(tagged)
     }
 }
 

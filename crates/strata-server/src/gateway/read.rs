@@ -92,7 +92,25 @@ impl Gateway {
             .await
             .map_err(s3err)?;
         if res.not_modified {
-            return Err(s3_error!(NotModified));
+            // As S3: a 304 names the version the client already has.
+            let mut e = s3_error!(NotModified);
+            let mut h = http::HeaderMap::new();
+            if let Some(v) = res.meta.etag.as_deref().and_then(|t| {
+                http::HeaderValue::from_str(&format!(
+                    "\"{}\"",
+                    t.trim_start_matches("W/").trim_matches('"')
+                ))
+                .ok()
+            }) {
+                h.insert(http::header::ETAG, v);
+            }
+            let modified = std::time::UNIX_EPOCH
+                + std::time::Duration::from_secs(res.meta.last_modified_unix.max(0) as u64);
+            if let Ok(v) = http::HeaderValue::from_str(&httpdate::fmt_http_date(modified)) {
+                h.insert(http::header::LAST_MODIFIED, v);
+            }
+            e.set_headers(h);
+            return Err(e);
         }
         Ok((input, res))
     }

@@ -231,10 +231,12 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
                 )
             })
         };
+        // Every response names its request; failures are logged under the same id.
+        let id = format!("{:016X}", rand::random::<u64>());
         if let Some((status, code, message)) = refusal {
             // Refused before s3s parses the request.
             let body = format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{}</Message></Error>",
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{}</Message><RequestId>{id}</RequestId></Error>",
                 message
                     .replace('&', "&amp;")
                     .replace('<', "&lt;")
@@ -242,16 +244,21 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
             );
             let mut resp = http::Response::builder()
                 .status(status)
-                .header(http::header::CONTENT_TYPE, "application/xml");
+                .header(http::header::CONTENT_TYPE, "application/xml")
+                .header("x-amz-request-id", &id);
             if has_body {
                 resp = resp.header(http::header::CONNECTION, "close");
             }
             let resp = resp.body(s3s::Body::from(body)).unwrap_or_default();
             return Box::pin(futures::future::ready(Ok(resp)));
         }
-        let fut = hyper::service::Service::call(&self.inner, req);
+        let fut =
+            super::REQUEST_ID.scope(id.clone(), hyper::service::Service::call(&self.inner, req));
         Box::pin(async move {
             let mut resp = fut.await?;
+            if let Ok(v) = http::HeaderValue::from_str(&id) {
+                resp.headers_mut().insert("x-amz-request-id", v);
+            }
             if has_body && (resp.status().is_client_error() || resp.status().is_server_error()) {
                 resp.headers_mut().insert(
                     http::header::CONNECTION,
