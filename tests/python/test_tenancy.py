@@ -448,6 +448,8 @@ def test_presigned_urls_are_valid_for_at_most_seven_days(tenancy):
                       config=Config(signature_version="s3v4", s3={"addressing_style": "path"}))
     cases = [(c, secs, want) for c in (s3, v4)  # boto3 presigns SigV2 by default
              for secs, want in ((7 * 86400 - 60, 200), (7 * 86400 + 3600, 400), (365 * 86400, 400))]
+    # A negative expiry is an expired request, as S3 answers it (SigV4; SigV2's Expires is a date).
+    cases += [(v4, -60, 403)]
     for client, secs, want in cases:
         url = client.generate_presigned_url("get_object", Params={"Bucket": "default", "Key": "vision/presigned.bin"},
                                         ExpiresIn=secs)
@@ -459,6 +461,8 @@ def test_presigned_urls_are_valid_for_at_most_seven_days(tenancy):
         assert status == want, (url, secs, status, body[:300])
         if want == 400:
             assert b"AuthorizationQueryParametersError" in body, body
+        if want == 403:
+            assert b"AccessDenied" in body and b"expired" in body, body
     s3.delete_object(Bucket="default", Key="vision/presigned.bin")
 
 

@@ -507,8 +507,10 @@ pub(super) fn presign_expiry_allowed(query: Option<&str>) -> S3Result<()> {
     let v2 = pairs.iter().any(|(k, _)| k == "AWSAccessKeyId");
     for (k, v) in &pairs {
         if k.eq_ignore_ascii_case("X-Amz-Expires") {
-            match v.parse::<u64>() {
-                Ok(n) if (1..=PRESIGN_MAX_SECS).contains(&n) => {}
+            match v.parse::<i64>() {
+                Ok(n) if (1..=PRESIGN_MAX_SECS as i64).contains(&n) => {}
+                // As S3: a URL that expired before it was made is an expired request.
+                Ok(n) if n <= 0 => return Err(s3_error!(AccessDenied, "Request has expired")),
                 _ => return refuse(),
             }
         } else if v2 && k == "Expires" {

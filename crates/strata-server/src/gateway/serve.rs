@@ -215,9 +215,18 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
                 ),
             ))
         } else if let Err(e) = super::presign_expiry_allowed(req.uri().query()) {
+            let denied = *e.code() == s3s::S3ErrorCode::AccessDenied;
             Some((
-                http::StatusCode::BAD_REQUEST,
-                "AuthorizationQueryParametersError",
+                if denied {
+                    http::StatusCode::FORBIDDEN
+                } else {
+                    http::StatusCode::BAD_REQUEST
+                },
+                if denied {
+                    "AccessDenied"
+                } else {
+                    "AuthorizationQueryParametersError"
+                },
                 e.message().unwrap_or_default().to_string(),
             ))
         } else {
