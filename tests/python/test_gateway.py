@@ -733,3 +733,14 @@ def test_errors_name_their_request_and_never_where_data_lives(gateway, origin):
         log = g.proc.stderr.read().decode()
         g.close()
     assert rid and rid in log and "127.0.0.1:9" in log, log[-2000:]
+
+
+def test_list_buckets_dates_each_bucket(gateway):
+    """With [[backends]] configured, ListBuckets dated every bucket 1970-01-01 (tools that sort or age
+    buckets by date misread them): a local directory's creation, else the agent's first start."""
+    import datetime
+    buckets = gateway.client().list_buckets()["Buckets"]
+    assert {b["Name"] for b in buckets} >= {"default", "origin"}
+    for b in buckets:
+        assert b["CreationDate"] > datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc), b
+        assert b["CreationDate"] <= datetime.datetime.now(datetime.timezone.utc), b

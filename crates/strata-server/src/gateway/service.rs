@@ -15,7 +15,7 @@ impl Gateway {
             .iter()
             .map(|b| Bucket {
                 name: Some(b.name.clone()),
-                creation_date: Some(timestamp(0)),
+                creation_date: Some(timestamp(self.bucket_created(&b.url))),
                 bucket_region: Some(self.region.clone()),
             })
             .collect();
@@ -23,6 +23,22 @@ impl Gateway {
             buckets: Some(buckets),
             ..Default::default()
         }))
+    }
+
+    /// When a configured bucket came to be, as far as this agent knows: a local directory's creation (else
+    /// its last change), else when this agent was first started (its `agent-id`); stable across restarts.
+    fn bucket_created(&self, url: &str) -> i64 {
+        let created = |p: &std::path::Path| {
+            let m = std::fs::metadata(p).ok()?;
+            let t = m.created().or_else(|_| m.modified()).ok()?;
+            t.duration_since(std::time::UNIX_EPOCH)
+                .ok()
+                .map(|d| d.as_secs() as i64)
+        };
+        url.strip_prefix("file://")
+            .and_then(|p| created(std::path::Path::new(p)))
+            .or_else(|| created(&self.agent.config().data_dir.join("agent-id")))
+            .unwrap_or_else(|| self.agent.catalog().now())
     }
 
     pub(super) async fn s3_head_bucket(
