@@ -109,8 +109,8 @@ def test_multipart_copy_delete_presigned(gateway, bucket):
     assert sha(out.getvalue()) == sha(big)
     hot = s3.get_object(Bucket=bucket, Key="mp/big.bin")["Body"].read()
     assert sha(hot) == sha(big)
-    # the staging area is empty once the upload completed
-    assert os.listdir(os.path.join(gateway.data, "uploads")) == []
+    # no staged parts are left once the upload completed (only the record a repeated complete answers from)
+    assert [d for d in os.listdir(os.path.join(gateway.data, "uploads")) if d != "completed"] == []
     # list parts and abort
     up = s3.create_multipart_upload(Bucket=bucket, Key="mp/aborted.bin")["UploadId"]
     s3.upload_part(Bucket=bucket, Key="mp/aborted.bin", UploadId=up, PartNumber=1, Body=b"x" * (5 * 1024 * 1024))
@@ -133,7 +133,7 @@ def test_multipart_copy_delete_presigned(gateway, bucket):
             "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
     assert code_of(e.value)[0] == "EntityTooSmall"
     s3.abort_multipart_upload(Bucket=bucket, Key="mp/small.bin", UploadId=up)
-    assert os.listdir(os.path.join(gateway.data, "uploads")) == []
+    assert [d for d in os.listdir(os.path.join(gateway.data, "uploads")) if d != "completed"] == []
     # copy, within and across buckets
     s3.copy_object(Bucket=bucket, Key="mp/copy.bin", CopySource={"Bucket": bucket, "Key": "mp/big.bin"})
     assert sha(s3.get_object(Bucket=bucket, Key="mp/copy.bin")["Body"].read()) == sha(big)
@@ -744,3 +744,31 @@ def test_list_buckets_dates_each_bucket(gateway):
     for b in buckets:
         assert b["CreationDate"] > datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc), b
         assert b["CreationDate"] <= datetime.datetime.now(datetime.timezone.utc), b
+
+
+@pytest.mark.parametrize("bucket", BUCKETS)
+def test_multipart_parts_resent_and_a_repeated_complete_are_what_s3_does(gateway, bucket):
+    """A part uploaded again under its number replaces it (the last one wins); a CompleteMultipartUpload
+    repeated with the same parts (a client retrying after a lost answer) answers 200 with the same ETag, as S3
+    does, and changes nothing; with other parts it is NoSuchUpload."""
+    s3 = gateway.client()
+    key = "mpu/resent.bin"
+    up = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    first = b"a" * (5 << 20)
+    s3.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=1, Body=first)
+    again = b"b" * (5 << 20)
+    p1 = s3.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=1, Body=again)["ETag"]
+    p2 = s3.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=2, Body=b"tail")["ETag"]
+    parts = {"Parts": [{"PartNumber": 1, "ETag": p1}, {"PartNumber": 2, "ETag": p2}]}
+    listed = s3.list_parts(Bucket=bucket, Key=key, UploadId=up)["Parts"]
+    assert [(p["PartNumber"], p["ETag"]) for p in listed] == [(1, p1), (2, p2)]
+    done = s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up, MultipartUpload=parts)
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == again + b"tail"
+    repeat = s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up, MultipartUpload=parts)
+    assert repeat["ETag"] == done["ETag"]
+    with pytest.raises(ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up,
+                                     MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": p1}]})
+    assert code_of(e.value) == ("NoSuchUpload", 404)
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == again + b"tail"
+    s3.delete_object(Bucket=bucket, Key=key)

@@ -50,6 +50,19 @@ pub struct StagedPart {
     pub modified: SystemTime,
 }
 
+/// What a completed upload leaves for a repeated `CompleteMultipartUpload` (a client retrying after a lost
+/// answer): the same request, by the same key, gets the same answer, for [`STALE_AFTER`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Completed {
+    pub bucket: String,
+    pub key: String,
+    pub owner: String,
+    /// Part numbers and ETags as the completing request listed them.
+    pub parts: Vec<(i32, String)>,
+    /// The ETag the object was completed with.
+    pub etag: String,
+}
+
 /// The staging area.
 #[derive(Debug, Clone)]
 pub struct Staging {
@@ -67,6 +80,20 @@ impl Staging {
         if let Ok(rd) = std::fs::read_dir(root) {
             for up in rd.flatten() {
                 let p = up.path();
+                if up.file_name() == "completed" {
+                    for f in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+                        let old = f
+                            .metadata()
+                            .and_then(|m| m.modified())
+                            .ok()
+                            .and_then(|t| t.elapsed().ok())
+                            .is_some_and(|age| age > STALE_AFTER);
+                        if old {
+                            let _ = std::fs::remove_file(f.path());
+                        }
+                    }
+                    continue;
+                }
                 let stale = up
                     .metadata()
                     .and_then(|m| m.modified())
@@ -177,6 +204,33 @@ impl Staging {
         }
         parts.sort_by_key(|p| p.number);
         Ok(parts)
+    }
+
+    fn completed_path(&self, upload_id: &str) -> Result<PathBuf> {
+        self.dir(upload_id)?;
+        Ok(self
+            .root
+            .join("completed")
+            .join(format!("{upload_id}.json")))
+    }
+
+    /// Keep what the upload was completed with (before its parts are removed).
+    pub fn record_completed(&self, upload_id: &str, c: &Completed) -> Result<()> {
+        let path = self.completed_path(upload_id)?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| io(e, format!("creating {}", dir.display())))?;
+        }
+        let body = serde_json::to_vec(c).map_err(|e| Error::internal(e.to_string()))?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, body).map_err(|e| io(e, format!("writing {}", tmp.display())))?;
+        std::fs::rename(&tmp, &path).map_err(|e| io(e, format!("publishing {}", path.display())))
+    }
+
+    /// What the upload was completed with, if it was (within [`STALE_AFTER`]).
+    pub fn completed(&self, upload_id: &str) -> Option<Completed> {
+        let body = std::fs::read(self.completed_path(upload_id).ok()?).ok()?;
+        serde_json::from_slice(&body).ok()
     }
 
     /// Forget the upload and its parts.

@@ -182,6 +182,37 @@ impl Gateway {
         let (ctx, owner) = (who.ctx.clone(), who.access_key.clone());
         let input = req.input;
         let backend = self.backend(&input.bucket)?;
+        let listed = |m: &Option<CompletedMultipartUpload>| -> Vec<(i32, String)> {
+            m.as_ref()
+                .and_then(|m| m.parts.as_ref())
+                .map(|ps| {
+                    ps.iter()
+                        .map(|p| {
+                            let etag = p.e_tag.as_ref().map(|e| match e {
+                                ETag::Strong(v) | ETag::Weak(v) => v.clone(),
+                            });
+                            (p.part_number.unwrap_or(0), etag.unwrap_or_default())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        // A repeated complete of an upload already completed with these very parts, by its owner: S3's answer
+        // again (clients retry a complete whose answer they lost), nothing written.
+        if matches!(self.staging.info(&input.upload_id), Err(ref e) if e.kind() == ErrorKind::NotFound)
+            && let Some(c) = self.staging.completed(&input.upload_id)
+            && c.bucket == input.bucket
+            && c.key == input.key
+            && c.owner == owner
+            && c.parts == listed(&input.multipart_upload)
+        {
+            return Ok(S3Response::new(CompleteMultipartUploadOutput {
+                bucket: Some(input.bucket),
+                key: Some(input.key),
+                e_tag: Some(ETag::Strong(c.etag)),
+                ..Default::default()
+            }));
+        }
         let info = self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
         if input.if_match.is_some() || input.if_none_match.is_some() {
             // The assembled object goes to the backend as a multipart upload, which has no condition: refused
@@ -195,6 +226,7 @@ impl Gateway {
             .tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
             .await?;
+        let requested_parts = listed(&input.multipart_upload);
         let requested = input
             .multipart_upload
             .and_then(|m| m.parts)
@@ -294,6 +326,20 @@ impl Gateway {
             }
         };
         self.agent.cache().invalidate(&backend, &input.key);
+        let final_etag = etag
+            .as_deref()
+            .map(|e| e.trim_start_matches("W/").trim_matches('"').to_string())
+            .unwrap_or_else(|| s3_etag.clone());
+        let record = multipart::Completed {
+            bucket: input.bucket.clone(),
+            key: input.key.clone(),
+            owner: owner.clone(),
+            parts: requested_parts,
+            etag: final_etag,
+        };
+        if let Err(e) = self.staging.record_completed(&input.upload_id, &record) {
+            tracing::warn!(error = %e, "recording a completed upload (a repeated complete will be NoSuchUpload)");
+        }
         let _ = self.staging.remove(&input.upload_id);
         self.tenancy
             .written(
