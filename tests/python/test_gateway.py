@@ -772,3 +772,32 @@ def test_multipart_parts_resent_and_a_repeated_complete_are_what_s3_does(gateway
     assert code_of(e.value) == ("NoSuchUpload", 404)
     assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == again + b"tail"
     s3.delete_object(Bucket=bucket, Key=key)
+
+
+@pytest.mark.parametrize("bucket", BUCKETS)
+def test_list_multipart_uploads_shows_the_callers_uploads_paged_and_grouped(gateway, bucket):
+    """ListMultipartUploads was 501 (tools that clean up stale uploads, or resume one, failed): the caller's
+    uploads in progress, paged by key and upload-id markers, grouped by a delimiter, URL-encoded when asked;
+    another access key's uploads are not shown (an upload belongs to the key that created it)."""
+    from conftest import JOB_KEY, JOB_SECRET
+    s3, other = gateway.client(), gateway.client(key=JOB_KEY, secret=JOB_SECRET)
+    mine = [("lmu/a+b", s3.create_multipart_upload(Bucket=bucket, Key="lmu/a+b")["UploadId"]),
+            ("lmu/a+b", s3.create_multipart_upload(Bucket=bucket, Key="lmu/a+b")["UploadId"]),
+            ("lmu/d/x", s3.create_multipart_upload(Bucket=bucket, Key="lmu/d/x")["UploadId"]),
+            ("lmu/d/y", s3.create_multipart_upload(Bucket=bucket, Key="lmu/d/y")["UploadId"])]
+    theirs = other.create_multipart_upload(Bucket=bucket, Key="lmu/theirs")["UploadId"]
+    try:
+        got = [(u["Key"], u["UploadId"]) for p in s3.get_paginator("list_multipart_uploads").paginate(
+            Bucket=bucket, Prefix="lmu/", PaginationConfig={"PageSize": 1}) for u in p.get("Uploads", [])]
+        want = sorted(mine[:2], key=lambda u: [i for k, i in mine].index(u[1])) + mine[2:]
+        assert sorted(got) == sorted(mine) and [k for k, _ in got] == [k for k, _ in want], got
+        r = s3.list_multipart_uploads(Bucket=bucket, Prefix="lmu/", Delimiter="/")
+        assert [u["Key"] for u in r["Uploads"]] == ["lmu/a+b", "lmu/a+b"]
+        assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["lmu/d/"]
+        assert [u["UploadId"] for u in other.list_multipart_uploads(Bucket=bucket, Prefix="lmu/")["Uploads"]] \
+            == [theirs]
+    finally:
+        for k, i in mine:
+            s3.abort_multipart_upload(Bucket=bucket, Key=k, UploadId=i)
+        other.abort_multipart_upload(Bucket=bucket, Key="lmu/theirs", UploadId=theirs)
+    assert "Uploads" not in s3.list_multipart_uploads(Bucket=bucket, Prefix="lmu/")

@@ -305,7 +305,7 @@ const LISTING_KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANU
     .remove(b'/');
 
 /// Whether the listing's names go out URL-encoded; an encoding S3 does not know is its `InvalidArgument`.
-fn url_encoded(e: Option<&EncodingType>) -> S3Result<bool> {
+pub(super) fn url_encoded(e: Option<&EncodingType>) -> S3Result<bool> {
     match e.map(EncodingType::as_str) {
         None => Ok(false),
         Some(EncodingType::URL) => Ok(true),
@@ -317,7 +317,7 @@ fn url_encoded(e: Option<&EncodingType>) -> S3Result<bool> {
 }
 
 /// A name as the listing sends it (`EncodingType=url`: percent-encoded; clients decode it).
-fn encode(url: bool, s: String) -> String {
+pub(super) fn encode(url: bool, s: String) -> String {
     match url {
         true => percent_encoding::utf8_percent_encode(&s, LISTING_KEEP).to_string(),
         false => s,

@@ -479,6 +479,13 @@ impl S3 for Gateway {
         self.s3_complete_multipart_upload(req).await.map_err(tagged)
     }
 
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        self.s3_list_multipart_uploads(req).await.map_err(tagged)
+    }
+
     async fn abort_multipart_upload(
         &self,
         req: S3Request<AbortMultipartUploadInput>,

@@ -206,6 +206,33 @@ impl Staging {
         Ok(parts)
     }
 
+    /// Every upload in progress: its id, record and when it was created, by key, then creation.
+    pub fn list(&self) -> Vec<(String, UploadInfo, SystemTime)> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let Ok(id) = e.file_name().into_string() else {
+                continue;
+            };
+            let (Ok(info), Ok(meta)) = (
+                self.info(&id),
+                std::fs::metadata(e.path().join("upload.json")),
+            ) else {
+                continue;
+            };
+            let created = meta
+                .created()
+                .or_else(|_| meta.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            out.push((id, info, created));
+        }
+        out.sort_by(|a, b| (&a.1.key, a.2, &a.0).cmp(&(&b.1.key, b.2, &b.0)));
+        out
+    }
+
     fn completed_path(&self, upload_id: &str) -> Result<PathBuf> {
         self.dir(upload_id)?;
         Ok(self

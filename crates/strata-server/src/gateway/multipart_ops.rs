@@ -128,6 +128,107 @@ impl Gateway {
         }
     }
 
+    /// The caller's uploads in progress in the bucket (an upload belongs to the access key that created it:
+    /// others' are neither usable nor shown), by key then creation, paged by key and upload-id markers,
+    /// grouped by a delimiter, names URL-encoded when asked.
+    pub(super) async fn s3_list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let (_, owner) = self.caller(&req)?;
+        let input = req.input;
+        self.backend(&input.bucket)?;
+        let url = super::list::url_encoded(input.encoding_type.as_ref())?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let delimiter = input.delimiter.clone().filter(|d| !d.is_empty());
+        let max = input.max_uploads.unwrap_or(1000).clamp(1, 1000) as usize;
+        let (key_marker, id_marker) = (input.key_marker.clone(), input.upload_id_marker.clone());
+        let mut uploads = Vec::new();
+        let mut prefixes: Vec<String> = Vec::new();
+        let mut next: Option<(String, String)> = None;
+        for (id, info, created) in self.staging.list() {
+            if info.bucket != input.bucket || info.owner != owner || !info.key.starts_with(&prefix)
+            {
+                continue;
+            }
+            // After the markers: keys after the key marker, or that key's uploads after the id marker.
+            if let Some(k) = &key_marker {
+                // A marker that is a common prefix skips its whole group.
+                if delimiter.as_deref().is_some_and(|d| k.ends_with(d))
+                    && info.key.starts_with(k.as_str())
+                {
+                    continue;
+                }
+                let after = match &id_marker {
+                    Some(u) => info.key > *k || (info.key == *k && id > *u),
+                    None => info.key > *k,
+                };
+                if !after {
+                    continue;
+                }
+            }
+            let group = delimiter.as_deref().and_then(|d| {
+                info.key[prefix.len()..]
+                    .find(d)
+                    .map(|i| info.key[..prefix.len() + i + d.len()].to_string())
+            });
+            if let Some(g) = &group
+                && prefixes.last() == Some(g)
+            {
+                continue;
+            }
+            if uploads.len() + prefixes.len() == max {
+                next = Some((info.key.clone(), id.clone()));
+                break;
+            }
+            match group {
+                Some(g) => prefixes.push(g),
+                None => uploads.push(MultipartUpload {
+                    key: Some(super::list::encode(url, info.key.clone())),
+                    upload_id: Some(id.clone()),
+                    initiated: Some(Timestamp::from(created)),
+                    storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                    ..Default::default()
+                }),
+            }
+        }
+        // The markers of the last entry shown (a key and upload), as S3 pages.
+        let (next_key, next_id) = match &next {
+            Some(_) => match (uploads.last(), prefixes.last()) {
+                (Some(u), _) => (u.key.clone(), u.upload_id.clone()),
+                (None, Some(p)) => (Some(super::list::encode(url, p.clone())), None),
+                (None, None) => (None, None),
+            },
+            None => (None, None),
+        };
+        Ok(S3Response::new(ListMultipartUploadsOutput {
+            bucket: Some(input.bucket),
+            prefix: Some(super::list::encode(url, prefix)),
+            delimiter: delimiter.map(|d| super::list::encode(url, d)),
+            key_marker: Some(
+                key_marker
+                    .map(|k| super::list::encode(url, k))
+                    .unwrap_or_default(),
+            ),
+            upload_id_marker: Some(id_marker.unwrap_or_default()),
+            next_key_marker: next_key,
+            next_upload_id_marker: next_id,
+            max_uploads: Some(max as i32),
+            is_truncated: Some(next.is_some()),
+            uploads: Some(uploads),
+            common_prefixes: Some(
+                prefixes
+                    .into_iter()
+                    .map(|p| CommonPrefix {
+                        prefix: Some(super::list::encode(url, p)),
+                    })
+                    .collect(),
+            ),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
     pub(super) async fn s3_list_parts(
         &self,
         req: S3Request<ListPartsInput>,
