@@ -537,8 +537,18 @@ impl Backend {
                 .map_err(|e| classify(e, what))?;
             let mut meta = self.meta_of(&path, m, &object_store::Attributes::new());
             meta.key = key.to_string();
+            self.show_local_etag(&path, &mut meta);
             return Ok(Fetched::empty(meta));
         }
+        // A local file pinned to the public ETag it was shown is pinned to the file store's ETag recorded with
+        // it, which the file store checks against the file it opens (`localetag`).
+        let file = self.local_file(&path);
+        let pinned = match (&file, if_match) {
+            (Some(f), Some(want)) => Some(crate::localetag::pin(f, want)),
+            (None, Some(want)) => Some(want.to_string()),
+            (_, None) => None,
+        };
+        let if_match = pinned.as_deref();
         // With `head`, a HEAD that keeps the object's attributes (`ObjectStore::head` drops them).
         let opts = object_store::GetOptions {
             head,
@@ -562,6 +572,7 @@ impl Backend {
         }
         let mut meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
         meta.key = key.to_string();
+        self.show_local_etag(&path, &mut meta);
         if head {
             return Ok(Fetched::empty(meta));
         }
@@ -881,6 +892,36 @@ impl Backend {
         }
     }
 
+    /// The file of a store path on a local directory.
+    fn local_file(&self, path: &Path) -> Option<std::path::PathBuf> {
+        self.inner.local.as_ref()?.path_to_filesystem(path).ok()
+    }
+
+    /// On a local directory: the ETag shown for the file at `path` is the one recorded when Strata wrote it
+    /// (its content's MD5), while it is still that file ([`crate::localetag`]).
+    fn show_local_etag(&self, path: &Path, meta: &mut ObjectMeta) {
+        if let (Some(file), Some(store)) = (self.local_file(path), meta.etag.as_deref()) {
+            meta.etag = Some(crate::localetag::public(&file, store));
+        }
+    }
+
+    /// On a local directory: record `public` as the ETag of the file just written at `path`, whose file store
+    /// ETag is `store`; returns the ETag to report for the write.
+    fn record_local_etag(
+        &self,
+        path: &Path,
+        public: String,
+        store: Option<String>,
+    ) -> Option<String> {
+        match (self.local_file(path), store) {
+            (Some(file), Some(store)) => {
+                crate::localetag::record(&file, &public, &store);
+                Some(public)
+            }
+            (_, store) => store,
+        }
+    }
+
     /// The attributes kept with a local file, if any.
     fn local_attrs(&self, path: &Path) -> Option<Arc<ObjectAttrs>> {
         let file = self.inner.local.as_ref()?.path_to_filesystem(path).ok()?;
@@ -907,6 +948,21 @@ impl Backend {
         bytes: Bytes,
         mode: PutMode,
         attrs: &ObjectAttrs,
+    ) -> Result<PutOutcome> {
+        self.put_with_etag(ctx, key, bytes, mode, attrs, None).await
+    }
+
+    /// [`Self::put_with`], giving the object `etag` where the backend takes one from the writer (a local
+    /// directory: the gateway gives an object assembled from parts S3's multipart form); without it, the
+    /// content's MD5 there.
+    pub async fn put_with_etag(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        bytes: Bytes,
+        mode: PutMode,
+        attrs: &ObjectAttrs,
+        etag: Option<String>,
     ) -> Result<PutOutcome> {
         let path = self.write_path(key)?;
         if matches!(mode, PutMode::Create) && self.local_holds(key) {
@@ -944,8 +1000,19 @@ impl Backend {
                         .map_err(|e| classify(e, &what))?;
                     self.keep_local_attrs(&path, attrs);
                     self.forget_other_place(key, &path);
+                    let etag = match (self.inner.local.is_some(), &etag) {
+                        (true, Some(given)) => {
+                            self.record_local_etag(&path, given.clone(), r.e_tag)
+                        }
+                        (true, None) => {
+                            let mut md5 = crate::localetag::Md5::default();
+                            md5.update(&bytes);
+                            self.record_local_etag(&path, md5.hex(), r.e_tag)
+                        }
+                        (false, _) => r.e_tag,
+                    };
                     Ok(PutOutcome {
-                        etag: r.e_tag,
+                        etag,
                         version: r.version,
                     })
                 })
@@ -1011,6 +1078,12 @@ impl Backend {
                 .local
                 .is_some()
                 .then(|| (path, (!attrs.is_empty()).then(|| attrs.clone()))),
+            md5: self
+                .inner
+                .local
+                .is_some()
+                .then(crate::localetag::Md5::default),
+            etag: None,
         })
     }
 
@@ -1368,7 +1441,12 @@ impl Backend {
                         .objects
                         .into_iter()
                         .filter(|m| m.location.as_ref().starts_with(&*name_prefix))
-                        .map(convert_meta)
+                        .map(|m| {
+                            let location = m.location.clone();
+                            let mut meta = convert_meta(m);
+                            self.show_local_etag(&location, &mut meta);
+                            meta
+                        })
                         .collect();
                     let mut common_prefixes: Vec<String> = r
                         .common_prefixes
@@ -1532,7 +1610,10 @@ impl Backend {
                 if loc.starts_with(&escape) || !loc.starts_with(prefix) {
                     continue;
                 }
-                out.insert(loc.to_string(), convert_meta(m));
+                let location = m.location.clone();
+                let mut meta = convert_meta(m);
+                self.show_local_etag(&location, &mut meta);
+                out.insert(meta.key.clone(), meta);
             }
         }
         for m in self.local_escaped(prefix, what).await? {
@@ -1558,7 +1639,9 @@ impl Backend {
                 continue;
             };
             if key.starts_with(prefix) {
+                let location = m.location.clone();
                 let mut meta = convert_meta(m);
+                self.show_local_etag(&location, &mut meta);
                 meta.key = key;
                 out.push(meta);
             }
@@ -1618,6 +1701,10 @@ pub struct MultipartUpload {
     /// For a local directory: where and what to keep as the object's attributes once complete.
     /// On a local directory: the file written, and the attributes to keep with it.
     local: Option<(Path, Option<ObjectAttrs>)>,
+    /// On a local directory: the MD5 of the bytes written so far (the object's ETag), unless
+    /// [`Self::set_etag`] named another.
+    md5: Option<crate::localetag::Md5>,
+    etag: Option<String>,
 }
 
 impl fmt::Debug for MultipartUpload {
@@ -1644,8 +1731,17 @@ impl MultipartUpload {
             .await
             .map_err(|e| classify(e, &what))?;
         self.bytes += bytes.len() as u64;
+        if let Some(h) = &mut self.md5 {
+            h.update(&bytes);
+        }
         w.put(bytes);
         Ok(())
+    }
+
+    /// The ETag the object gets where the backend takes one from the writer (a local directory, whose own is
+    /// no hash): the gateway gives S3's multipart form. Without it, the content's MD5.
+    pub fn set_etag(&mut self, etag: impl Into<String>) {
+        self.etag = Some(etag.into());
     }
 
     /// Upload the last part and make the object visible.
@@ -1681,14 +1777,23 @@ impl MultipartUpload {
             outcome,
         );
         let r = r?;
+        let mut etag = r.e_tag;
         if let Some((path, attrs)) = &self.local {
             if let Some(attrs) = attrs {
                 self.backend.keep_local_attrs(path, attrs);
             }
             self.backend.forget_other_place(&self.key, path);
+            let public = match (self.etag.take(), self.md5.take()) {
+                (Some(e), _) => Some(e),
+                (None, Some(h)) => Some(h.hex()),
+                (None, None) => None,
+            };
+            if let Some(public) = public {
+                etag = self.backend.record_local_etag(path, public, etag);
+            }
         }
         Ok(PutOutcome {
-            etag: r.e_tag,
+            etag,
             version: r.version,
         })
     }

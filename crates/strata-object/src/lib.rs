@@ -23,6 +23,7 @@
 
 mod backend;
 mod classify;
+mod localetag;
 mod localkeys;
 mod retry;
 mod s3wire;

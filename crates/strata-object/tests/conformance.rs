@@ -430,6 +430,42 @@ async fn file_backend_conforms() {
         b.get(&ctx(), "../canary").await.unwrap().1,
         Bytes::from_static(b"mine")
     );
+    // ETags are content MD5s; a file rewritten in place by another tool loses its recorded one.
+    let c = ctx();
+    let put = b
+        .put(&c, "etag/f", Bytes::from_static(b"x"), PutMode::Overwrite)
+        .await
+        .unwrap();
+    assert_eq!(
+        put.etag.as_deref(),
+        Some("9dd4e461268c8034f5c8564e155c67a6")
+    );
+    let head = b.head(&c, "etag/f").await.unwrap();
+    assert_eq!(head.etag, put.etag);
+    assert_eq!(
+        b.get_range(&c, "etag/f", 0..1, put.etag.as_deref())
+            .await
+            .unwrap(),
+        Bytes::from_static(b"x")
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("root/etag/f"))
+            .unwrap();
+        f.write_all(b"y").unwrap();
+    }
+    let changed = b.head(&c, "etag/f").await.unwrap();
+    assert_ne!(changed.etag, put.etag);
+    assert_eq!(changed.size, 2);
+    let e = b
+        .get_range(&c, "etag/f", 0..1, put.etag.as_deref())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PreconditionFailed);
+    b.delete(&c, "etag/f").await.unwrap();
     // Nothing outside the root but the canary and the root itself.
     let mut beside: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()

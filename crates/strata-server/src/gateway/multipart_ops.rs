@@ -415,7 +415,15 @@ impl Gateway {
             }
         }
         let written = self
-            .assemble(&ctx, &backend, &input.key, &chosen, total, &info.attrs)
+            .assemble(
+                &ctx,
+                &backend,
+                &input.key,
+                &chosen,
+                total,
+                &info.attrs,
+                &s3_etag,
+            )
             .await;
         let etag = match written {
             Ok(e) => e,
@@ -485,6 +493,7 @@ impl Gateway {
 
 impl Gateway {
     /// Write an upload's chosen parts to the backend as one object.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn assemble(
         &self,
         ctx: &IoContext,
@@ -493,6 +502,7 @@ impl Gateway {
         chosen: &[multipart::StagedPart],
         total: u64,
         attrs: &ObjectAttrs,
+        s3_etag: &str,
     ) -> S3Result<Option<String>> {
         let input_key = key;
         let ctx = ctx.clone();
@@ -506,7 +516,14 @@ impl Gateway {
                 );
             }
             backend
-                .put_with(&ctx, input_key, Bytes::from(all), PutMode::Overwrite, attrs)
+                .put_with_etag(
+                    &ctx,
+                    input_key,
+                    Bytes::from(all),
+                    PutMode::Overwrite,
+                    attrs,
+                    Some(s3_etag.to_string()),
+                )
                 .await
                 .map_err(s3err)?
                 .etag
@@ -515,6 +532,7 @@ impl Gateway {
                 .put_multipart_with(&ctx, input_key, BACKEND_PART, attrs)
                 .await
                 .map_err(s3err)?;
+            up.set_etag(s3_etag);
             for p in chosen {
                 let mut f = tokio::fs::File::open(&p.path)
                     .await
