@@ -146,6 +146,9 @@ impl Gateway {
         let mut uploads = Vec::new();
         let mut prefixes: Vec<String> = Vec::new();
         let mut next: Option<(String, String)> = None;
+        // Uploads of one key are in creation order, as S3 lists them: the upload-id marker says where in
+        // its key's uploads the page starts (after the marked upload).
+        let mut passed_marker = false;
         for (id, info, created) in self.staging.list() {
             if info.bucket != input.bucket || info.owner != owner || !info.key.starts_with(&prefix)
             {
@@ -160,8 +163,12 @@ impl Gateway {
                     continue;
                 }
                 let after = match &id_marker {
-                    Some(u) => info.key > *k || (info.key == *k && id > *u),
-                    None => info.key > *k,
+                    Some(u) if info.key == *k => {
+                        let after = passed_marker;
+                        passed_marker |= id == *u;
+                        after
+                    }
+                    _ => info.key > *k,
                 };
                 if !after {
                     continue;
