@@ -565,10 +565,7 @@ impl Backend {
         if let (Some(expect), Some(got)) = (if_match, r.meta.e_tag.as_deref())
             && expect != got
         {
-            return Err(Error::new(
-                ErrorKind::PreconditionFailed,
-                format!("{what}: object changed (ETag {got}, expected {expect})"),
-            ));
+            return Err(crate::classify::changed(what, got, expect));
         }
         let mut meta = self.meta_of(&path, r.meta.clone(), &r.attributes);
         meta.key = key.to_string();
@@ -1087,6 +1084,25 @@ impl Backend {
         })
     }
 
+    /// A listing as every listing runs: one I/O event for it, the whole of it retried under the policy.
+    async fn listing<T, Fut>(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        list: impl FnMut() -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = Result<T>>,
+    {
+        self.observe(ctx, Op::List, key, |_| 0, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::List, list)
+                .await
+        })
+        .await
+    }
+
     /// One page of at most `max_keys` objects under `prefix` (a key prefix, not necessarily ending in `/`),
     /// starting after `start_after`. Without a delimiter the listing is recursive. On backends that list in
     /// key order ([`Backend::lists_in_order`]) it reads only as far as the page needs (one or two backend
@@ -1103,34 +1119,19 @@ impl Backend {
         let max_keys = max_keys.max(1);
         if let Some(w) = &self.inner.wire {
             return self
-                .observe(ctx, Op::List, prefix, |_| 0, async {
-                    self.inner
-                        .retry
-                        .run(&self.inner.telemetry, Op::List, || async {
-                            // One more than the page shows whether another page follows.
-                            let (mut objects, _, _) = wire_list(
-                                w,
-                                prefix,
-                                None,
-                                start_after,
-                                |_| false,
-                                max_keys.saturating_add(1),
-                                &what,
-                            )
-                            .await?;
-                            let next = if objects.len() > max_keys {
-                                objects.truncate(max_keys);
-                                objects.last().map(|o| o.key.clone())
-                            } else {
-                                None
-                            };
-                            Ok(ListPage {
-                                objects,
-                                common_prefixes: Vec::new(),
-                                next_start_after: next,
-                            })
-                        })
-                        .await
+                .listing(ctx, prefix, || async {
+                    // One more than the page shows whether another page follows.
+                    let (objects, _, _) = wire_list(
+                        w,
+                        prefix,
+                        None,
+                        start_after,
+                        |_| false,
+                        max_keys.saturating_add(1),
+                        &what,
+                    )
+                    .await?;
+                    Ok(page_of(objects, max_keys))
                 })
                 .await;
         }
@@ -1141,17 +1142,7 @@ impl Backend {
                     if let Some(s) = start_after {
                         objects.retain(|o| o.key.as_str() > s);
                     }
-                    let next = if objects.len() > max_keys {
-                        objects.truncate(max_keys);
-                        objects.last().map(|o| o.key.clone())
-                    } else {
-                        None
-                    };
-                    Ok(ListPage {
-                        objects,
-                        common_prefixes: Vec::new(),
-                        next_start_after: next,
-                    })
+                    Ok(page_of(objects, max_keys))
                 })
                 .await;
         }
@@ -1191,17 +1182,7 @@ impl Backend {
                     if let Some(s) = start_after {
                         objects.retain(|o| o.key.as_str() > s);
                     }
-                    let next = if objects.len() > max_keys {
-                        objects.truncate(max_keys);
-                        objects.last().map(|o| o.key.clone())
-                    } else {
-                        None
-                    };
-                    Ok(ListPage {
-                        objects,
-                        common_prefixes: Vec::new(),
-                        next_start_after: next,
-                    })
+                    Ok(page_of(objects, max_keys))
                 })
                 .await
         })
@@ -1240,18 +1221,11 @@ impl Backend {
         }
         if let Some(w) = &self.inner.wire {
             return self
-                .observe(ctx, Op::List, start_after, |_| 0, async {
-                    self.inner
-                        .retry
-                        .run(&self.inner.telemetry, Op::List, || async {
-                            let past_end =
-                                |m: &ObjectMeta| end_before.is_some_and(|e| m.key.as_str() >= e);
-                            let (objects, _, complete) =
-                                wire_list(w, "", None, Some(start_after), past_end, limit, &what)
-                                    .await?;
-                            Ok(ListSpan { objects, complete })
-                        })
-                        .await
+                .listing(ctx, start_after, || async {
+                    let past_end = |m: &ObjectMeta| end_before.is_some_and(|e| m.key.as_str() >= e);
+                    let (objects, _, complete) =
+                        wire_list(w, "", None, Some(start_after), past_end, limit, &what).await?;
+                    Ok(ListSpan { objects, complete })
                 })
                 .await;
         }
@@ -1336,27 +1310,22 @@ impl Backend {
         if let Some(w) = &self.inner.wire {
             let what = format!("LIST {}/{prefix} (delimiter {delimiter:?})", self.inner.id);
             return self
-                .observe(ctx, Op::List, prefix, |_| 0, async {
-                    self.inner
-                        .retry
-                        .run(&self.inner.telemetry, Op::List, || async {
-                            let (objects, common_prefixes, _) = wire_list(
-                                w,
-                                prefix,
-                                Some(delimiter),
-                                None,
-                                |_| false,
-                                usize::MAX,
-                                &what,
-                            )
-                            .await?;
-                            Ok(ListPage {
-                                objects,
-                                common_prefixes,
-                                next_start_after: None,
-                            })
-                        })
-                        .await
+                .listing(ctx, prefix, || async {
+                    let (objects, common_prefixes, _) = wire_list(
+                        w,
+                        prefix,
+                        Some(delimiter),
+                        None,
+                        |_| false,
+                        usize::MAX,
+                        &what,
+                    )
+                    .await?;
+                    Ok(ListPage {
+                        objects,
+                        common_prefixes,
+                        next_start_after: None,
+                    })
                 })
                 .await;
         }
@@ -1387,20 +1356,14 @@ impl Backend {
         let what = format!("LIST {}/{prefix} (delimited)", self.inner.id);
         if let Some(w) = &self.inner.wire {
             return self
-                .observe(ctx, Op::List, prefix, |_| 0, async {
-                    self.inner
-                        .retry
-                        .run(&self.inner.telemetry, Op::List, || async {
-                            let (objects, common_prefixes, _) =
-                                wire_list(w, prefix, Some("/"), None, |_| false, usize::MAX, &what)
-                                    .await?;
-                            Ok(ListPage {
-                                objects,
-                                common_prefixes,
-                                next_start_after: None,
-                            })
-                        })
-                        .await
+                .listing(ctx, prefix, || async {
+                    let (objects, common_prefixes, _) =
+                        wire_list(w, prefix, Some("/"), None, |_| false, usize::MAX, &what).await?;
+                    Ok(ListPage {
+                        objects,
+                        common_prefixes,
+                        next_start_after: None,
+                    })
                 })
                 .await;
         }
@@ -1896,6 +1859,21 @@ fn build_s3(
         timeout,
     };
     Ok((store, target))
+}
+
+/// The first `max_keys` of `objects` (in key order) as a page; `next_start_after` when more follow.
+fn page_of(mut objects: Vec<ObjectMeta>, max_keys: usize) -> ListPage {
+    let next = if objects.len() > max_keys {
+        objects.truncate(max_keys);
+        objects.last().map(|o| o.key.clone())
+    } else {
+        None
+    };
+    ListPage {
+        objects,
+        common_prefixes: Vec::new(),
+        next_start_after: next,
+    }
 }
 
 /// A listing through [`S3Wire`], page after page: objects (in key order, after `start_after`) until `limit` of

@@ -21,6 +21,15 @@ pub(crate) fn status_kind(status: u16) -> ErrorKind {
     }
 }
 
+/// A read pinned to ETag `expect` found `got`: the object changed under it (some servers ignore `If-Match`,
+/// so the response's ETag is checked too).
+pub(crate) fn changed(what: &str, got: &str, expect: &str) -> Error {
+    Error::new(
+        ErrorKind::PreconditionFailed,
+        format!("{what}: object changed (ETag {got}, expected {expect})"),
+    )
+}
+
 /// Map an `object_store` error to a typed Strata error with a kind and a retryable flag.
 ///
 /// `object_store` reports HTTP failures as `Generic` errors; their source chain holds either a transport

@@ -281,6 +281,26 @@ impl S3Wire {
             .with_retryable(kind.default_retryable())
     }
 
+    /// A bucket-level GET whose answer is an XML document (a listing).
+    async fn get_xml<T: serde::de::DeserializeOwned>(
+        &self,
+        q: &[(&str, String)],
+        what: &str,
+    ) -> Result<T> {
+        let resp = self
+            .send(Method::GET, None, q, HeaderMap::new(), what)
+            .await?;
+        let body = read_limited(resp.into_body(), LIST_BODY_LIMIT, self.timeout)
+            .await
+            .map_err(|e| e.context(what))?;
+        quick_xml::de::from_reader(&body[..]).map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("{what}: unreadable answer: {e}"),
+            )
+        })
+    }
+
     /// A listing page (ListObjectsV2) under `prefix` (relative to the backend), keys as they are.
     pub(crate) async fn list(
         &self,
@@ -309,12 +329,6 @@ impl S3Wire {
         if let Some(s) = start_after.filter(|s| !s.is_empty()) {
             q.push(("start-after", format!("{}{s}", self.prefix)));
         }
-        let resp = self
-            .send(Method::GET, None, &q, HeaderMap::new(), what)
-            .await?;
-        let body = read_limited(resp.into_body(), LIST_BODY_LIMIT, self.timeout)
-            .await
-            .map_err(|e| e.context(what))?;
         #[derive(Deserialize, Default)]
         #[serde(rename_all = "PascalCase", default)]
         struct ListBucketResult {
@@ -340,12 +354,7 @@ impl S3Wire {
         struct CommonPrefix {
             prefix: String,
         }
-        let r: ListBucketResult = quick_xml::de::from_reader(&body[..]).map_err(|e| {
-            Error::new(
-                ErrorKind::Unavailable,
-                format!("{what}: unreadable listing: {e}"),
-            )
-        })?;
+        let r: ListBucketResult = self.get_xml(&q, what).await?;
         let encoded = r.encoding_type.as_deref() == Some("url");
         let name = |raw: String| -> Result<Option<String>> {
             let k = if encoded {
@@ -446,10 +455,7 @@ impl S3Wire {
         if let (Some(expect), Some(got)) = (if_match, etag.as_deref())
             && expect != got
         {
-            return Err(Error::new(
-                ErrorKind::PreconditionFailed,
-                format!("{what}: object changed (ETag {got}, expected {expect})"),
-            ));
+            return Err(crate::classify::changed(what, got, expect));
         }
         let mut attrs = ObjectAttrs {
             content_type: text("content-type"),
@@ -513,18 +519,7 @@ impl S3Wire {
                 q.push(("key-marker", k.clone()));
                 q.push(("upload-id-marker", u.clone()));
             }
-            let resp = self
-                .send(Method::GET, None, &q, HeaderMap::new(), what)
-                .await?;
-            let body = read_limited(resp.into_body(), LIST_BODY_LIMIT, self.timeout)
-                .await
-                .map_err(|e| e.context(what))?;
-            let r: Result_ = quick_xml::de::from_reader(&body[..]).map_err(|e| {
-                Error::new(
-                    ErrorKind::Unavailable,
-                    format!("{what}: unreadable upload listing: {e}"),
-                )
-            })?;
+            let r: Result_ = self.get_xml(&q, what).await?;
             let encoded = r.encoding_type.as_deref() == Some("url");
             for u in r.upload {
                 let key = if encoded {

@@ -181,26 +181,25 @@ fn s3err(e: Error) -> S3Error {
 
 /// A key read from `backend`: any key its storage can hold (S3 origins: any key S3 allows, taken as it is).
 fn check_read_key(backend: &strata_object::Backend, key: &str) -> S3Result<()> {
-    backend.check_read_key(key).map_err(|e| {
-        let code = if key.len() > 1024 {
-            S3ErrorCode::KeyTooLongError
-        } else {
-            S3ErrorCode::InvalidArgument
-        };
-        S3Error::with_message(code, e.message().to_string())
-    })
+    backend
+        .check_read_key(key)
+        .map_err(|e| key_refused(key, &e))
 }
 
 /// A key written to `backend`: one its storage can hold (local directories: any key S3 allows).
 fn check_write_key(backend: &strata_object::Backend, key: &str) -> S3Result<()> {
-    backend.check_write_key(key).map_err(|e| {
-        let code = if key.len() > 1024 {
-            S3ErrorCode::KeyTooLongError
-        } else {
-            S3ErrorCode::InvalidArgument
-        };
-        S3Error::with_message(code, e.message().to_string())
-    })
+    backend
+        .check_write_key(key)
+        .map_err(|e| key_refused(key, &e))
+}
+
+fn key_refused(key: &str, e: &Error) -> S3Error {
+    let code = if key.len() > 1024 {
+        S3ErrorCode::KeyTooLongError
+    } else {
+        S3ErrorCode::InvalidArgument
+    };
+    S3Error::with_message(code, e.message().to_string())
 }
 
 impl Gateway {
