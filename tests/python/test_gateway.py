@@ -837,3 +837,23 @@ def test_local_directory_etags_are_content_md5s_as_s3_gives(gateway):
     assert s3.head_object(Bucket="default", Key="etag/multi")["ETag"] == want
     for k in ("etag/one", "etag/copy", "etag/multi"):
         s3.delete_object(Bucket="default", Key=k)
+
+
+@pytest.mark.parametrize("bucket", BUCKETS)
+def test_keys_that_are_not_plain_paths_are_written_as_they_are(gateway, origin, bucket):
+    """A folder marker `dir/` (what s3fs and consoles create), `x//y`, `./z`, `a/../b`: written through the
+    gateway, they are those very keys at the origin (never `dir` or `x/y`), read back, and deleted."""
+    s3 = gateway.client()
+    keys = {"w/dir/": b"", "w/x//y": b"double", "w/./z": b"dot", "w/a/../b": b"dotdot", "w/dir": b"the file"}
+    for k, v in keys.items():
+        s3.put_object(Bucket=bucket, Key=k, Body=v, ContentType="text/x-odd", Metadata={"m": "1"})
+    if bucket == "origin":
+        at_origin = client(origin, ORIGIN_KEY, ORIGIN_SECRET).list_objects_v2(Bucket="gw-origin", Prefix="w/")
+        assert sorted(x["Key"] for x in at_origin["Contents"]) == sorted(keys)
+    for k, v in keys.items():
+        got = s3.get_object(Bucket=bucket, Key=k)
+        assert got["Body"].read() == v and got["ContentType"] == "text/x-odd" and got["Metadata"] == {"m": "1"}, k
+    assert sorted(x["Key"] for x in s3.list_objects_v2(Bucket=bucket, Prefix="w/")["Contents"]) == sorted(keys)
+    for k in keys:
+        s3.delete_object(Bucket=bucket, Key=k)
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="w/")

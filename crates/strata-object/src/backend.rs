@@ -463,13 +463,21 @@ impl Backend {
     }
 
     /// Whether `key` may be written to this backend: on a local directory any key S3 allows (keys that cannot
-    /// be plain paths are escaped, [`crate::localkeys`]); elsewhere a key `object_store` can name as it is
-    /// ([`validate_key`], and not ending in `/`).
+    /// be plain paths are escaped, [`crate::localkeys`]); on S3 any key S3 allows (those `object_store` cannot
+    /// name go through [`S3Wire`], in one request: no multipart upload or copy of them); elsewhere a key
+    /// `object_store` can name as it is ([`validate_key`], and not ending in `/`).
     pub fn check_write_key(&self, key: &str) -> Result<()> {
-        match self.inner.local_root {
-            Some(_) => s3_key(key),
-            None => to_path(key).map(|_| ()),
+        match (&self.inner.local_root, &self.inner.wire) {
+            (Some(_), _) | (_, Some(_)) => s3_key(key),
+            (None, None) => to_path(key).map(|_| ()),
         }
+    }
+
+    /// On S3: whether `key` must be written through [`S3Wire`] because `object_store` cannot name it (an
+    /// empty, `.` or `..` segment, a trailing `/`, ...).
+    fn wire_key(&self, key: &str) -> Option<&S3Wire> {
+        let named = Path::parse(key).is_ok_and(|p| p.as_ref() == key) && !key.ends_with('/');
+        self.inner.wire.as_ref().filter(|_| !named)
     }
 
     /// The store path `key` is written to: on a local directory its plain path when it can be one now, else
@@ -919,6 +927,59 @@ impl Backend {
         }
     }
 
+    /// A PUT through [`S3Wire`] of a key `object_store` cannot name: the attributes as headers, the mode as
+    /// conditions.
+    async fn wire_put(
+        &self,
+        ctx: &IoContext,
+        w: &S3Wire,
+        key: &str,
+        bytes: Bytes,
+        mode: PutMode,
+        attrs: &ObjectAttrs,
+    ) -> Result<PutOutcome> {
+        let what = format!("PUT {}/{key}", self.inner.id);
+        let mut h = http::HeaderMap::new();
+        let mut set = |name: &str, v: &str| -> Result<()> {
+            let name = http::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| Error::invalid_input(format!("{what}: header {name:?}: {e}")))?;
+            let v = http::HeaderValue::from_str(v)
+                .map_err(|e| Error::invalid_input(format!("{what}: header value {v:?}: {e}")))?;
+            h.insert(name, v);
+            Ok(())
+        };
+        for (name, v) in [
+            ("content-type", &attrs.content_type),
+            ("content-encoding", &attrs.content_encoding),
+            ("content-disposition", &attrs.content_disposition),
+            ("content-language", &attrs.content_language),
+            ("cache-control", &attrs.cache_control),
+        ] {
+            if let Some(v) = v {
+                set(name, v)?;
+            }
+        }
+        for (k, v) in &attrs.user {
+            set(&format!("x-amz-meta-{k}"), v)?;
+        }
+        match &mode {
+            PutMode::Overwrite => {}
+            PutMode::Create => set("if-none-match", "*")?,
+            PutMode::IfMatch(e) => set("if-match", e)?,
+        }
+        let len = bytes.len() as u64;
+        self.observe(ctx, Op::Put, key, |_| len, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::Put, || {
+                    w.put(key, bytes.clone(), h.clone(), &what)
+                })
+                .await
+                .map(|(etag, version)| PutOutcome { etag, version })
+        })
+        .await
+    }
+
     /// The attributes kept with a local file, if any.
     fn local_attrs(&self, path: &Path) -> Option<Arc<ObjectAttrs>> {
         let file = self.inner.local.as_ref()?.path_to_filesystem(path).ok()?;
@@ -961,6 +1022,10 @@ impl Backend {
         attrs: &ObjectAttrs,
         etag: Option<String>,
     ) -> Result<PutOutcome> {
+        if let Some(w) = self.wire_key(key) {
+            s3_key(key)?;
+            return self.wire_put(ctx, w, key, bytes, mode, attrs).await;
+        }
         let path = self.write_path(key)?;
         if matches!(mode, PutMode::Create) && self.local_holds(key) {
             // Create-only: the key may be in its other place (escaped while a conflict lasted).
@@ -1038,6 +1103,11 @@ impl Backend {
         part_size: usize,
         attrs: &ObjectAttrs,
     ) -> Result<MultipartUpload> {
+        if self.wire_key(key).is_some() {
+            return Err(Error::invalid_input(format!(
+                "{key:?} is not a plain path: such keys are written to S3 in one request, not as a multipart upload (keep the object under the single-request size)"
+            )));
+        }
         let path = self.write_path(key)?;
         let what = format!("multipart PUT {}/{key}", self.inner.id);
         let policy = Arc::new(PartRetry {
@@ -1528,6 +1598,21 @@ impl Backend {
                         .map_err(|e| Error::invalid_input(e.to_string()))?,
                 );
                 p
+            }
+            None if self.wire_key(key).is_some() => {
+                s3_key(key)?;
+                let Some(w) = self.wire_key(key) else {
+                    return Ok(());
+                };
+                let what = format!("DELETE {}/{key}", self.inner.id);
+                return self
+                    .observe(ctx, Op::Delete, key, |_| 0, async {
+                        self.inner
+                            .retry
+                            .run(&self.inner.telemetry, Op::Delete, || w.delete(key, &what))
+                            .await
+                    })
+                    .await;
             }
             None if key.ends_with('/') && validate_key(key).is_ok() => {
                 // No object can exist there: deleting it deletes nothing (and never `P` for `P/`).

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde::Deserialize;
@@ -43,7 +43,7 @@ const LIST_BODY_LIMIT: usize = 64 * 1024 * 1024;
 
 /// One S3 bucket (and the backend's prefix in it), spoken to directly.
 pub(crate) struct S3Wire {
-    client: Client<Https, Empty<Bytes>>,
+    client: Client<Https, Full<Bytes>>,
     /// `None`: requests are sent unsigned (`skip_signature`).
     credentials: Option<object_store::aws::AwsCredentialProvider>,
     region: String,
@@ -183,13 +183,27 @@ impl S3Wire {
         })
     }
 
-    /// One request; a status other than 2xx is an error with S3's code and message.
+    /// One request without a body; a status other than 2xx is an error with S3's code and message.
     async fn send(
         &self,
         method: Method,
         key: Option<&str>,
         query: &[(&str, String)],
+        headers: HeaderMap,
+        what: &str,
+    ) -> Result<http::Response<hyper::body::Incoming>> {
+        self.send_body(method, key, query, headers, Bytes::new(), what)
+            .await
+    }
+
+    /// One request with `body` (signed with its SHA-256).
+    async fn send_body(
+        &self,
+        method: Method,
+        key: Option<&str>,
+        query: &[(&str, String)],
         mut headers: HeaderMap,
+        body: Bytes,
         what: &str,
     ) -> Result<http::Response<hyper::body::Incoming>> {
         let path = match key {
@@ -216,12 +230,16 @@ impl S3Wire {
                 secret: &c.secret_key,
                 token: c.token.as_deref(),
             };
+            let payload = match body.is_empty() {
+                true => sign::EMPTY_SHA256.to_string(),
+                false => sign::sha256_hex(&body),
+            };
             sign::sign(
                 method.as_str(),
                 &path,
                 &query,
                 &mut headers,
-                sign::EMPTY_SHA256,
+                &payload,
                 &cred,
                 &self.region,
                 chrono::Utc::now(),
@@ -234,7 +252,7 @@ impl S3Wire {
         let mut req = http::Request::builder()
             .method(method)
             .uri(&uri)
-            .body(Empty::new())
+            .body(Full::new(body))
             .map_err(|e| Error::invalid_input(format!("{what}: {e}")))?;
         *req.headers_mut() = headers;
         let resp = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
@@ -550,6 +568,34 @@ impl S3Wire {
             }
         }
         Ok(out)
+    }
+
+    /// PUT `body` at `key` in one request, with `headers` (attributes, conditions); the new version's ETag and
+    /// version id.
+    pub(crate) async fn put(
+        &self,
+        key: &str,
+        body: Bytes,
+        headers: HeaderMap,
+        what: &str,
+    ) -> Result<(Option<String>, Option<String>)> {
+        let resp = self
+            .send_body(Method::PUT, Some(key), &[], headers, body, what)
+            .await?;
+        let text = |n: &str| resp.headers().get(n).map(|v| header_text(v.as_bytes()));
+        Ok((text("etag"), text("x-amz-version-id")))
+    }
+
+    /// DELETE `key` (a missing key is deleted, as S3 says).
+    pub(crate) async fn delete(&self, key: &str, what: &str) -> Result<()> {
+        match self
+            .send(Method::DELETE, Some(key), &[], HeaderMap::new(), what)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Abort one multipart upload; one already gone counts as aborted.

@@ -56,6 +56,11 @@ pub(crate) fn query_string(pairs: &[(&str, String)]) -> String {
     out
 }
 
+/// Hex SHA-256 of a request body.
+pub(crate) fn sha256_hex(body: &[u8]) -> String {
+    hex(digest::digest(&digest::SHA256, body).as_ref())
+}
+
 fn hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
