@@ -86,7 +86,7 @@ def origin():
 class Gateway:
     """One `strata serve` process with an S3 gateway; restartable on the same data dir."""
 
-    def __init__(self, origin_endpoint, umask=None, extra=""):
+    def __init__(self, origin_endpoint, umask=None, extra="", gateway_extra=""):
         self.umask = umask  # started under this umask (default: the test's)
         self.dir = tempfile.mkdtemp(prefix="strata-gw-")
         self.data = os.path.join(self.dir, "data")
@@ -105,6 +105,7 @@ initial_backoff = 10
 max_backoff = 100
 
 [gateway]
+{gateway_extra}
 [[gateway.keys]]
 access_key = "{ACCESS_KEY}"
 secret_key = "{SECRET_KEY}"

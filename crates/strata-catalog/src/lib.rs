@@ -24,6 +24,7 @@ use sqlx::{AnyPool, Executor};
 use strata_types::{Error, ErrorKind, Result};
 
 pub mod access;
+pub mod buckets;
 pub mod inventory;
 pub mod lifecycle;
 pub mod quota;

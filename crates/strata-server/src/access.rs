@@ -95,7 +95,19 @@ impl Ownership {
         {
             return Ok(p.clone());
         }
-        let p = Arc::new(self.catalog.list_prefixes().await?);
+        // A created bucket's team owns every key in it: an owned empty prefix (longer owned prefixes inside
+        // it still decide for theirs).
+        let mut all = self.catalog.list_prefixes().await?;
+        for b in self.catalog.list_buckets().await? {
+            if let Some(team) = b.team {
+                all.push(strata_catalog::inventory::OwnedPrefix {
+                    backend: b.name,
+                    prefix: String::new(),
+                    team,
+                });
+            }
+        }
+        let p = Arc::new(all);
         *self.prefixes.lock() = Some((Instant::now(), p.clone()));
         Ok(p)
     }

@@ -99,6 +99,11 @@ pub struct GatewaySection {
     /// Access keys. `STRATA_ACCESS_KEY`/`STRATA_SECRET_KEY` add one; with none at all a key pair is generated
     /// into `<data_dir>/credentials.json`.
     pub keys: Vec<crate::gateway::auth::AccessKey>,
+    /// Where CreateBucket makes buckets: `file:///dir` (a directory per bucket) or `s3://bucket/prefix` (a
+    /// prefix per bucket). Unset: CreateBucket is refused and the buckets are the configured backends.
+    pub bucket_root: Option<String>,
+    /// Connection options for `bucket_root` (as `[backends.options]`).
+    pub bucket_root_options: BackendOptions,
 }
 
 impl Default for GatewaySection {
@@ -108,6 +113,8 @@ impl Default for GatewaySection {
             listen: None,
             region: "us-east-1".into(),
             keys: Vec::new(),
+            bucket_root: None,
+            bucket_root_options: BackendOptions::default(),
         }
     }
 }
@@ -295,6 +302,8 @@ pub struct Resolved {
     pub s3_listen: Option<SocketAddr>,
     /// The gateway's region.
     pub s3_region: String,
+    /// Where created buckets live (`[gateway] bucket_root`, without a trailing `/`) and its options.
+    pub bucket_root: Option<(String, BackendOptions)>,
     /// Configured gateway keys (the root key of [`Overrides::root_key`] included).
     pub s3_keys: Vec<crate::gateway::auth::AccessKey>,
     /// The administrator token from [`Overrides::admin_token`].
@@ -454,6 +463,23 @@ impl Config {
                 )));
             }
         }
+        let bucket_root = match self.gateway.bucket_root.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(u) => {
+                let scheme = u.split("://").next().unwrap_or_default();
+                if !u.contains("://")
+                    || !["s3", "s3a", "file", "gs", "az", "azure"].contains(&scheme)
+                {
+                    return Err(Error::config(format!(
+                        "gateway.bucket_root = {u:?}: must start with file://, s3://, gs:// or az://"
+                    )));
+                }
+                Some((
+                    u.trim_end_matches('/').to_string(),
+                    self.gateway.bucket_root_options.clone(),
+                ))
+            }
+        };
         let s3_listen = if self.gateway.enabled {
             let l = self
                 .gateway
@@ -541,6 +567,7 @@ impl Config {
             catalog: self.catalog.clone(),
             s3_listen,
             s3_region: self.gateway.region.clone(),
+            bucket_root,
             s3_keys,
             admin_token: o.admin_token.clone().filter(|t| !t.is_empty()),
             data_dir,

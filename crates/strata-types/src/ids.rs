@@ -87,8 +87,8 @@ pub struct ObjectMeta {
 }
 
 /// What an object store keeps with an object besides its bytes: the HTTP headers S3 stores and returns as
-/// they were given, and user metadata (`x-amz-meta-*`). Object stores (S3, GCS, Azure, memory) keep them;
-/// local directories keep none.
+/// they were given, user metadata (`x-amz-meta-*`) and the extras S3 keeps ([`crate::extras`]). Object stores
+/// keep them natively (extras in one reserved metadata entry); local directories in an extended attribute.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct ObjectAttrs {
@@ -104,6 +104,15 @@ pub struct ObjectAttrs {
     pub cache_control: Option<String>,
     /// User metadata: names without the `x-amz-meta-` prefix, lower case (as S3 returns them).
     pub user: std::collections::BTreeMap<String, String>,
+    /// `Expires` as the writer gave it (an HTTP date), returned as it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+    /// The checksum the writer sent (or asked for) with the object ([`crate::extras`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<crate::StoredChecksum>,
+    /// The sizes of the parts of a multipart upload, in order (empty: written in one piece).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<u64>,
 }
 
 impl ObjectAttrs {
@@ -150,6 +159,9 @@ pub fn validate_key(key: &str) -> Result<&str> {
     }
     if key.contains('\0') {
         return bad("contains a NUL byte");
+    }
+    if key.contains(['\n', '\r']) {
+        return bad("contains a line break");
     }
     if key.contains('\\') {
         return bad("contains a backslash");

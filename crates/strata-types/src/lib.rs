@@ -10,12 +10,14 @@
 
 mod error;
 mod event;
+pub mod extras;
 mod ids;
 pub mod mem;
 mod size;
 
 pub use error::{Error, ErrorKind, Result};
 pub use event::{IoContext, IoEvent, Op, Outcome, Tier};
+pub use extras::{ChecksumAlgorithm, StoredChecksum};
 pub use ids::{BlockKey, ObjectAttrs, ObjectId, ObjectMeta, validate_key};
 pub use size::ByteSize;
 

@@ -64,7 +64,7 @@ use crate::retry::{PartRetry, RetryPolicy};
 use crate::s3wire::S3Wire;
 use local::local_dir_walkable;
 pub use multipart::MultipartUpload;
-use s3::{build_s3, host_of, s3_endpoint, wire_list};
+use s3::{build_s3, host_of, s3_endpoint, wire_headers, wire_list};
 
 /// Connection options for a backend. Anything left unset falls back to the standard AWS environment variables
 /// (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...)
@@ -425,27 +425,26 @@ impl Backend {
     /// [`validate_key`]; a key ending in `/` names no object there).
     pub fn check_read_key(&self, key: &str) -> Result<()> {
         if self.inner.wire.is_some() || self.inner.local_root.is_some() {
-            return match key.len() {
-                0 => Err(Error::invalid_input("empty object key")),
-                1..=1024 => Ok(()),
-                _ => Err(Error::invalid_input(format!(
-                    "invalid object key {:?}...: longer than 1024 bytes",
-                    key.chars().take(32).collect::<String>()
-                ))),
-            };
+            return s3_key(key);
         }
         read_path(key).map(|_| ())
     }
 
     /// Whether `key` may be written to this backend: on a local directory any key S3 allows (keys that cannot
     /// be plain paths are escaped, `localkeys`); on S3 any key S3 allows (those `object_store` cannot
-    /// name go through `s3wire`, in one request: no multipart upload or copy of them); elsewhere a key
+    /// name go through `s3wire`: single PUTs, multipart uploads and copies alike); elsewhere a key
     /// `object_store` can name as it is ([`validate_key`], and not ending in `/`).
     pub fn check_write_key(&self, key: &str) -> Result<()> {
         match (&self.inner.local_root, &self.inner.wire) {
             (Some(_), _) | (_, Some(_)) => s3_key(key),
             (None, None) => to_path(key).map(|_| ()),
         }
+    }
+
+    /// Whether the backend keeps the ETag a writer gives it ([`Self::put_with_etag`], a local directory)
+    /// rather than making its own (object stores).
+    pub fn takes_etags(&self) -> bool {
+        self.inner.local.is_some()
     }
 
     /// The retry policy this backend applies.
@@ -596,10 +595,35 @@ impl Backend {
         part_size: usize,
         attrs: &ObjectAttrs,
     ) -> Result<MultipartUpload> {
-        if self.wire_key(key).is_some() {
-            return Err(Error::invalid_input(format!(
-                "{key:?} is not a plain path: such keys are written to S3 in one request, not as a multipart upload (keep the object under the single-request size)"
-            )));
+        if let Some(w) = self.wire_key(key) {
+            s3_key(key)?;
+            let what = format!("multipart PUT {}/{key}", self.inner.id);
+            let headers = wire_headers(attrs, None, &what)?;
+            let id = self
+                .inner
+                .retry
+                .run(&self.inner.telemetry, Op::Put, || {
+                    w.create_upload(key, headers.clone(), &what)
+                })
+                .await?;
+            return Ok(MultipartUpload {
+                backend: self.clone(),
+                ctx: ctx.clone(),
+                key: key.to_string(),
+                writer: None,
+                bytes: 0,
+                start: Instant::now(),
+                local: None,
+                md5: None,
+                etag: None,
+                part_size: part_size.max(5 * 1024 * 1024),
+                wire: Some(multipart::WireUpload {
+                    id,
+                    part_size: part_size.max(5 * 1024 * 1024),
+                    buf: Vec::new(),
+                    etags: Vec::new(),
+                }),
+            });
         }
         let path = self.write_path(key)?;
         let what = format!("multipart PUT {}/{key}", self.inner.id);
@@ -644,6 +668,8 @@ impl Backend {
                 .is_some()
                 .then(crate::localetag::Md5::default),
             etag: None,
+            part_size: part_size.max(5 * 1024 * 1024),
+            wire: None,
         })
     }
 
@@ -702,6 +728,46 @@ impl Backend {
         .await
     }
 
+    /// Server-side copy of `from` to `to` on S3 with `attrs` as the copy's attributes (`REPLACE`), keeping
+    /// S3's own ETag of a copy; `None` on other backends, whose server-side copies keep the source's
+    /// attributes ([`Self::copy`]), so a copy with others is the caller's (bytes through the cache).
+    /// `if_match` holds the source to the version the caller saw.
+    pub async fn copy_with(
+        &self,
+        ctx: &IoContext,
+        from: &str,
+        to: &str,
+        attrs: &ObjectAttrs,
+        if_match: Option<&str>,
+    ) -> Result<Option<PutOutcome>> {
+        let Some(w) = &self.inner.wire else {
+            return Ok(None);
+        };
+        s3_key(from)?;
+        s3_key(to)?;
+        let what = format!("COPY {}/{from} -> {to}", self.inner.id);
+        let mut headers = wire_headers(attrs, None, &what)?;
+        headers.insert(
+            "x-amz-metadata-directive",
+            http::HeaderValue::from_static("REPLACE"),
+        );
+        if let Some(e) = if_match {
+            let v = http::HeaderValue::from_str(e)
+                .map_err(|e| Error::invalid_input(format!("{what}: {e}")))?;
+            headers.insert("x-amz-copy-source-if-match", v);
+        }
+        self.observe(ctx, Op::Copy, to, |_| 0, async {
+            self.inner
+                .retry
+                .run(&self.inner.telemetry, Op::Copy, || {
+                    w.copy(from, to, headers.clone(), &what)
+                })
+                .await
+                .map(|(etag, version)| Some(PutOutcome { etag, version }))
+        })
+        .await
+    }
+
     /// Server-side copy of `from` to `to` inside this backend.
     pub async fn copy(&self, ctx: &IoContext, from: &str, to: &str) -> Result<()> {
         let src = match &self.inner.local_root {
@@ -731,8 +797,14 @@ impl Backend {
     }
 }
 
-/// A key S3 allows: 1 to 1,024 bytes.
+/// A key S3 allows: 1 to 1,024 bytes, without a line break (S3 answers 400 for those).
 fn s3_key(key: &str) -> Result<()> {
+    if key.contains(['\n', '\r']) {
+        return Err(Error::invalid_input(format!(
+            "invalid object key {:?}: S3 keys cannot hold a line break",
+            key.chars().take(32).collect::<String>()
+        )));
+    }
     match key.len() {
         0 => Err(Error::invalid_input("empty object key")),
         1..=1024 => Ok(()),
@@ -796,7 +868,18 @@ fn attrs_of(a: &object_store::Attributes) -> ObjectAttrs {
             _ => {}
         }
     }
+    out.absorb_extras();
     out
+}
+
+/// S3's limit on user metadata, names and values together: the extras take what the user's leaves.
+const USER_METADATA_MAX: usize = 2048;
+
+/// The extras' reserved entry (`strata_types::extras`), within what `a`'s user metadata leaves.
+pub(crate) fn extras_entry(a: &ObjectAttrs) -> Option<(&'static str, String)> {
+    let used: usize = a.user.iter().map(|(k, v)| k.len() + v.len()).sum();
+    a.extras_value(USER_METADATA_MAX.saturating_sub(used))
+        .map(|v| (strata_types::extras::RESERVED_META, v))
 }
 
 /// Strata's attributes as object_store's.
@@ -817,6 +900,9 @@ fn to_attributes(a: &ObjectAttrs) -> object_store::Attributes {
     }
     for (k, v) in &a.user {
         out.insert(Attribute::Metadata(k.clone().into()), v.clone().into());
+    }
+    if let Some((k, v)) = extras_entry(a) {
+        out.insert(Attribute::Metadata(k.into()), v.into());
     }
     out
 }

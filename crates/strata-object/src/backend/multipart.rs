@@ -19,6 +19,18 @@ pub struct MultipartUpload {
     /// [`Self::set_etag`] named another.
     pub(super) md5: Option<crate::localetag::Md5>,
     pub(super) etag: Option<String>,
+    /// The size of every part but the last.
+    pub(super) part_size: usize,
+    /// On S3, for a key `object_store` cannot name: the upload made through `s3wire` instead of `writer`.
+    pub(super) wire: Option<WireUpload>,
+}
+
+/// An upload through `s3wire`: parts sent one at a time as `part_size` bytes gather.
+pub(super) struct WireUpload {
+    pub(super) id: String,
+    pub(super) part_size: usize,
+    pub(super) buf: Vec<u8>,
+    pub(super) etags: Vec<String>,
 }
 
 impl fmt::Debug for MultipartUpload {
@@ -32,16 +44,56 @@ impl fmt::Debug for MultipartUpload {
 }
 
 impl MultipartUpload {
-    const MAX_PARTS_IN_FLIGHT: usize = 8;
+    /// Parts in flight: 8, fewer for parts over 8 MiB (at most 64 MiB buffered, at least 2 parts).
+    fn in_flight(&self) -> usize {
+        let part = self.part_size.max(1);
+        (64 * 1024 * 1024 / part).clamp(2, 8)
+    }
+
+    /// Send the wire upload's gathered bytes as its next part (`last`: even when fewer than a part).
+    async fn wire_flush(&mut self, last: bool) -> Result<()> {
+        let what = format!("multipart PUT {}/{}", self.backend.inner.id, self.key);
+        let Some(up) = &mut self.wire else {
+            return Ok(());
+        };
+        let Some(w) = self.backend.inner.wire.as_ref() else {
+            return Err(Error::internal(format!("{what}: not an S3 backend")));
+        };
+        while up.buf.len() >= up.part_size || (last && (!up.buf.is_empty() || up.etags.is_empty()))
+        {
+            let n = up.buf.len().min(up.part_size);
+            let part = Bytes::from(up.buf.drain(..n).collect::<Vec<u8>>());
+            let number = up.etags.len() + 1;
+            let etag = self
+                .backend
+                .inner
+                .retry
+                .run(&self.backend.inner.telemetry, Op::Put, || {
+                    w.upload_part(&self.key, &up.id, number, part.clone(), &what)
+                })
+                .await?;
+            up.etags.push(etag);
+            if last && up.buf.is_empty() {
+                break;
+            }
+        }
+        Ok(())
+    }
 
     /// Append bytes; waits while too many parts are in flight (bounded memory).
     pub async fn write(&mut self, bytes: Bytes) -> Result<()> {
         let what = format!("multipart PUT {}/{}", self.backend.inner.id, self.key);
+        if let Some(up) = &mut self.wire {
+            self.bytes += bytes.len() as u64;
+            up.buf.extend_from_slice(&bytes);
+            return self.wire_flush(false).await;
+        }
+        let in_flight = self.in_flight();
         let w = self
             .writer
             .as_mut()
             .ok_or_else(|| Error::internal(format!("{what}: upload already finished")))?;
-        w.wait_for_capacity(Self::MAX_PARTS_IN_FLIGHT)
+        w.wait_for_capacity(in_flight)
             .await
             .map_err(|e| classify(e, &what))?;
         self.bytes += bytes.len() as u64;
@@ -58,9 +110,58 @@ impl MultipartUpload {
         self.etag = Some(etag.into());
     }
 
+    /// The attributes a local directory keeps with the object once complete (it takes them then, so what is
+    /// known only at the end of the bytes, a checksum, can still be kept). Object stores took theirs when the
+    /// upload started; this changes nothing there.
+    pub fn set_local_attrs(&mut self, attrs: &ObjectAttrs) {
+        if let Some((_, a)) = &mut self.local {
+            *a = (!attrs.is_empty()).then(|| attrs.clone());
+        }
+    }
+
+    /// The wire upload's last part and its completion.
+    async fn wire_complete(&mut self) -> Result<PutOutcome> {
+        let what = format!("multipart PUT {}/{}", self.backend.inner.id, self.key);
+        self.wire_flush(true).await?;
+        let (Some(up), Some(w)) = (&self.wire, self.backend.inner.wire.as_ref()) else {
+            return Err(Error::internal(format!("{what}: not an S3 backend")));
+        };
+        let (etag, version) = self
+            .backend
+            .inner
+            .retry
+            .run(&self.backend.inner.telemetry, Op::Put, || {
+                w.complete_upload(&self.key, &up.id, &up.etags, &what)
+            })
+            .await?;
+        Ok(PutOutcome { etag, version })
+    }
+
     /// Upload the last part and make the object visible.
     pub async fn complete(mut self) -> Result<PutOutcome> {
         let what = format!("multipart PUT {}/{}", self.backend.inner.id, self.key);
+        if self.wire.is_some() {
+            let r = self.wire_complete().await;
+            let outcome = match &r {
+                Ok(_) => Outcome::Ok,
+                Err(e) => Outcome::Err(e.kind()),
+            };
+            self.backend.emit(
+                &self.ctx,
+                Op::Put,
+                &self.key,
+                self.bytes,
+                self.start,
+                outcome,
+            );
+            if r.is_err()
+                && let (Some(up), Some(w)) = (&self.wire, self.backend.inner.wire.as_ref())
+                && let Err(a) = w.abort(&self.key, &up.id, &what).await
+            {
+                tracing::warn!(error = %a, key = %self.key, "aborting a failed multipart upload (the store keeps its parts until it expires them)");
+            }
+            return r;
+        }
         let mut w = self
             .writer
             .take()
@@ -115,6 +216,9 @@ impl MultipartUpload {
     /// Abandon the upload and free its parts at the backend.
     pub async fn abort(mut self) -> Result<()> {
         let what = format!("abort multipart {}/{}", self.backend.inner.id, self.key);
+        if let (Some(up), Some(w)) = (self.wire.take(), self.backend.inner.wire.as_ref()) {
+            return w.abort(&self.key, &up.id, &what).await;
+        }
         match self.writer.take() {
             Some(w) => w.abort().await.map_err(|e| classify(e, &what)),
             None => Ok(()),

@@ -3,6 +3,46 @@
 
 use super::*;
 
+/// The headers of a write through [`S3Wire`]: the attributes, the extras' entry, the mode as conditions.
+pub(super) fn wire_headers(
+    attrs: &ObjectAttrs,
+    mode: Option<&PutMode>,
+    what: &str,
+) -> Result<http::HeaderMap> {
+    let mut h = http::HeaderMap::new();
+    let mut set = |name: &str, v: &str| -> Result<()> {
+        let name = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|e| Error::invalid_input(format!("{what}: header {name:?}: {e}")))?;
+        let v = http::HeaderValue::from_str(v)
+            .map_err(|e| Error::invalid_input(format!("{what}: header value {v:?}: {e}")))?;
+        h.insert(name, v);
+        Ok(())
+    };
+    for (name, v) in [
+        ("content-type", &attrs.content_type),
+        ("content-encoding", &attrs.content_encoding),
+        ("content-disposition", &attrs.content_disposition),
+        ("content-language", &attrs.content_language),
+        ("cache-control", &attrs.cache_control),
+    ] {
+        if let Some(v) = v {
+            set(name, v)?;
+        }
+    }
+    for (k, v) in &attrs.user {
+        set(&format!("x-amz-meta-{k}"), v)?;
+    }
+    if let Some((k, v)) = extras_entry(attrs) {
+        set(&format!("x-amz-meta-{k}"), &v)?;
+    }
+    match mode {
+        None | Some(PutMode::Overwrite) => {}
+        Some(PutMode::Create) => set("if-none-match", "*")?,
+        Some(PutMode::IfMatch(e)) => set("if-match", e)?,
+    }
+    Ok(h)
+}
+
 impl Backend {
     /// On S3: whether `key` must be written through [`S3Wire`] because `object_store` cannot name it (an
     /// empty, `.` or `..` segment, a trailing `/`, ...).
@@ -23,34 +63,7 @@ impl Backend {
         attrs: &ObjectAttrs,
     ) -> Result<PutOutcome> {
         let what = format!("PUT {}/{key}", self.inner.id);
-        let mut h = http::HeaderMap::new();
-        let mut set = |name: &str, v: &str| -> Result<()> {
-            let name = http::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|e| Error::invalid_input(format!("{what}: header {name:?}: {e}")))?;
-            let v = http::HeaderValue::from_str(v)
-                .map_err(|e| Error::invalid_input(format!("{what}: header value {v:?}: {e}")))?;
-            h.insert(name, v);
-            Ok(())
-        };
-        for (name, v) in [
-            ("content-type", &attrs.content_type),
-            ("content-encoding", &attrs.content_encoding),
-            ("content-disposition", &attrs.content_disposition),
-            ("content-language", &attrs.content_language),
-            ("cache-control", &attrs.cache_control),
-        ] {
-            if let Some(v) = v {
-                set(name, v)?;
-            }
-        }
-        for (k, v) in &attrs.user {
-            set(&format!("x-amz-meta-{k}"), v)?;
-        }
-        match &mode {
-            PutMode::Overwrite => {}
-            PutMode::Create => set("if-none-match", "*")?,
-            PutMode::IfMatch(e) => set("if-match", e)?,
-        }
+        let h = wire_headers(attrs, Some(&mode), &what)?;
         let len = bytes.len() as u64;
         self.observe(ctx, Op::Put, key, |_| len, async {
             self.inner

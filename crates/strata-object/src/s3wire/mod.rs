@@ -54,6 +54,8 @@ pub(crate) struct S3Wire {
     base_path: String,
     /// The backend's prefix with its trailing `/`, or `""`.
     prefix: String,
+    /// The bucket's name (copy sources name it).
+    bucket: String,
     timeout: Duration,
 }
 
@@ -179,6 +181,7 @@ impl S3Wire {
             } else {
                 format!("{prefix}/")
             },
+            bucket: t.bucket.to_string(),
             timeout: t.timeout,
         })
     }
@@ -431,6 +434,13 @@ impl S3Wire {
         if let Some(e) = if_match {
             h.insert(http::header::IF_MATCH, header_value(e, what)?);
         }
+        if head {
+            // The object's checksum, where S3 keeps one (written by another client).
+            h.insert(
+                "x-amz-checksum-mode",
+                http::HeaderValue::from_static("ENABLED"),
+            );
+        }
         let method = if head { Method::HEAD } else { Method::GET };
         let resp = self.send(method, Some(key), &[], h, what).await?;
         let status = resp.status();
@@ -489,6 +499,26 @@ impl S3Wire {
                     .user
                     .insert(user.to_string(), header_text(v.as_bytes()));
             }
+        }
+        attrs.absorb_extras();
+        // What S3 keeps natively (written by another client): `Expires`, and a checksum when the request
+        // asked for it (`x-amz-checksum-mode`).
+        if attrs.expires.is_none() {
+            attrs.expires = text("expires");
+        }
+        if attrs.checksum.is_none() {
+            attrs.checksum = strata_types::ChecksumAlgorithm::ALL
+                .into_iter()
+                .find_map(|a| {
+                    let value = text(&format!("x-amz-checksum-{}", a.header_suffix()))?;
+                    Some(strata_types::StoredChecksum {
+                        algorithm: a,
+                        full_object: text("x-amz-checksum-type").as_deref() != Some("COMPOSITE")
+                            && !value.contains('-'),
+                        value,
+                        parts: Vec::new(),
+                    })
+                });
         }
         let meta = ObjectMeta {
             key: key.to_string(),
@@ -584,6 +614,163 @@ impl S3Wire {
             .await?;
         let text = |n: &str| resp.headers().get(n).map(|v| header_text(v.as_bytes()));
         Ok((text("etag"), text("x-amz-version-id")))
+    }
+
+    /// CopyObject of `from` to `to` in this bucket, server-side: with `headers` (the copy's attributes, with
+    /// `x-amz-metadata-directive: REPLACE`) and conditions on the source. Returns the copy's ETag and
+    /// version. S3 may answer 200 with an error in the body; that is an error here.
+    pub(crate) async fn copy(
+        &self,
+        from: &str,
+        to: &str,
+        mut headers: HeaderMap,
+        what: &str,
+    ) -> Result<(Option<String>, Option<String>)> {
+        let source = format!(
+            "/{}/{}",
+            self.bucket,
+            sign::uri_encode(&format!("{}{from}", self.prefix), true)
+        );
+        headers.insert("x-amz-copy-source", header_value(&source, what)?);
+        let resp = self.send(Method::PUT, Some(to), &[], headers, what).await?;
+        let version = resp
+            .headers()
+            .get("x-amz-version-id")
+            .map(|v| header_text(v.as_bytes()));
+        let body = read_limited(resp.into_body(), ERROR_BODY_LIMIT, self.timeout)
+            .await
+            .map_err(|e| e.context(what))?;
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "PascalCase", default)]
+        struct CopyResult {
+            e_tag: Option<String>,
+            code: Option<String>,
+            message: Option<String>,
+        }
+        let r: CopyResult = quick_xml::de::from_reader(&body[..]).unwrap_or_default();
+        if let Some(code) = r.code {
+            let kind = match code.as_str() {
+                "NoSuchKey" => ErrorKind::NotFound,
+                "PreconditionFailed" => ErrorKind::PreconditionFailed,
+                "SlowDown" | "ServiceUnavailable" | "InternalError" => ErrorKind::Unavailable,
+                _ => ErrorKind::Internal,
+            };
+            return Err(Error::new(
+                kind,
+                format!("{what}: {code}: {}", r.message.unwrap_or_default()),
+            )
+            .with_retryable(kind.default_retryable()));
+        }
+        Ok((r.e_tag, version))
+    }
+
+    /// CreateMultipartUpload of `key` with `headers` (its attributes); returns the upload id.
+    pub(crate) async fn create_upload(
+        &self,
+        key: &str,
+        headers: HeaderMap,
+        what: &str,
+    ) -> Result<String> {
+        let q = [("uploads", String::new())];
+        let resp = self
+            .send(Method::POST, Some(key), &q, headers, what)
+            .await?;
+        let body = read_limited(resp.into_body(), ERROR_BODY_LIMIT, self.timeout)
+            .await
+            .map_err(|e| e.context(what))?;
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "PascalCase", default)]
+        struct Created {
+            upload_id: Option<String>,
+        }
+        let r: Created = quick_xml::de::from_reader(&body[..]).unwrap_or_default();
+        r.upload_id.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("{what}: the answer has no upload id"),
+            )
+        })
+    }
+
+    /// UploadPart `n` of an upload; returns the part's ETag.
+    pub(crate) async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        n: usize,
+        body: Bytes,
+        what: &str,
+    ) -> Result<String> {
+        let q = [
+            ("partNumber", n.to_string()),
+            ("uploadId", upload_id.to_string()),
+        ];
+        let resp = self
+            .send_body(Method::PUT, Some(key), &q, HeaderMap::new(), body, what)
+            .await?;
+        resp.headers()
+            .get("etag")
+            .map(|v| header_text(v.as_bytes()))
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    format!("{what}: part {n} answered without an ETag"),
+                )
+            })
+    }
+
+    /// CompleteMultipartUpload with these part ETags (parts 1..); returns the object's ETag and version.
+    pub(crate) async fn complete_upload(
+        &self,
+        key: &str,
+        upload_id: &str,
+        etags: &[String],
+        what: &str,
+    ) -> Result<(Option<String>, Option<String>)> {
+        let mut xml = String::from("<CompleteMultipartUpload>");
+        for (i, e) in etags.iter().enumerate() {
+            xml.push_str(&format!(
+                "<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>",
+                i + 1,
+                e.replace('&', "&amp;")
+                    .replace('<', "&lt;")
+                    .replace('"', "&quot;")
+            ));
+        }
+        xml.push_str("</CompleteMultipartUpload>");
+        let q = [("uploadId", upload_id.to_string())];
+        let resp = self
+            .send_body(
+                Method::POST,
+                Some(key),
+                &q,
+                HeaderMap::new(),
+                Bytes::from(xml),
+                what,
+            )
+            .await?;
+        let version = resp
+            .headers()
+            .get("x-amz-version-id")
+            .map(|v| header_text(v.as_bytes()));
+        let body = read_limited(resp.into_body(), ERROR_BODY_LIMIT, self.timeout)
+            .await
+            .map_err(|e| e.context(what))?;
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "PascalCase", default)]
+        struct Done {
+            e_tag: Option<String>,
+            code: Option<String>,
+            message: Option<String>,
+        }
+        let r: Done = quick_xml::de::from_reader(&body[..]).unwrap_or_default();
+        if let Some(code) = r.code {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("{what}: {code}: {}", r.message.unwrap_or_default()),
+            ));
+        }
+        Ok((r.e_tag, version))
     }
 
     /// DELETE `key` (a missing key is deleted, as S3 says).

@@ -25,6 +25,7 @@ pub(super) fn attrs_in(
     content_language: Option<String>,
     cache_control: Option<String>,
     metadata: Option<Metadata>,
+    expires: Option<Timestamp>,
 ) -> S3Result<ObjectAttrs> {
     let content_encoding = content_encoding.and_then(|e| {
         let kept: Vec<&str> = e
@@ -39,6 +40,13 @@ pub(super) fn attrs_in(
         .into_iter()
         .map(|(k, v)| (k.to_ascii_lowercase(), v))
         .collect();
+    if user.contains_key(strata_types::extras::RESERVED_META) {
+        return Err(s3_error!(
+            InvalidArgument,
+            "x-amz-meta-{} is reserved for what this gateway keeps with an object",
+            strata_types::extras::RESERVED_META
+        ));
+    }
     let size: usize = user.iter().map(|(k, v)| k.len() + v.len()).sum();
     if size > USER_METADATA_MAX {
         return Err(s3_error!(
@@ -53,7 +61,25 @@ pub(super) fn attrs_in(
         content_language,
         cache_control,
         user,
+        expires: expires.map(|t| http_date(unix_of(&t))),
+        ..Default::default()
     })
+}
+
+/// An HTTP date (`Expires`, as S3 returns it).
+pub(super) fn http_date(unix: i64) -> String {
+    httpdate::fmt_http_date(
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(unix.max(0) as u64),
+    )
+}
+
+/// A stored `Expires` for the response (none when it is not an HTTP date: S3 itself sends such a value
+/// as it was given, which s3s cannot).
+pub(super) fn expires_out(a: &ObjectAttrs) -> Option<Timestamp> {
+    a.expires
+        .as_deref()
+        .and_then(|e| httpdate::parse_http_date(e).ok())
+        .map(Timestamp::from)
 }
 
 /// An object's attributes (none when it has none), for the response fields.
@@ -76,6 +102,7 @@ macro_rules! attrs_of_input {
             $input.content_language,
             $input.cache_control,
             $input.metadata,
+            $input.expires,
         )
     };
 }

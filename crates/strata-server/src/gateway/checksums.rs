@@ -15,6 +15,154 @@ pub(super) struct BodyCheck {
     /// seen so far: quota admission used the declared length, so the body must be exactly that long.
     declared: Option<u64>,
     seen: u64,
+    /// The algorithm whose checksum is kept with the object: the one the request named or sent.
+    kept: Option<StrataAlgorithm>,
+}
+
+/// What a verified body was: its hex MD5 and the checksum kept with it (algorithm, base64 value).
+#[derive(Debug, Clone)]
+pub(super) struct Verified {
+    pub md5: String,
+    pub checksum: Option<(StrataAlgorithm, String)>,
+}
+
+pub(super) use strata_types::ChecksumAlgorithm as StrataAlgorithm;
+
+/// A hasher of `alg` alone.
+pub(super) fn hasher_for(alg: StrataAlgorithm) -> s3s::checksum::ChecksumHasher {
+    let mut h = s3s::checksum::ChecksumHasher::default();
+    match alg {
+        StrataAlgorithm::Crc32 => h.crc32 = Some(Default::default()),
+        StrataAlgorithm::Crc32c => h.crc32c = Some(Default::default()),
+        StrataAlgorithm::Crc64nvme => h.crc64nvme = Some(Default::default()),
+        StrataAlgorithm::Sha1 => h.sha1 = Some(Default::default()),
+        StrataAlgorithm::Sha256 => h.sha256 = Some(Default::default()),
+    }
+    h
+}
+
+/// `alg`'s value in a set of checksums.
+pub(super) fn pick(c: &s3s::dto::Checksum, alg: StrataAlgorithm) -> Option<&String> {
+    match alg {
+        StrataAlgorithm::Crc32 => c.checksum_crc32.as_ref(),
+        StrataAlgorithm::Crc32c => c.checksum_crc32c.as_ref(),
+        StrataAlgorithm::Crc64nvme => c.checksum_crc64nvme.as_ref(),
+        StrataAlgorithm::Sha1 => c.checksum_sha1.as_ref(),
+        StrataAlgorithm::Sha256 => c.checksum_sha256.as_ref(),
+    }
+}
+
+/// A set of checksums holding `value` for `alg` alone, with S3's type when `kind` is given.
+pub(super) fn checksum_dto(
+    alg: StrataAlgorithm,
+    value: String,
+    kind: Option<&str>,
+) -> s3s::dto::Checksum {
+    let mut c = s3s::dto::Checksum {
+        checksum_type: kind.map(|k| ChecksumType::from(k.to_string())),
+        ..Default::default()
+    };
+    match alg {
+        StrataAlgorithm::Crc32 => c.checksum_crc32 = Some(value),
+        StrataAlgorithm::Crc32c => c.checksum_crc32c = Some(value),
+        StrataAlgorithm::Crc64nvme => c.checksum_crc64nvme = Some(value),
+        StrataAlgorithm::Sha1 => c.checksum_sha1 = Some(value),
+        StrataAlgorithm::Sha256 => c.checksum_sha256 = Some(value),
+    }
+    c
+}
+
+/// The stored checksum as the response fields (`checksum_crc32` ... and, where the output has it,
+/// `checksum_type`).
+macro_rules! checksum_fields {
+    ($out:expr, $c:expr) => {{
+        let c: s3s::dto::Checksum = $c;
+        $out.checksum_crc32 = c.checksum_crc32;
+        $out.checksum_crc32c = c.checksum_crc32c;
+        $out.checksum_crc64nvme = c.checksum_crc64nvme;
+        $out.checksum_sha1 = c.checksum_sha1;
+        $out.checksum_sha256 = c.checksum_sha256;
+        c.checksum_type
+    }};
+}
+pub(super) use checksum_fields;
+
+/// A full-object checksum as kept with an object.
+pub(super) fn stored_full(alg: StrataAlgorithm, value: String) -> strata_types::StoredChecksum {
+    strata_types::StoredChecksum {
+        algorithm: alg,
+        value,
+        full_object: true,
+        parts: Vec::new(),
+    }
+}
+
+/// S3's composite checksum of parts whose checksums (base64) are `parts`: the checksum of their raw
+/// concatenation, base64, then `-<count>`.
+pub(super) fn composite(alg: StrataAlgorithm, parts: &[String]) -> S3Result<String> {
+    let mut h = hasher_for(alg);
+    for p in parts {
+        let raw = base64_decode(p)
+            .ok_or_else(|| s3_error!(InvalidPart, "a part's checksum is not valid base64"))?;
+        h.update(&raw);
+    }
+    let v = pick(&h.finalize(), alg).cloned().unwrap_or_default();
+    Ok(format!("{v}-{}", parts.len()))
+}
+
+/// Whether a multipart upload with `alg` keeps a full-object checksum, from its `x-amz-checksum-type`: as
+/// S3, CRC64NVME is full-object only, SHA1 and SHA256 composite only, CRC32 and CRC32C composite unless asked.
+pub(super) fn upload_checksum_type(
+    alg: Option<StrataAlgorithm>,
+    kind: Option<&ChecksumType>,
+) -> S3Result<bool> {
+    let asked = kind.map(|k| k.as_str().to_ascii_uppercase());
+    let Some(alg) = alg else {
+        return match asked {
+            None => Ok(false),
+            Some(_) => Err(s3_error!(
+                InvalidRequest,
+                "x-amz-checksum-type needs x-amz-checksum-algorithm"
+            )),
+        };
+    };
+    match (alg, asked.as_deref()) {
+        (StrataAlgorithm::Crc64nvme, None | Some("FULL_OBJECT")) => Ok(true),
+        (StrataAlgorithm::Crc64nvme, Some(_)) => Err(s3_error!(
+            InvalidRequest,
+            "CRC64NVME checksums of multipart uploads are FULL_OBJECT only"
+        )),
+        (_, None | Some("COMPOSITE")) => Ok(false),
+        (a, Some("FULL_OBJECT")) if a.combines() => Ok(true),
+        (a, Some(k)) => Err(s3_error!(
+            InvalidRequest,
+            "the checksum type {k} is not supported with {} for multipart uploads",
+            a.as_str()
+        )),
+    }
+}
+
+/// S3's name of a checksum type.
+pub(super) fn checksum_type_of(full_object: bool) -> ChecksumType {
+    ChecksumType::from_static(if full_object {
+        ChecksumType::FULL_OBJECT
+    } else {
+        ChecksumType::COMPOSITE
+    })
+}
+
+/// The algorithm an upload or write request names (`x-amz-checksum-algorithm`, `x-amz-sdk-checksum-algorithm`).
+pub(super) fn algorithm_of(a: Option<&ChecksumAlgorithm>) -> S3Result<Option<StrataAlgorithm>> {
+    match a {
+        None => Ok(None),
+        Some(a) => StrataAlgorithm::parse(a.as_str()).map(Some).ok_or_else(|| {
+            s3_error!(
+                InvalidRequest,
+                "unsupported checksum algorithm {}",
+                a.as_str()
+            )
+        }),
+    }
 }
 
 /// `x-amz-decoded-content-length` of a streaming (aws-chunked) request: the body's real length, which quota
@@ -50,6 +198,15 @@ impl BodyCheck {
         crc64nvme: Option<String>,
     ) -> S3Result<Self> {
         let mut checksum = s3s::checksum::ChecksumHasher::default();
+        let sent = [
+            (StrataAlgorithm::Crc32, crc32.is_some()),
+            (StrataAlgorithm::Crc32c, crc32c.is_some()),
+            (StrataAlgorithm::Crc64nvme, crc64nvme.is_some()),
+            (StrataAlgorithm::Sha1, sha1.is_some()),
+            (StrataAlgorithm::Sha256, sha256.is_some()),
+        ];
+        let kept =
+            algorithm_of(algorithm)?.or_else(|| sent.iter().find(|(_, on)| *on).map(|(a, _)| *a));
         if crc32.is_some() {
             checksum.crc32 = Some(Default::default());
         }
@@ -95,7 +252,40 @@ impl BodyCheck {
             trailers: None,
             declared: None,
             seen: 0,
+            kept,
         })
+    }
+
+    /// Also compute (and keep) `alg`'s checksum: the algorithm of the multipart upload a part belongs to, or
+    /// one a trailer declares (`x-amz-trailer`).
+    pub(super) fn keeping(mut self, alg: Option<StrataAlgorithm>) -> Self {
+        if let Some(alg) = alg {
+            let h = hasher_for(alg);
+            let c = &mut self.checksum;
+            c.crc32 = c.crc32.take().or(h.crc32);
+            c.crc32c = c.crc32c.take().or(h.crc32c);
+            c.crc64nvme = c.crc64nvme.take().or(h.crc64nvme);
+            c.sha1 = c.sha1.take().or(h.sha1);
+            c.sha256 = c.sha256.take().or(h.sha256);
+            self.kept = self.kept.or(Some(alg));
+        }
+        self
+    }
+
+    /// The kept checksum when the request gave its value up front (a header, not a trailer).
+    pub(super) fn declared_checksum(&self) -> Option<strata_types::StoredChecksum> {
+        let alg = self.kept?;
+        Some(stored_full(alg, pick(&self.expected, alg)?.clone()))
+    }
+
+    /// [`Self::keeping`] the algorithm a streaming upload's `x-amz-trailer` declares.
+    pub(super) fn keeping_trailer(self, headers: &http::HeaderMap) -> Self {
+        let declared = headers
+            .get("x-amz-trailer")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().strip_prefix("x-amz-checksum-"))
+            .and_then(StrataAlgorithm::parse);
+        self.keeping(declared)
     }
 
     pub(super) fn with_trailers(mut self, t: Option<s3s::TrailingHeaders>) -> Self {
@@ -125,8 +315,9 @@ impl BodyCheck {
         Ok(())
     }
 
-    /// Verify; returns the body's hex MD5. `trailers` are the verified trailing headers of a streaming upload.
-    pub(super) fn finish(mut self) -> S3Result<String> {
+    /// Verify; returns the body's hex MD5 and the checksum kept with it. `trailers` are the verified trailing
+    /// headers of a streaming upload.
+    pub(super) fn finish(mut self) -> S3Result<Verified> {
         if let Some(n) = self.declared
             && self.seen != n
         {
@@ -192,7 +383,13 @@ impl BodyCheck {
                 ));
             }
         }
-        Ok(hex(&md5))
+        let checksum = self
+            .kept
+            .and_then(|a| pick(&got, a).map(|v| (a, v.clone())));
+        Ok(Verified {
+            md5: hex(&md5),
+            checksum,
+        })
     }
 }
 

@@ -195,7 +195,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let ctx = who.ctx.clone();
         let input = req.input;
-        let backend = self.backend(&input.bucket)?;
+        let backend = self.backend(&input.bucket).await?;
         let url = url_encoded(input.encoding_type.as_ref())?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let max = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;
@@ -227,7 +227,12 @@ impl Gateway {
             .as_deref()
             .map(|n| self.token_encode(&input.bucket, &prefix, n))
             .transpose()?;
-        let (objects, prefixes) = encode_entries(url, objects, prefixes);
+        let (mut objects, prefixes) = encode_entries(url, objects, prefixes);
+        if input.fetch_owner == Some(true) {
+            for o in &mut objects {
+                o.owner = Some(super::service::owner());
+            }
+        }
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(input.bucket),
             prefix: Some(encode(url, input.prefix.unwrap_or_default())),
@@ -255,7 +260,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let ctx = who.ctx.clone();
         let input = req.input;
-        let backend = self.backend(&input.bucket)?;
+        let backend = self.backend(&input.bucket).await?;
         let url = url_encoded(input.encoding_type.as_ref())?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let max = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;
@@ -274,7 +279,11 @@ impl Gateway {
                 false,
             )
             .await?;
-        let (objects, prefixes) = encode_entries(url, objects, prefixes);
+        let (mut objects, prefixes) = encode_entries(url, objects, prefixes);
+        // V1 names every object's owner, as S3 does.
+        for o in &mut objects {
+            o.owner = Some(super::service::owner());
+        }
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
             prefix: Some(encode(url, input.prefix.unwrap_or_default())),

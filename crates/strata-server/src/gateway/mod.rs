@@ -3,7 +3,8 @@
 //! Built on `s3s` (S3 protocol parsing, SigV4 header and presigned-URL authentication against
 //! [`tenancy::CatalogAuth`]: the configured keys, then the catalog's), served by hyper behind `ScopeCheck`,
 //! which refuses a request signed for another region or service (403 `SignatureDoesNotMatch`) before s3s
-//! parses it. Buckets are the agent's configured backends, by name. Every operation first maps the
+//! parses it. Buckets are the agent's configured backends, by name, and those made by CreateBucket under
+//! `[gateway] bucket_root` ([`buckets`]). Every operation first maps the
 //! credentials to an `IoContext` (principal and team from the key, job from `x-strata-job`, else the key's
 //! `job`), the bucket to a backend, and validates the key; [`tenancy`] then decides ownership and quota.
 //! The user-facing page is `docs/gateway.md`.
@@ -12,7 +13,8 @@
 //! [`read`] (GetObject, HeadObject), [`list`] (ListObjects V1 and V2), [`write`] (PutObject, CopyObject,
 //! deletes, and the store every write goes through), [`multipart_ops`] (the multipart operations; staging in
 //! [`multipart`]), [`service`] (ListBuckets and bucket HEAD/location), with [`attributes`], [`checksums`] and
-//! [`serve`] (the accept loop and the scope check) beside them.
+//! [`serve`] (the accept loop and the scope check) beside them; [`part_copy`] (UploadPartCopy) and
+//! [`buckets`] (CreateBucket, DeleteBucket, which bucket is which backend).
 //!
 //! - **Reads** go through the cache's one read call, [`strata_cache::BlockCache::get`]: the request's range
 //!   and conditions become its `GetOptions`, and how to open, when to prefetch and which budget shares the
@@ -31,7 +33,9 @@
 //!   Content-Language, Cache-Control, `x-amz-meta-*` up to 2 KiB) travel as [`strata_types::ObjectAttrs`]
 //!   with the write and back through the metadata cache to GET and HEAD; `response-*` parameters override them
 //!   per GET. CopyObject keeps the source's (server-side within a bucket, through the cache across buckets)
-//!   or, with `MetadataDirective: REPLACE`, takes the request's.
+//!   or, with `MetadataDirective: REPLACE`, takes the request's. What S3 keeps beyond them (`Expires`, the
+//!   checksum sent or asked for, a multipart object's part sizes: [`strata_types::extras`]) travels the same
+//!   way and answers checksum mode, `partNumber` and GetObjectAttributes.
 //!
 //! Safety: every key is validated (`..`/`.` segments, empty segments, absolute keys, NUL and backslashes are
 //! refused) before any backend call; anonymous requests, unknown keys, bad signatures, clock skew over 15
@@ -40,10 +44,12 @@
 
 mod attributes;
 pub mod auth;
+mod buckets;
 mod checksums;
 mod list;
 pub mod multipart;
 mod multipart_ops;
+mod part_copy;
 mod read;
 pub mod serve;
 mod service;
@@ -75,6 +81,8 @@ use tenancy::{Caller, Tenancy};
 const SINGLE_PUT_MAX: usize = 8 * 1024 * 1024;
 /// Part size of backend multipart uploads made by the gateway.
 const BACKEND_PART: usize = 8 * 1024 * 1024;
+/// The largest client part a completed upload sends to an object store as one part (bounding what is buffered).
+const CLIENT_PART_MAX: u64 = 64 * 1024 * 1024;
 /// Reads of one object version within this many seconds of the last recorded one are not recorded again.
 /// One second is the catalog's own resolution (a clean-up skips an object read *after* its plan, compared in
 /// whole seconds), so nothing it decides on is lost, and a hot object costs one record a second, not one per
@@ -93,6 +101,8 @@ pub struct Gateway {
     tenancy: Tenancy,
     /// Seals ListObjectsV2 continuation tokens ([`list`]).
     tokens: strata_catalog::secrets::CatalogKey,
+    /// Buckets made by CreateBucket, opened ([`buckets`]).
+    created: buckets::Created,
 }
 
 /// An authenticated request's caller.
@@ -218,6 +228,7 @@ impl Gateway {
         let tokens = agent.catalog().derived_key("listing continuation tokens")?;
         Ok(Self {
             tokens,
+            created: Default::default(),
             tenancy,
             agent,
             staging,
@@ -330,20 +341,6 @@ impl Gateway {
         Ok((ctx, key))
     }
 
-    fn backend(&self, bucket: &str) -> S3Result<Backend> {
-        self.agent
-            .backends()
-            .iter()
-            .find(|b| b.name == bucket)
-            .map(|b| b.backend.clone())
-            .ok_or_else(|| {
-                s3_error!(
-                    NoSuchBucket,
-                    "no bucket {bucket:?}: buckets are the configured backends"
-                )
-            })
-    }
-
     fn owner_check(
         &self,
         upload_id: &str,
@@ -380,6 +377,20 @@ impl S3 for Gateway {
         self.s3_list_buckets(req).await.map_err(tagged)
     }
 
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        self.s3_create_bucket(req).await.map_err(tagged)
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        self.s3_delete_bucket(req).await.map_err(tagged)
+    }
+
     async fn head_bucket(
         &self,
         req: S3Request<HeadBucketInput>,
@@ -406,6 +417,13 @@ impl S3 for Gateway {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         self.s3_head_object(req).await.map_err(tagged)
+    }
+
+    async fn get_object_attributes(
+        &self,
+        req: S3Request<GetObjectAttributesInput>,
+    ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        self.s3_get_object_attributes(req).await.map_err(tagged)
     }
 
     async fn list_objects_v2(
@@ -462,6 +480,13 @@ impl S3 for Gateway {
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
         self.s3_upload_part(req).await.map_err(tagged)
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        self.s3_upload_part_copy(req).await.map_err(tagged)
     }
 
     async fn list_parts(

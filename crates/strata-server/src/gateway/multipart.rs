@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
-use strata_types::{Error, ErrorKind, ObjectAttrs, Result};
+use strata_types::{ChecksumAlgorithm, Error, ErrorKind, ObjectAttrs, Result};
 
 /// Staged uploads untouched for this long are removed when the agent starts.
 pub const STALE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -33,6 +33,13 @@ pub struct UploadInfo {
     /// Attributes to keep with the object (Content-Type, user metadata).
     #[serde(default)]
     pub attrs: ObjectAttrs,
+    /// The checksum algorithm the upload was created with (`x-amz-checksum-algorithm`): every part's is
+    /// kept, and the object's is computed from them on complete.
+    #[serde(default)]
+    pub checksum: Option<ChecksumAlgorithm>,
+    /// `x-amz-checksum-type: FULL_OBJECT` (a CRC of all the bytes) rather than `COMPOSITE`.
+    #[serde(default)]
+    pub full_object: bool,
 }
 
 /// One staged part.
@@ -48,6 +55,8 @@ pub struct StagedPart {
     pub path: PathBuf,
     /// Modification time.
     pub modified: SystemTime,
+    /// The part's checksum (base64) with the upload's algorithm, when the upload has one.
+    pub checksum: Option<(ChecksumAlgorithm, String)>,
 }
 
 /// What a completed upload leaves for a repeated `CompleteMultipartUpload` (a client retrying after a lost
@@ -61,6 +70,9 @@ pub struct Completed {
     pub parts: Vec<(i32, String)>,
     /// The ETag the object was completed with.
     pub etag: String,
+    /// The checksum it was completed with.
+    #[serde(default)]
+    pub checksum: Option<strata_types::StoredChecksum>,
 }
 
 /// The staging area.
@@ -159,8 +171,16 @@ impl Staging {
             .join(format!("part-{number:05}.{seq:016x}.tmp")))
     }
 
-    /// Publish a received part (replacing an earlier copy of the same part number).
-    pub fn commit_part(&self, upload_id: &str, number: i32, tmp: &Path, md5: &str) -> Result<()> {
+    /// Publish a received part (replacing an earlier copy of the same part number): named
+    /// `part-NNNNN.<md5>[.<algorithm>.<base64 checksum, '/' as '_'>]`.
+    pub fn commit_part(
+        &self,
+        upload_id: &str,
+        number: i32,
+        tmp: &Path,
+        md5: &str,
+        checksum: Option<&(ChecksumAlgorithm, String)>,
+    ) -> Result<()> {
         let dir = self.dir(upload_id)?;
         for old in self
             .parts(upload_id)?
@@ -169,7 +189,10 @@ impl Staging {
         {
             let _ = std::fs::remove_file(old.path);
         }
-        let dst = dir.join(format!("part-{number:05}.{md5}"));
+        let sum = checksum
+            .map(|(a, v)| format!(".{}.{}", a.as_str(), v.replace('/', "_")))
+            .unwrap_or_default();
+        let dst = dir.join(format!("part-{number:05}.{md5}{sum}"));
         std::fs::rename(tmp, &dst).map_err(|e| io(e, format!("publishing {}", dst.display())))
     }
 
@@ -188,8 +211,13 @@ impl Staging {
             if rest.ends_with(".tmp") {
                 continue;
             }
-            let Some((num, md5)) = rest.split_once('.') else {
+            let mut fields = rest.split('.');
+            let (Some(num), Some(md5)) = (fields.next(), fields.next()) else {
                 continue;
+            };
+            let checksum = match (fields.next(), fields.next()) {
+                (Some(a), Some(v)) => ChecksumAlgorithm::parse(a).map(|a| (a, v.replace('_', "/"))),
+                _ => None,
             };
             let (Ok(number), Ok(meta)) = (num.parse::<i32>(), f.metadata()) else {
                 continue;
@@ -200,6 +228,7 @@ impl Staging {
                 size: meta.len(),
                 path: f.path(),
                 modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                checksum,
             });
         }
         parts.sort_by_key(|p| p.number);

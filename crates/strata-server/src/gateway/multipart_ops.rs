@@ -14,11 +14,13 @@ impl Gateway {
         let owner = who.access_key.clone();
         let input = req.input;
         refuse_unimplemented!(input)?;
-        let backend = self.backend(&input.bucket)?;
+        let backend = self.backend(&input.bucket).await?;
         check_write_key(&backend, &input.key)?;
         self.tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
             .await?;
+        let checksum = algorithm_of(input.checksum_algorithm.as_ref())?;
+        let full_object = upload_checksum_type(checksum, input.checksum_type.as_ref())?;
         let id = self
             .staging
             .create(&UploadInfo {
@@ -26,12 +28,16 @@ impl Gateway {
                 key: input.key.clone(),
                 owner,
                 attrs: attrs_of_input!(input)?,
+                checksum,
+                full_object,
             })
             .map_err(s3err)?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
             upload_id: Some(id),
+            checksum_algorithm: input.checksum_algorithm,
+            checksum_type: checksum.map(|_| checksum_type_of(full_object)),
             ..Default::default()
         }))
     }
@@ -44,11 +50,12 @@ impl Gateway {
         let owner = who.access_key.clone();
         let decoded_len = decoded_length(&req.headers)?;
         let trailers = req.trailing_headers;
+        let req_headers = req.headers;
         let input = req.input;
         if !(1..=10_000).contains(&input.part_number) {
             return Err(s3_error!(InvalidArgument, "part numbers are 1..=10000"));
         }
-        self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
+        let info = self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
         let team = self
             .tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
@@ -71,7 +78,7 @@ impl Gateway {
                 )
                 .await?;
         }
-        let mut check = BodyCheck::new(
+        let check = BodyCheck::new(
             input.content_md5,
             input.checksum_algorithm.as_ref(),
             input.checksum_crc32,
@@ -80,20 +87,46 @@ impl Gateway {
             input.checksum_sha256,
             input.checksum_crc64nvme,
         )?
+        .keeping(info.checksum)
+        .keeping_trailer(&req_headers)
         .with_trailers(trailers)
         .with_declared_length(decoded_len);
-        let tmp = self
-            .staging
-            .temp_part_path(&input.upload_id, input.part_number)
-            .map_err(s3err)?;
+        let body = input.body.map(|b| {
+            b.map_err(|e| s3_error!(IncompleteBody, "reading the part: {e}"))
+                .boxed()
+        });
+        let (md5, sum) = self
+            .stage_part(&input.upload_id, input.part_number, &info, body, check)
+            .await?;
+        let mut out = UploadPartOutput {
+            e_tag: Some(ETag::Strong(md5)),
+            ..Default::default()
+        };
+        if let Some((alg, v)) = sum {
+            checksum_fields!(out, checksum_dto(alg, v, None));
+        }
+        Ok(S3Response::new(out))
+    }
+
+    /// Stage part `n` of an upload from `body`, verified by `check`: written to a temporary file, published
+    /// under its MD5 (and the upload's checksum) once whole. A failed part gives its quota admission back, and
+    /// so does one whose upload was aborted meanwhile. Returns the part's MD5 and kept checksum.
+    pub(super) async fn stage_part(
+        &self,
+        upload_id: &str,
+        n: i32,
+        info: &UploadInfo,
+        body: Option<futures::stream::BoxStream<'_, S3Result<Bytes>>>,
+        mut check: BodyCheck,
+    ) -> S3Result<(String, Option<(StrataAlgorithm, String)>)> {
+        let tmp = self.staging.temp_part_path(upload_id, n).map_err(s3err)?;
         let result = async {
             let mut f = tokio::fs::File::create(&tmp)
                 .await
                 .map_err(|e| s3err(Error::from_io(e, "staging a part")))?;
-            if let Some(mut body) = input.body {
+            if let Some(mut body) = body {
                 while let Some(chunk) = body.next().await {
-                    let chunk =
-                        chunk.map_err(|e| s3_error!(IncompleteBody, "reading the part: {e}"))?;
+                    let chunk = chunk?;
                     check.update(&chunk)?;
                     f.write_all(&chunk)
                         .await
@@ -103,29 +136,25 @@ impl Gateway {
             f.flush()
                 .await
                 .map_err(|e| s3err(Error::from_io(e, "staging a part")))?;
-            let md5 = check.finish()?;
+            let v = check.finish()?;
+            // The upload's algorithm is the part's (another one the client sent was verified, not kept).
+            let sum = v
+                .checksum
+                .clone()
+                .filter(|(a, _)| Some(*a) == info.checksum);
             self.staging
-                .commit_part(&input.upload_id, input.part_number, &tmp, &md5)
+                .commit_part(upload_id, n, &tmp, &v.md5, sum.as_ref())
                 .map_err(s3err)?;
-            Ok::<_, S3Error>(md5)
+            Ok::<_, S3Error>((v.md5, sum))
         }
         .await;
-        // A failed part gives its admission back, and so does one whose upload was aborted meanwhile.
-        if result.is_err() || self.staging.info(&input.upload_id).is_err() {
-            self.tenancy
-                .release_part(&input.upload_id, input.part_number)
-                .await;
+        if result.is_err() || self.staging.info(upload_id).is_err() {
+            self.tenancy.release_part(upload_id, n).await;
         }
-        match result {
-            Ok(md5) => Ok(S3Response::new(UploadPartOutput {
-                e_tag: Some(ETag::Strong(md5)),
-                ..Default::default()
-            })),
-            Err(e) => {
-                let _ = tokio::fs::remove_file(&tmp).await;
-                Err(e)
-            }
+        if result.is_err() {
+            let _ = tokio::fs::remove_file(&tmp).await;
         }
+        result
     }
 
     /// The caller's uploads in progress in the bucket (an upload belongs to the access key that created it:
@@ -137,7 +166,7 @@ impl Gateway {
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
         let (_, owner) = self.caller(&req)?;
         let input = req.input;
-        self.backend(&input.bucket)?;
+        self.backend(&input.bucket).await?;
         let url = super::list::url_encoded(input.encoding_type.as_ref())?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let delimiter = input.delimiter.clone().filter(|d| !d.is_empty());
@@ -242,7 +271,7 @@ impl Gateway {
     ) -> S3Result<S3Response<ListPartsOutput>> {
         let (_, owner) = self.caller(&req)?;
         let input = req.input;
-        self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
+        let info = self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
         let marker = input.part_number_marker.unwrap_or(0);
         let max = input.max_parts.unwrap_or(1000).clamp(1, 1000) as usize;
         let mut parts: Vec<_> = self
@@ -266,18 +295,30 @@ impl Gateway {
             is_truncated: Some(truncated),
             next_part_number_marker: next,
             max_parts: Some(max as i32),
+            part_number_marker: input.part_number_marker,
             parts: Some(
                 parts
                     .into_iter()
-                    .map(|p| Part {
-                        part_number: Some(p.number),
-                        e_tag: Some(ETag::Strong(p.md5)),
-                        size: Some(p.size as i64),
-                        last_modified: Some(Timestamp::from(p.modified)),
-                        ..Default::default()
+                    .map(|p| {
+                        let mut part = Part {
+                            part_number: Some(p.number),
+                            e_tag: Some(ETag::Strong(p.md5)),
+                            size: Some(p.size as i64),
+                            last_modified: Some(Timestamp::from(p.modified)),
+                            ..Default::default()
+                        };
+                        if let Some((alg, v)) = p.checksum {
+                            checksum_fields!(part, checksum_dto(alg, v, None));
+                        }
+                        part
                     })
                     .collect(),
             ),
+            checksum_algorithm: info
+                .checksum
+                .map(|a| ChecksumAlgorithm::from(a.as_str().to_string())),
+            checksum_type: info.checksum.map(|_| checksum_type_of(info.full_object)),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
             ..Default::default()
         }))
     }
@@ -289,7 +330,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let (ctx, owner) = (who.ctx.clone(), who.access_key.clone());
         let input = req.input;
-        let backend = self.backend(&input.bucket)?;
+        let backend = self.backend(&input.bucket).await?;
         let listed = |m: &Option<CompletedMultipartUpload>| -> Vec<(i32, String)> {
             m.as_ref()
                 .and_then(|m| m.parts.as_ref())
@@ -314,12 +355,12 @@ impl Gateway {
             && c.owner == owner
             && c.parts == listed(&input.multipart_upload)
         {
-            return Ok(S3Response::new(CompleteMultipartUploadOutput {
-                bucket: Some(input.bucket),
-                key: Some(input.key),
-                e_tag: Some(ETag::Strong(c.etag)),
-                ..Default::default()
-            }));
+            return Ok(S3Response::new(completed_output(
+                input.bucket,
+                input.key,
+                ETag::Strong(c.etag),
+                c.checksum,
+            )));
         }
         let info = self.owner_check(&input.upload_id, &input.bucket, &input.key, &owner)?;
         if input.if_match.is_some() || input.if_none_match.is_some() {
@@ -335,6 +376,14 @@ impl Gateway {
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
             .await?;
         let requested_parts = listed(&input.multipart_upload);
+        let asked_checksum = s3s::dto::Checksum {
+            checksum_crc32: input.checksum_crc32.clone(),
+            checksum_crc32c: input.checksum_crc32c.clone(),
+            checksum_crc64nvme: input.checksum_crc64nvme.clone(),
+            checksum_sha1: input.checksum_sha1.clone(),
+            checksum_sha256: input.checksum_sha256.clone(),
+            checksum_type: None,
+        };
         let requested = input
             .multipart_upload
             .and_then(|m| m.parts)
@@ -376,6 +425,27 @@ impl Gateway {
                     "part {n}: the ETag does not match the uploaded part"
                 ));
             }
+            if let (Some((alg, sum)), Some(listed)) = (
+                &staged.checksum,
+                staged.checksum.as_ref().and_then(|(alg, _)| {
+                    let c = s3s::dto::Checksum {
+                        checksum_crc32: p.checksum_crc32.clone(),
+                        checksum_crc32c: p.checksum_crc32c.clone(),
+                        checksum_crc64nvme: p.checksum_crc64nvme.clone(),
+                        checksum_sha1: p.checksum_sha1.clone(),
+                        checksum_sha256: p.checksum_sha256.clone(),
+                        checksum_type: None,
+                    };
+                    pick(&c, *alg).cloned()
+                }),
+            ) && listed != *sum
+            {
+                return Err(s3_error!(
+                    InvalidPart,
+                    "part {n}: the {} checksum does not match the uploaded part",
+                    alg.as_str()
+                ));
+            }
             if i + 1 < requested.len() && staged.size < MIN_PART {
                 return Err(s3_error!(
                     EntityTooSmall,
@@ -399,6 +469,29 @@ impl Gateway {
         }
         let s3_etag = format!("{}-{}", hex(&md5.finalize()), chosen.len());
         let total: u64 = chosen.iter().map(|p| p.size).sum();
+        if let Some(n) = input.mpu_object_size
+            && n != total as i64
+        {
+            return Err(s3_error!(
+                InvalidRequest,
+                "x-amz-mp-object-size is {n}; the parts listed are {total} bytes"
+            ));
+        }
+        let checksum = upload_checksum(&info, &chosen).await?;
+        if let Some(c) = &checksum
+            && let Some(want) = pick(&asked_checksum, c.algorithm)
+            && *want != c.value
+            && want.split('-').next() != c.value.split('-').next()
+        {
+            return Err(s3_error!(
+                BadDigest,
+                "x-amz-checksum-{} did not match the object's",
+                c.algorithm.header_suffix()
+            ));
+        }
+        let mut attrs = info.attrs.clone();
+        attrs.checksum = checksum.clone();
+        attrs.parts = chosen.iter().map(|p| p.size).collect();
         // The parts' bytes were admitted as they arrived; the object itself (and any bytes not admitted, after
         // a restart) is admitted now, before anything is written to the backend.
         let mut reservations = self.tenancy.take_parts(&input.upload_id);
@@ -422,15 +515,7 @@ impl Gateway {
             }
         }
         let written = self
-            .assemble(
-                &ctx,
-                &backend,
-                &input.key,
-                &chosen,
-                total,
-                &info.attrs,
-                &s3_etag,
-            )
+            .assemble(&ctx, &backend, &input.key, &chosen, total, &attrs, &s3_etag)
             .await;
         let etag = match written {
             Ok(e) => e,
@@ -452,6 +537,7 @@ impl Gateway {
             owner: owner.clone(),
             parts: requested_parts,
             etag: final_etag,
+            checksum: checksum.clone(),
         };
         if let Err(e) = self.staging.record_completed(&input.upload_id, &record) {
             tracing::warn!(error = %e, "recording a completed upload (a repeated complete will be NoSuchUpload)");
@@ -470,16 +556,14 @@ impl Gateway {
                 who.dataset.clone(),
             )
             .await;
-        Ok(S3Response::new(CompleteMultipartUploadOutput {
-            bucket: Some(input.bucket),
-            key: Some(input.key),
-            e_tag: Some(
-                etag.as_deref()
-                    .map(plain_etag)
-                    .unwrap_or(ETag::Strong(s3_etag)),
-            ),
-            ..Default::default()
-        }))
+        Ok(S3Response::new(completed_output(
+            input.bucket,
+            input.key,
+            etag.as_deref()
+                .map(plain_etag)
+                .unwrap_or(ETag::Strong(s3_etag)),
+            checksum,
+        )))
     }
 
     pub(super) async fn s3_abort_multipart_upload(
@@ -498,6 +582,80 @@ impl Gateway {
     }
 }
 
+/// CompleteMultipartUpload's answer (the same for a repeated complete).
+fn completed_output(
+    bucket: String,
+    key: String,
+    etag: ETag,
+    checksum: Option<strata_types::StoredChecksum>,
+) -> CompleteMultipartUploadOutput {
+    let mut out = CompleteMultipartUploadOutput {
+        bucket: Some(bucket),
+        key: Some(key),
+        e_tag: Some(etag),
+        ..Default::default()
+    };
+    if let Some(c) = checksum {
+        let kind = c.kind();
+        out.checksum_type = checksum_fields!(out, checksum_dto(c.algorithm, c.value, Some(kind)));
+    }
+    out
+}
+
+/// The checksum of an upload made with one: composite, from the parts' checksums; full-object, a CRC of
+/// every byte, read back from the staged parts.
+async fn upload_checksum(
+    info: &UploadInfo,
+    chosen: &[multipart::StagedPart],
+) -> S3Result<Option<strata_types::StoredChecksum>> {
+    let Some(alg) = info.checksum else {
+        return Ok(None);
+    };
+    let mut sums = Vec::with_capacity(chosen.len());
+    for p in chosen {
+        match &p.checksum {
+            Some((a, v)) if *a == alg => sums.push(v.clone()),
+            _ => {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "The upload was created using a {} checksum. The complete request must include the checksum for each part. It was missing for part {} in the request.",
+                    alg.as_str(),
+                    p.number
+                ));
+            }
+        }
+    }
+    let value = if info.full_object {
+        use tokio::io::AsyncReadExt;
+        let mut h = hasher_for(alg);
+        let mut buf = vec![0u8; 1 << 20];
+        for p in chosen {
+            let mut f = tokio::fs::File::open(&p.path)
+                .await
+                .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?;
+            loop {
+                let n = f
+                    .read(&mut buf)
+                    .await
+                    .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?;
+                if n == 0 {
+                    break;
+                }
+                h.update(&buf[..n]);
+            }
+        }
+        pick(&h.finalize(), alg).cloned().unwrap_or_default()
+    } else {
+        composite(alg, &sums)?
+    };
+    Ok(Some(strata_types::StoredChecksum {
+        algorithm: alg,
+        value,
+        full_object: info.full_object,
+        parts: sums,
+    }))
+}
+
 impl Gateway {
     /// Write an upload's chosen parts to the backend as one object.
     #[allow(clippy::too_many_arguments)]
@@ -513,7 +671,18 @@ impl Gateway {
     ) -> S3Result<Option<String>> {
         let input_key = key;
         let ctx = ctx.clone();
-        let etag = if total as usize <= SINGLE_PUT_MAX {
+        // Where the backend makes its own ETag (object stores), the object is sent in the client's parts, so
+        // the ETag is the one S3 computes from them (md5 of the parts' md5s, `-<parts>`): parts of one size (all
+        // but the last) up to 64 MiB are sent as they are; others in 8 MiB parts.
+        let uniform = chosen.split_last().is_some_and(|(last, rest)| {
+            let size = rest.first().map_or(last.size, |p| p.size);
+            rest.iter().all(|p| p.size == size) && last.size <= size
+        });
+        let part_size = match chosen.first() {
+            Some(p) if uniform && p.size <= CLIENT_PART_MAX => p.size as usize,
+            _ => BACKEND_PART,
+        };
+        let etag = if backend.takes_etags() && total as usize <= SINGLE_PUT_MAX {
             let mut all = Vec::with_capacity(total as usize);
             for p in chosen {
                 all.extend_from_slice(
@@ -536,7 +705,7 @@ impl Gateway {
                 .etag
         } else {
             let mut up = backend
-                .put_multipart_with(&ctx, input_key, BACKEND_PART, attrs)
+                .put_multipart_with(&ctx, input_key, part_size, attrs)
                 .await
                 .map_err(s3err)?;
             up.set_etag(s3_etag);
@@ -546,7 +715,7 @@ impl Gateway {
                     .map_err(|e| s3err(Error::from_io(e, "reading a staged part")))?;
                 loop {
                     use tokio::io::AsyncReadExt;
-                    let mut buf = vec![0u8; BACKEND_PART];
+                    let mut buf = vec![0u8; BACKEND_PART.min(part_size)];
                     let mut filled = 0;
                     while filled < buf.len() {
                         let n = f

@@ -268,6 +268,16 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
             if let Ok(v) = http::HeaderValue::from_str(&id) {
                 resp.headers_mut().insert("x-amz-request-id", v);
             }
+            // An error s3s answered before the request reached the gateway (a missing Content-Length, a
+            // malformed header) carries the request id in its body too, as every other error.
+            let failed = resp.status().is_client_error() || resp.status().is_server_error();
+            if failed
+                && let Some(b) = resp.body().bytes()
+                && let Some(with_id) = with_request_id(&b, &id)
+            {
+                resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+                *resp.body_mut() = s3s::Body::from(with_id);
+            }
             if has_body && (resp.status().is_client_error() || resp.status().is_server_error()) {
                 resp.headers_mut().insert(
                     http::header::CONNECTION,
@@ -277,4 +287,18 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
             Ok(resp)
         })
     }
+}
+
+/// An S3 error body without a `<RequestId>`, with `id` as one (`None`: not such a body).
+fn with_request_id(body: &[u8], id: &str) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    if !text.contains("<Error>") || text.contains("<RequestId>") || body.len() > 64 * 1024 {
+        return None;
+    }
+    let end = text.rfind("</Error>")?;
+    Some(format!(
+        "{}<RequestId>{id}</RequestId>{}",
+        &text[..end],
+        &text[end..]
+    ))
 }

@@ -7,7 +7,10 @@ use super::*;
 
 impl Gateway {
     /// Store a body at `bucket/key`: buffered for small bodies, streamed as a backend multipart upload for
-    /// large ones; checksums are verified before anything becomes visible.
+    /// large ones; checksums are verified before anything becomes visible. The checksum the request named
+    /// or sent is kept with the object (for a streamed body, when its value came up front or the backend is
+    /// a local directory, which takes attributes on completion). Returns the ETag, the bytes received and
+    /// the body's verified checksums.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn store(
         &self,
@@ -18,8 +21,9 @@ impl Gateway {
         mut check: BodyCheck,
         mode: PutMode,
         attrs: &ObjectAttrs,
-    ) -> S3Result<(Option<String>, u64)> {
+    ) -> S3Result<(Option<String>, u64, Verified)> {
         let mut body = body;
+        let mut attrs = attrs.clone();
         let mut buf: Vec<Bytes> = Vec::new();
         let mut buffered = 0usize;
         let mut received = 0u64;
@@ -46,8 +50,9 @@ impl Gateway {
                             "conditional writes are limited to 8 MiB bodies"
                         ));
                     }
+                    attrs.checksum = check.declared_checksum();
                     let mut up = backend
-                        .put_multipart_with(ctx, key, BACKEND_PART, attrs)
+                        .put_multipart_with(ctx, key, BACKEND_PART, &attrs)
                         .await
                         .map_err(s3err)?;
                     for b in buf.drain(..) {
@@ -61,26 +66,38 @@ impl Gateway {
         }
         let verified = check.finish();
         match upload {
-            Some(up) => {
-                if let Err(e) = verified {
-                    let _ = up.abort().await;
-                    return Err(e);
+            Some(mut up) => {
+                let verified = match verified {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let _ = up.abort().await;
+                        return Err(e);
+                    }
+                };
+                if let Some((alg, v)) = &verified.checksum {
+                    attrs.checksum = Some(stored_full(*alg, v.clone()));
+                    up.set_local_attrs(&attrs);
                 }
-                Ok((up.complete().await.map_err(s3err)?.etag, received))
+                Ok((up.complete().await.map_err(s3err)?.etag, received, verified))
             }
             None => {
-                verified?;
+                let verified = verified?;
+                attrs.checksum = verified
+                    .checksum
+                    .as_ref()
+                    .map(|(alg, v)| stored_full(*alg, v.clone()));
                 let mut all = Vec::with_capacity(buffered);
                 for b in &buf {
                     all.extend_from_slice(b);
                 }
                 Ok((
                     backend
-                        .put_with(ctx, key, Bytes::from(all), mode, attrs)
+                        .put_with(ctx, key, Bytes::from(all), mode, &attrs)
                         .await
                         .map_err(s3err)?
                         .etag,
                     received,
+                    verified,
                 ))
             }
         }
@@ -94,9 +111,10 @@ impl Gateway {
         let ctx = who.ctx.clone();
         let decoded_len = decoded_length(&req.headers)?;
         let trailers = req.trailing_headers;
+        let req_headers = req.headers;
         let input = req.input;
         refuse_unimplemented!(input)?;
-        let backend = self.backend(&input.bucket)?;
+        let backend = self.backend(&input.bucket).await?;
         check_write_key(&backend, &input.key)?;
         let team = self
             .tenancy
@@ -132,6 +150,7 @@ impl Gateway {
             input.checksum_sha256,
             input.checksum_crc64nvme,
         )?
+        .keeping_trailer(&req_headers)
         .with_trailers(trailers)
         .with_declared_length(decoded_len);
         let attrs = attrs_of_input!(input);
@@ -150,7 +169,7 @@ impl Gateway {
             .await;
         // Whatever happened at the backend, the next read asks it again.
         self.agent.cache().invalidate(&backend, &input.key);
-        let (etag, received) = match etag {
+        let (etag, received, verified) = match etag {
             Ok(e) => e,
             Err(e) => {
                 self.tenancy.release(res).await;
@@ -171,10 +190,15 @@ impl Gateway {
                 who.dataset.clone(),
             )
             .await;
-        Ok(S3Response::new(PutObjectOutput {
+        let mut out = PutObjectOutput {
             e_tag: etag.as_deref().map(plain_etag),
             ..Default::default()
-        }))
+        };
+        if let Some((alg, v)) = verified.checksum {
+            out.checksum_type =
+                checksum_fields!(out, checksum_dto(alg, v, Some(ChecksumType::FULL_OBJECT)));
+        }
+        Ok(S3Response::new(out))
     }
 
     pub(super) async fn s3_delete_object(
@@ -183,7 +207,7 @@ impl Gateway {
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
         let who = self.who(&req).await?;
         let ctx = who.ctx;
-        let backend = self.backend(&req.input.bucket)?;
+        let backend = self.backend(&req.input.bucket).await?;
         check_write_key(&backend, &req.input.key)?;
         self.tenancy
             .attribute(&req.input.bucket, &req.input.key, &who.caller, Role::Member)
@@ -215,7 +239,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let ctx = who.ctx;
         let input = req.input;
-        let backend = self.backend(&input.bucket)?;
+        let backend = self.backend(&input.bucket).await?;
         if input.delete.objects.len() > 1000 {
             return Err(s3_error!(
                 MalformedXML,
@@ -290,9 +314,9 @@ impl Gateway {
             CopySource::Bucket { bucket, key, .. } => (bucket.to_string(), key.to_string()),
             _ => return Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
         };
-        let src = self.backend(&src_bucket)?;
+        let src = self.backend(&src_bucket).await?;
         check_read_key(&src, &src_key)?;
-        let dst = self.backend(&input.bucket)?;
+        let dst = self.backend(&input.bucket).await?;
         check_write_key(&dst, &input.key)?;
         self.tenancy
             .attribute(&src_bucket, &src_key, &who.caller, Role::Reader)
@@ -334,6 +358,7 @@ impl Gateway {
         {
             return Err(s3_error!(PreconditionFailed));
         }
+        let wanted = algorithm_of(input.checksum_algorithm.as_ref())?;
         let res = self
             .tenancy
             .admit(team.as_deref(), &input.bucket, meta.size as i64, 1)
@@ -343,12 +368,11 @@ impl Gateway {
                 &ctx,
                 &src,
                 &dst,
-                &src_bucket,
-                &src_key,
-                &input.bucket,
-                &input.key,
+                (&src_bucket, &src_key),
+                (&input.bucket, &input.key),
                 &meta,
-                new_attrs.as_ref(),
+                new_attrs,
+                wanted,
             )
             .await;
         if let Err(e) = copied {
@@ -370,68 +394,127 @@ impl Gateway {
                 who.dataset.clone(),
             )
             .await;
+        let mut result = CopyObjectResult {
+            e_tag: etag_of(&new),
+            last_modified: Some(timestamp(new.last_modified_unix)),
+            ..Default::default()
+        };
+        if let Some(c) = new.attrs.as_deref().and_then(|a| a.checksum.clone()) {
+            let kind = c.kind();
+            result.checksum_type =
+                checksum_fields!(result, checksum_dto(c.algorithm, c.value, Some(kind)));
+        }
         Ok(S3Response::new(CopyObjectOutput {
-            copy_object_result: Some(CopyObjectResult {
-                e_tag: etag_of(&new),
-                last_modified: Some(timestamp(new.last_modified_unix)),
-                ..Default::default()
-            }),
+            copy_object_result: Some(result),
             ..Default::default()
         }))
     }
 }
 
+/// A copy's attributes, as S3 gives them: the request's (`REPLACE`) or the source's, written in one piece
+/// (no part layout), with the source's checksum when it is of all the bytes (the copy's bytes are the same)
+/// and none when it was composite (it names parts the copy does not have).
+fn copy_attrs(source: &ObjectMeta, replace: Option<ObjectAttrs>) -> ObjectAttrs {
+    let src = source.attrs.as_deref().cloned().unwrap_or_default();
+    let mut a = replace.unwrap_or_else(|| src.clone());
+    a.parts.clear();
+    a.checksum = src.checksum.filter(|c| c.full_object);
+    a
+}
+
 impl Gateway {
-    /// The byte-moving half of CopyObject.
+    /// The byte-moving half of CopyObject: server-side on S3 (S3's own copy, with the copy's attributes) and,
+    /// keeping the source's attributes, within any other backend; otherwise through the cache, in one write
+    /// up to 8 MiB (so the copy's ETag is its content's MD5, as S3's) and as a multipart upload beyond.
+    /// `wanted` is a checksum algorithm the copy must have (`x-amz-checksum-algorithm`), computed from the
+    /// bytes when the source's is another.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn copy_bytes(
         &self,
         ctx: &IoContext,
         src: &Backend,
         dst: &Backend,
-        src_bucket: &str,
-        src_key: &str,
-        dst_bucket: &str,
-        dst_key: &str,
+        (src_bucket, src_key): (&str, &str),
+        (dst_bucket, dst_key): (&str, &str),
         meta: &ObjectMeta,
-        new_attrs: Option<&ObjectAttrs>,
+        replace: Option<ObjectAttrs>,
+        wanted: Option<StrataAlgorithm>,
     ) -> S3Result<()> {
-        let (input_bucket, input_key) = (dst_bucket, dst_key);
         let ctx = ctx.clone();
-        if src_bucket == input_bucket && new_attrs.is_none() {
-            // Server-side: the backend keeps the source's attributes with the copy.
-            src.copy(&ctx, src_key, input_key).await.map_err(s3err)?;
-        } else {
-            // Through the cache: to another backend, or with new attributes (which a server-side copy cannot
-            // set); a copy onto itself is safe, as nothing is visible before `complete`.
-            let keep = meta.attrs.as_deref().cloned().unwrap_or_default();
-            let attrs = new_attrs.unwrap_or(&keep);
-            let mut up = dst
-                .put_multipart_with(&ctx, input_key, BACKEND_PART, attrs)
+        let replaced = replace.is_some();
+        let mut attrs = copy_attrs(meta, replace);
+        let compute = wanted.filter(|w| attrs.checksum.as_ref().map(|c| c.algorithm) != Some(*w));
+        if src_bucket == dst_bucket && compute.is_none() {
+            if src
+                .copy_with(&ctx, src_key, dst_key, &attrs, meta.etag.as_deref())
+                .await
+                .map_err(s3err)?
+                .is_some()
+            {
+                return Ok(());
+            }
+            let same = meta.attrs.as_deref().cloned().unwrap_or_default() == attrs;
+            if !replaced && same {
+                // Server-side: the backend keeps the source's attributes with the copy, which are the copy's.
+                src.copy(&ctx, src_key, dst_key).await.map_err(s3err)?;
+                return Ok(());
+            }
+        }
+        // The source's version as the copy saw it: a source changed meanwhile fails the copy.
+        let opts = strata_cache::GetOptions::default().version(meta.clone());
+        let mut body = self
+            .agent
+            .cache()
+            .get(&ctx, src, src_key, opts)
+            .await
+            .map_err(s3err)?
+            .body;
+        let mut sum = compute.map(hasher_for);
+        if meta.size as usize <= SINGLE_PUT_MAX {
+            let mut all = Vec::with_capacity(meta.size as usize);
+            while let Some(chunk) = body.next().await {
+                all.extend_from_slice(&chunk.map_err(s3err)?);
+            }
+            if let (Some(h), Some(alg)) = (sum.as_mut(), compute) {
+                h.update(&all);
+                let v = pick(&std::mem::take(h).finalize(), alg).cloned();
+                attrs.checksum = v.map(|v| stored_full(alg, v));
+            }
+            dst.put_with(&ctx, dst_key, Bytes::from(all), PutMode::Overwrite, &attrs)
                 .await
                 .map_err(s3err)?;
-            // The source's version as the copy saw it: a source changed meanwhile fails the copy.
-            let opts = strata_cache::GetOptions::default().version(meta.clone());
-            let read = self.agent.cache().get(&ctx, src, src_key, opts).await;
-            let mut body = match read {
-                Ok(r) => r.body,
+            return Ok(());
+        }
+        if compute.is_some() {
+            // Known only once every byte passed: kept where the backend takes attributes on completion.
+            attrs.checksum = None;
+        }
+        let mut up = dst
+            .put_multipart_with(&ctx, dst_key, BACKEND_PART, &attrs)
+            .await
+            .map_err(s3err)?;
+        while let Some(chunk) = body.next().await {
+            match chunk {
+                Ok(b) if b.is_empty() => {}
+                Ok(b) => {
+                    if let Some(h) = sum.as_mut() {
+                        h.update(&b);
+                    }
+                    up.write(b).await.map_err(s3err)?
+                }
                 Err(e) => {
                     let _ = up.abort().await;
                     return Err(s3err(e));
                 }
-            };
-            while let Some(chunk) = body.next().await {
-                match chunk {
-                    Ok(b) if b.is_empty() => {}
-                    Ok(b) => up.write(b).await.map_err(s3err)?,
-                    Err(e) => {
-                        let _ = up.abort().await;
-                        return Err(s3err(e));
-                    }
-                }
             }
-            up.complete().await.map_err(s3err)?;
         }
+        if let (Some(h), Some(alg)) = (sum, compute) {
+            attrs.checksum = pick(&h.finalize(), alg)
+                .cloned()
+                .map(|v| stored_full(alg, v));
+            up.set_local_attrs(&attrs);
+        }
+        up.complete().await.map_err(s3err)?;
         Ok(())
     }
 }

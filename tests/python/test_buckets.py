@@ -1,0 +1,163 @@
+"""CreateBucket, HeadBucket, ListBuckets and DeleteBucket under `[gateway] bucket_root`, for a directory root
+and an S3-prefix root, with boto3 and the aws cli: names validated as S3 does, buckets owned by the creating
+team (charged to its quota, invisible and closed to other teams), configured backends untouched."""
+import os
+import subprocess
+
+import pytest
+from botocore.exceptions import ClientError
+
+from conftest import ACCESS_KEY, ORIGIN_KEY, ORIGIN_SECRET, SECRET_KEY, VENV_BIN, Gateway, client
+from test_tenancy import cli, cli_json, s3_for, used
+
+
+def code_of(e):
+    return e.response["Error"]["Code"], e.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+@pytest.fixture(scope="module", params=["dir", "s3"])
+def rooted(origin, request):
+    if request.param == "dir":
+        root_dir = None
+        gw = Gateway(origin, gateway_extra="bucket_root = \"file://{root}\"".format(root="/tmp/placeholder"))
+        # a directory inside the gateway's own temp dir
+        gw.stop()
+        root_dir = os.path.join(gw.dir, "buckets")
+        os.makedirs(root_dir)
+        with open(gw.cfg) as f:
+            cfg = f.read().replace("file:///tmp/placeholder", f"file://{root_dir}")
+        with open(gw.cfg, "w") as f:
+            f.write(cfg)
+        gw.start()
+    else:
+        gw = Gateway(origin, gateway_extra=f"""bucket_root = "s3://gw-origin/made"
+[gateway.bucket_root_options]
+endpoint = "{origin}"
+access_key_id = "{ORIGIN_KEY}"
+secret_access_key = "{ORIGIN_SECRET}"
+""")
+        root_dir = None
+    yield gw, request.param, root_dir
+    gw.close()
+
+
+def test_create_use_list_and_delete_a_bucket(rooted, origin):
+    gw, kind, root_dir = rooted
+    s3 = gw.client()
+    name = f"made-{kind}-1"
+    s3.create_bucket(Bucket=name)
+    s3.head_bucket(Bucket=name)
+    assert name in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    created = [b for b in s3.list_buckets()["Buckets"] if b["Name"] == name][0]["CreationDate"]
+    assert created.year >= 2026
+    data = os.urandom(200_000)
+    s3.put_object(Bucket=name, Key="a/b c+d.bin", Body=data)
+    assert s3.get_object(Bucket=name, Key="a/b c+d.bin")["Body"].read() == data
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=name)["Contents"]] == ["a/b c+d.bin"]
+    # where it lives
+    if kind == "dir":
+        assert open(os.path.join(root_dir, name, "a", "b c+d.bin"), "rb").read() == data
+    else:
+        direct = client(origin, ORIGIN_KEY, ORIGIN_SECRET)
+        assert direct.get_object(Bucket="gw-origin", Key=f"made/{name}/a/b c+d.bin")["Body"].read() == data
+    # again by its owner: us-east-1 answers 200, as S3 there
+    s3.create_bucket(Bucket=name)
+    with pytest.raises(ClientError) as e:
+        s3.delete_bucket(Bucket=name)
+    assert code_of(e.value) == ("BucketNotEmpty", 409)
+    s3.delete_object(Bucket=name, Key="a/b c+d.bin")
+    s3.delete_bucket(Bucket=name)
+    with pytest.raises(ClientError) as e:
+        s3.head_bucket(Bucket=name)
+    assert code_of(e.value)[1] == 404
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=name, Key="x", Body=b"x")
+    assert code_of(e.value) == ("NoSuchBucket", 404)
+    assert name not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    if kind == "dir":
+        assert not os.path.exists(os.path.join(root_dir, name))
+
+
+def test_bucket_names_are_checked_as_s3_does(rooted):
+    gw, kind, _ = rooted
+    s3 = gw.client()
+    for bad in ["ab", "Upper", "a..b", "-lead", "trail-", "192.168.1.1", "x" * 64, "under_score", "xn--abc",
+                "name-s3alias"]:
+        with pytest.raises(ClientError) as e:
+            s3.create_bucket(Bucket=bad)
+        assert code_of(e.value) == ("InvalidBucketName", 400), bad
+    # a configured backend is a bucket already
+    with pytest.raises(ClientError) as e:
+        s3.create_bucket(Bucket="origin")
+    assert code_of(e.value)[1] == 409
+    with pytest.raises(ClientError) as e:
+        s3.create_bucket(Bucket=f"made-{kind}-loc", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    assert code_of(e.value)[1] == 400
+    with pytest.raises(ClientError) as e:
+        s3.delete_bucket(Bucket="default")
+    assert code_of(e.value)[1] == 403
+
+
+def test_the_aws_cli_makes_and_removes_buckets(rooted, tmp_path):
+    gw, kind, _ = rooted
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+               AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+    aws = [os.path.join(VENV_BIN, "aws"), "--endpoint-url", gw.endpoint, "s3"]
+    name = f"cli-{kind}-bucket"
+    subprocess.run(aws + ["mb", f"s3://{name}"], env=env, check=True, capture_output=True)
+    src = tmp_path / "tree"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f 1.txt").write_bytes(b"one")
+    (src / "g+%.txt").write_bytes(b"two")
+    subprocess.run(aws + ["sync", str(src), f"s3://{name}/"], env=env, check=True, capture_output=True)
+    out = subprocess.run(aws + ["ls", "--recursive", f"s3://{name}/"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert sorted(line.split(maxsplit=3)[3] for line in out.splitlines()) == ["d/f 1.txt", "g+%.txt"]
+    subprocess.run(aws + ["rb", "--force", f"s3://{name}"], env=env, check=True, capture_output=True)
+    out = subprocess.run(aws + ["ls"], env=env, check=True, capture_output=True, text=True).stdout
+    assert name not in out
+
+
+def test_a_bucket_belongs_to_the_team_that_made_it(rooted):
+    gw, kind, _ = rooted
+    for t in ("vision", "nlp"):
+        cli(gw, "team", "create", t, check=False)
+    keys = {t: cli_json(gw, "token", "create", "--name", f"{t}-{kind}-b", "--team", t, "--s3")
+            for t in ("vision", "nlp")}
+    reader = cli_json(gw, "token", "create", "--name", f"nlp-{kind}-reader", "--team", "nlp", "--role", "reader",
+                      "--s3")
+    v, n = s3_for(gw, keys["vision"]), s3_for(gw, keys["nlp"])
+    name = f"team-{kind}-v"
+    v.create_bucket(Bucket=name)
+    v.put_object(Bucket=name, Key="k", Body=b"x" * 1000)
+    # charged to vision, in the bucket's scope
+    assert used(gw, "vision", scope=name)["used_bytes"] == 1000
+    # another team: not listed, not readable, not writable, not deletable
+    assert name not in [b["Name"] for b in n.list_buckets()["Buckets"]]
+    for call in (lambda: n.get_object(Bucket=name, Key="k"), lambda: n.put_object(Bucket=name, Key="j", Body=b"y"),
+                 lambda: n.head_bucket(Bucket=name), lambda: n.delete_bucket(Bucket=name),
+                 lambda: n.list_objects_v2(Bucket=name)["Contents"]):
+        with pytest.raises((ClientError, KeyError)) as e:
+            call()
+        if isinstance(e.value, ClientError):
+            assert code_of(e.value)[1] == 403
+    # the same name is taken
+    with pytest.raises(ClientError) as e:
+        n.create_bucket(Bucket=name)
+    assert code_of(e.value) == ("BucketAlreadyExists", 409)
+    # a reader may not make buckets
+    with pytest.raises(ClientError) as e:
+        s3_for(gw, reader).create_bucket(Bucket=f"reader-{kind}-b")
+    assert code_of(e.value) == ("AccessDenied", 403)
+    v.delete_object(Bucket=name, Key="k")
+    v.delete_bucket(Bucket=name)
+
+
+def test_without_a_bucket_root_create_bucket_is_not_implemented(gateway):
+    s3 = gateway.client()
+    with pytest.raises(ClientError) as e:
+        s3.create_bucket(Bucket="would-be-new")
+    assert code_of(e.value) == ("NotImplemented", 501)
+    with pytest.raises(ClientError) as e:
+        s3.head_bucket(Bucket="would-be-new")
+    assert code_of(e.value)[1] == 404
