@@ -50,7 +50,7 @@ impl Backend {
         if attrs.is_empty() {
             return;
         }
-        let (Ok(file), Ok(json)) = (fs.path_to_filesystem(path), serde_json::to_vec(attrs)) else {
+        let (Ok(file), Ok(json)) = (fs.path_to_filesystem(path), local_attrs_json(attrs)) else {
             return;
         };
         if let Err(e) =
@@ -187,5 +187,61 @@ pub(super) fn local_dir_walkable(prefix: &str) -> bool {
         Some(i) if i > 0 => crate::localkeys::plain_shape(&prefix[..i]),
         Some(_) => false,
         None => true,
+    }
+}
+
+/// The most a local file's attributes take as JSON: ext4 keeps all of a file's extended attributes in one
+/// 4 KiB block, which the ETag's attribute shares.
+const LOCAL_ATTRS_MAX: usize = 3 * 1024;
+
+/// `attrs` as the JSON kept with a local file, within [`LOCAL_ATTRS_MAX`]: the parts' checksums go first,
+/// then the part sizes, as on object stores (`strata_types::extras`).
+fn local_attrs_json(attrs: &ObjectAttrs) -> serde_json::Result<Vec<u8>> {
+    let json = serde_json::to_vec(attrs)?;
+    if json.len() <= LOCAL_ATTRS_MAX {
+        return Ok(json);
+    }
+    let mut a = attrs.clone();
+    if let Some(c) = &mut a.checksum {
+        c.parts.clear();
+    }
+    let json = serde_json::to_vec(&a)?;
+    if json.len() <= LOCAL_ATTRS_MAX {
+        return Ok(json);
+    }
+    a.parts.clear();
+    serde_json::to_vec(&a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_attributes_fit_one_block_dropping_part_checksums_then_sizes() {
+        let mut a = ObjectAttrs {
+            content_type: Some("application/x-tar".into()),
+            checksum: Some(strata_types::StoredChecksum {
+                algorithm: strata_types::ChecksumAlgorithm::Sha256,
+                value: "x".repeat(44) + "-200",
+                full_object: false,
+                parts: vec!["y".repeat(44); 200],
+            }),
+            parts: vec![5 << 20; 200],
+            ..Default::default()
+        };
+        let json = local_attrs_json(&a).unwrap();
+        assert!(json.len() <= LOCAL_ATTRS_MAX);
+        let back: ObjectAttrs = serde_json::from_slice(&json).unwrap();
+        assert!(back.checksum.as_ref().unwrap().parts.is_empty());
+        assert_eq!(back.parts.len(), 200, "the sizes still fit");
+        assert_eq!(back.content_type, a.content_type);
+        a.parts = (0..1000).map(|i| (5 << 20) + i).collect();
+        let back: ObjectAttrs = serde_json::from_slice(&local_attrs_json(&a).unwrap()).unwrap();
+        assert!(back.parts.is_empty() && back.checksum.is_some());
+        a.parts.truncate(3);
+        a.checksum.as_mut().unwrap().parts.truncate(3);
+        let back: ObjectAttrs = serde_json::from_slice(&local_attrs_json(&a).unwrap()).unwrap();
+        assert_eq!(back, a, "small attributes are kept whole");
     }
 }
