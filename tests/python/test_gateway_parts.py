@@ -285,7 +285,7 @@ def test_single_part_objects_are_their_own_part_one(gateway):
 def test_the_reserved_metadata_name_is_refused(gateway):
     s3 = gateway.client()
     with pytest.raises(ClientError) as e:
-        s3.put_object(Bucket="default", Key="meta/reserved", Body=b"x", Metadata={"strata-object": "p=1*1"})
+        s3.put_object(Bucket="default", Key="meta/reserved", Body=b"x", Metadata={"strataobject": "p=1*1"})
     assert code_of(e.value) == ("InvalidArgument", 400)
 
 

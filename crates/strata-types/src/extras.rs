@@ -3,7 +3,7 @@
 //! of (for `partNumber` reads and `PartsCount`).
 //!
 //! A local directory keeps them in its attributes' JSON like every other attribute. An object store keeps
-//! them in one reserved user-metadata entry, [`RESERVED_META`] (`x-amz-meta-strata-object` on S3), written
+//! them in one reserved user-metadata entry, [`RESERVED_META`] (`x-amz-meta-strataobject` on S3; one word, as Azure allows only identifiers), written
 //! by [`ObjectAttrs::extras_value`] and taken back out by [`ObjectAttrs::absorb_extras`], so clients never
 //! see it among their metadata. Its value is form-encoded (`e=`, `c=`, `p=`, `k=`) and bounded: S3 allows 2
 //! KiB of user metadata, so what does not fit in what the user's own metadata leaves is dropped, per-part
@@ -12,7 +12,7 @@
 use crate::ObjectAttrs;
 
 /// The user-metadata name under which object stores keep [`ObjectAttrs`]' extras.
-pub const RESERVED_META: &str = "strata-object";
+pub const RESERVED_META: &str = "strataobject";
 
 /// A checksum algorithm S3 accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -91,7 +91,7 @@ impl Backend {
                         if ordered && start_after.is_some_and(|s| key <= s) {
                             continue;
                         }
-                        objects.push(convert_meta(m));
+                        objects.push(listed_meta(self.inner.scheme, m));
                         // One more than the page shows whether another page follows.
                         if ordered && objects.len() > max_keys {
                             break;
@@ -176,7 +176,7 @@ impl Backend {
                     let mut objects = Vec::new();
                     let mut complete = true;
                     while let Some(m) = stream.next().await {
-                        let m = convert_meta(m?);
+                        let m = listed_meta(self.inner.scheme, m?);
                         if m.key.as_str() <= start_after {
                             continue;
                         }
@@ -326,7 +326,7 @@ impl Backend {
                         .filter(|m| m.location.as_ref().starts_with(&*name_prefix))
                         .map(|m| {
                             let location = m.location.clone();
-                            let mut meta = convert_meta(m);
+                            let mut meta = listed_meta(self.inner.scheme, m);
                             self.show_local_etag(&location, &mut meta);
                             meta
                         })
@@ -361,6 +361,23 @@ impl Backend {
         })
         .await
     }
+}
+
+/// An object as an object store's listing reports it, with its ETag in the form a read of it reports: an HTTP
+/// entity tag, quoted. Azure Blob lists `0x8D...` where its `ETag` header (a GET's or HEAD's) says
+/// `"0x8D..."`, and fake-gcs-server lists GCS ETags bare too; quoted, the two compare equal, as they must
+/// where a listing confirms what a read returned (the cache's metadata refresh) or a read is pinned to a
+/// listed ETag.
+fn listed_meta(scheme: &str, m: object_store::ObjectMeta) -> ObjectMeta {
+    let mut meta = convert_meta(m);
+    if matches!(scheme, "az" | "gs")
+        && let Some(e) = &mut meta.etag
+        && !e.starts_with('"')
+        && !e.starts_with("W/")
+    {
+        *e = format!("\"{e}\"");
+    }
+    meta
 }
 
 /// The first `max_keys` of `objects` (in key order) as a page; `next_start_after` when more follow.
