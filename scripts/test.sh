@@ -12,6 +12,8 @@
 # - A PostgreSQL server (installed with apt if missing) started on a free loopback port in a temporary
 #   directory, stopped and removed on exit: the catalog tests run on it as well as on SQLite
 #   (STRATA_TEST_POSTGRES_URL; STRATA_REQUIRE_POSTGRES=1 makes its absence a failure, not a skip).
+# - rclone (Debian's package, installed with apt if missing): a real S3 client for the gateway tests
+#   (tests/python/test_rclone.py; STRATA_REQUIRE_RCLONE=1 makes its absence a failure, not a skip).
 # - cargo fmt --check, cargo clippy -D warnings (also of strata-object with its `gcp` and `azure` features), the
 #   conformance suite on those two backends against the emulators, and the whole workspace's tests; then the
 #   `strata` Python package is built from python/ (maturin, same target dir) and
@@ -70,6 +72,13 @@ export STRATA_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres
 export STRATA_REQUIRE_POSTGRES=1
 echo "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT"
 
+say "rclone for the gateway tests"
+if ! command -v rclone >/dev/null; then
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone >/dev/null
+fi
+export STRATA_REQUIRE_RCLONE=1
+echo "rclone $(rclone version | awk 'NR == 1 {print $2}')"
+
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -91,7 +100,7 @@ rm -rf target/wheels
 say "the extension's type stubs match it (mypy.stubtest)"
 .venv/bin/python -m mypy.stubtest --ignore-disjoint-bases --allowlist python/stubtest-allowlist.txt strata._native
 
-say "Python tests: the gateway with real S3 clients (boto3, aws cli, s5cmd); the loader (torch, webdataset, MDS)"
+say "Python tests: the gateway with real S3 clients (boto3, aws cli, s5cmd, rclone); the loader (torch, webdataset, MDS)"
 STRATA_BIN="$PWD/target/debug/strata" .venv/bin/python -m pytest -q -W ignore::UserWarning tests/python
 
 say "all tests passed"

@@ -57,10 +57,23 @@ fn ends_with_hash_digits(seg: &str) -> bool {
     }
 }
 
-/// Whether `key` can be written as a plain file under `root` now: plain in shape, no object where one of its
-/// directories would be, no directory where its file would be.
+/// The longest file name a write makes plain: the file store writes `<name>#<n>` first and renames it, and
+/// that name too must fit in 255 bytes. A longer name is written escaped (one another tool put there as a
+/// plain file is still read).
+const PLAIN_WRITE_NAME_MAX: usize = 255 - 11;
+
+/// Whether `key` can be written as a plain file under `root` now: plain in shape, its file name short enough
+/// to be written ([`PLAIN_WRITE_NAME_MAX`]), no object where one of its directories would be, no directory
+/// where its file would be.
 pub(crate) fn plain_now(root: &FsPath, key: &str) -> bool {
     if !plain_shape(key) {
+        return false;
+    }
+    if key
+        .rsplit('/')
+        .next()
+        .is_some_and(|name| name.len() > PLAIN_WRITE_NAME_MAX)
+    {
         return false;
     }
     let mut here = root.to_path_buf();

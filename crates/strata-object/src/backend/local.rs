@@ -20,13 +20,17 @@ impl Backend {
             .map_err(|e| Error::invalid_input(format!("invalid object key {key:?}: {e}")))
     }
 
-    /// After `key` was written to `written` on a local directory: the key's other place (escaped, when it was
-    /// written plain) no longer holds it.
+    /// After `key` was written to `written` on a local directory: the key's other place no longer holds it
+    /// (escaped, when it was written plain; its plain file, when it was written escaped: a name too long for
+    /// a write that another tool put there).
     pub(super) fn forget_other_place(&self, key: &str, written: &Path) {
-        if let Some(root) = &self.inner.local_root
-            && written.as_ref() == key
-        {
+        let Some(root) = &self.inner.local_root else {
+            return;
+        };
+        if written.as_ref() == key {
             let _ = std::fs::remove_file(root.join(crate::localkeys::escaped(key)));
+        } else if crate::localkeys::plain_shape(key) && root.join(key).is_file() {
+            let _ = std::fs::remove_file(root.join(key));
         }
     }
 

@@ -45,9 +45,11 @@ pub(super) fn wire_headers(
 
 impl Backend {
     /// On S3: whether `key` must be written through [`S3Wire`] because `object_store` cannot name it (an
-    /// empty, `.` or `..` segment, a trailing `/`, ...).
+    /// empty, `.` or `..` segment, a trailing `/`, ...) or Strata's paths refuse it (a backslash).
     pub(super) fn wire_key(&self, key: &str) -> Option<&S3Wire> {
-        let named = Path::parse(key).is_ok_and(|p| p.as_ref() == key) && !key.ends_with('/');
+        let named = Path::parse(key).is_ok_and(|p| p.as_ref() == key)
+            && !key.ends_with('/')
+            && validate_key(key).is_ok();
         self.inner.wire.as_ref().filter(|_| !named)
     }
 

@@ -98,6 +98,19 @@ impl Gateway {
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         let who = self.who(&req).await?;
         let input = req.input;
+        if self.agent.backends().iter().any(|b| b.name == input.bucket) {
+            // A configured backend is every caller's bucket already (clients such as rclone make sure of the
+            // bucket before writing): as S3 answers an owner, 200 in us-east-1, else BucketAlreadyOwnedByYou.
+            if self.region == "us-east-1" {
+                return Ok(S3Response::new(CreateBucketOutput {
+                    location: Some(format!("/{}", input.bucket)),
+                }));
+            }
+            return Err(s3_error!(
+                BucketAlreadyOwnedByYou,
+                "Your previous request to create the named bucket succeeded and you already own it."
+            ));
+        }
         let Some((root, options)) = self.agent.config().bucket_root.clone() else {
             return Err(s3_error!(
                 NotImplemented,
@@ -161,9 +174,6 @@ impl Gateway {
                 )
             }
         };
-        if self.agent.backends().iter().any(|b| b.name == name) {
-            return Err(taken(who.caller.is_root()));
-        }
         let url = format!("{root}/{name}");
         if let Some(dir) = url.strip_prefix("file://") {
             std::fs::create_dir_all(dir)

@@ -194,6 +194,15 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
             .get(http::header::CONTENT_LENGTH)
             .is_some_and(|v| v.as_bytes() != b"0")
             || req.headers().contains_key(http::header::TRANSFER_ENCODING);
+        // `Expect: 100-continue` on an empty body: hyper answers without a `100 Continue` (there is no body to
+        // ask for), which botocore takes as an early final answer and then misreads the next response on the
+        // connection, stalling for its read timeout (the aws cli uploading empty files). The connection is
+        // closed after this answer instead, so the client's next request starts clean.
+        let empty_expect = !has_body
+            && req
+                .headers()
+                .get(http::header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         let refusal = if let Some((region, service)) = Self::scope(&req)
             && (region != *self.region || service != "s3")
         {
@@ -278,7 +287,10 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
                 resp.headers_mut().remove(http::header::CONTENT_LENGTH);
                 *resp.body_mut() = s3s::Body::from(with_id);
             }
-            if has_body && (resp.status().is_client_error() || resp.status().is_server_error()) {
+            if empty_expect
+                || (has_body
+                    && (resp.status().is_client_error() || resp.status().is_server_error()))
+            {
                 resp.headers_mut().insert(
                     http::header::CONNECTION,
                     http::HeaderValue::from_static("close"),
