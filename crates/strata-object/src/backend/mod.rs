@@ -514,6 +514,63 @@ impl Backend {
         attrs: &ObjectAttrs,
         etag: Option<String>,
     ) -> Result<PutOutcome> {
+        let PutMode::IfMatch(want) = &mode else {
+            return self.put_once(ctx, key, bytes, mode, attrs, etag).await;
+        };
+        let missing = |e: Error| match e.kind() {
+            ErrorKind::NotFound => Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "PUT {}/{key}: If-Match names an object that does not exist",
+                    self.inner.id
+                ),
+            ),
+            _ => e,
+        };
+        if self.inner.local.is_some() {
+            // The file store has no conditional update: compared here, under this process's lock of the
+            // key (atomic against other conditional writes through this agent), then written.
+            let _held = local_cas_lock(&self.inner.id, key).lock().await;
+            let current = self.head(ctx, key).await.map_err(missing)?;
+            let bare = |e: &str| e.trim_start_matches("W/").trim_matches('"').to_string();
+            if current.etag.as_deref().map(bare) != Some(bare(want)) {
+                return Err(Error::new(
+                    ErrorKind::PreconditionFailed,
+                    format!(
+                        "PUT {}/{key}: the object's ETag is not the one If-Match names",
+                        self.inner.id
+                    ),
+                ));
+            }
+            return self
+                .put_once(ctx, key, bytes, PutMode::Overwrite, attrs, etag)
+                .await;
+        }
+        match self
+            .put_once(ctx, key, bytes, mode.clone(), attrs, etag)
+            .await
+        {
+            // As S3: If-Match on a key that does not exist is NoSuchKey, not a failed precondition.
+            Err(e) if e.kind() == ErrorKind::PreconditionFailed => {
+                match self.head(ctx, key).await {
+                    Err(h) if h.kind() == ErrorKind::NotFound => Err(missing(h)),
+                    _ => Err(e),
+                }
+            }
+            r => r,
+        }
+    }
+
+    /// One write of `bytes` to `key` in `mode` (see [`Self::put_with_etag`]).
+    async fn put_once(
+        &self,
+        ctx: &IoContext,
+        key: &str,
+        bytes: Bytes,
+        mode: PutMode,
+        attrs: &ObjectAttrs,
+        etag: Option<String>,
+    ) -> Result<PutOutcome> {
         if let Some(w) = self.wire_key(key) {
             s3_key(key)?;
             return self.wire_put(ctx, w, key, bytes, mode, attrs).await;
@@ -805,6 +862,16 @@ impl Backend {
         })
         .await
     }
+}
+
+/// The lock a conditional write to `key` of the local directory `id` holds while it compares and writes
+/// (striped: 64 locks for every key of every local backend of the process).
+fn local_cas_lock(id: &str, key: &str) -> &'static tokio::sync::Mutex<()> {
+    static LOCKS: [tokio::sync::Mutex<()>; 64] = [const { tokio::sync::Mutex::const_new(()) }; 64];
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (id, key).hash(&mut h);
+    &LOCKS[h.finish() as usize % LOCKS.len()]
 }
 
 /// A key S3 allows: 1 to 1,024 bytes, without a line break (S3 answers 400 for those).

@@ -222,8 +222,8 @@ pub async fn conditional_put(b: &Backend) {
     );
 }
 
-/// Puts pinned to a version (`If-Match`): refused over another, done over the one named. A local directory has
-/// none (`object_store`'s file store implements no conditional update): `Unsupported`, and nothing written.
+/// Puts pinned to a version (`If-Match`): refused over another, done over the one named, NotFound for a missing
+/// key (a local directory, whose file store has no conditional update, compares under Strata's own lock).
 pub async fn if_match_put(b: &Backend) {
     let c = ctx();
     b.put(
@@ -240,14 +240,6 @@ pub async fn if_match_put(b: &Backend) {
         .put(&c, "ifm/a.bin", Bytes::from_static(b"y"), stale)
         .await
         .unwrap_err();
-    if b.scheme() == "file" {
-        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-        assert_eq!(
-            b.get(&c, "ifm/a.bin").await.unwrap().1,
-            Bytes::from_static(b"x")
-        );
-        return;
-    }
     assert_eq!(e.kind(), ErrorKind::PreconditionFailed, "{e}");
     assert_eq!(
         b.get(&c, "ifm/a.bin").await.unwrap().1,
@@ -265,6 +257,18 @@ pub async fn if_match_put(b: &Backend) {
         b.get(&c, "ifm/a.bin").await.unwrap().1,
         Bytes::from_static(b"z")
     );
+    // As S3: If-Match on a key that does not exist is NotFound, not a failed precondition.
+    let e = b
+        .put(
+            &c,
+            "ifm/missing.bin",
+            Bytes::from_static(b"w"),
+            PutMode::IfMatch("\"0123456789abcdef\"".into()),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(b.head(&c, "ifm/missing.bin").await.is_err());
 }
 
 /// Listing: prefix, delimiter, pagination over more than one S3 page (1000 keys).

@@ -202,6 +202,8 @@ impl Gateway {
         let token = input
             .continuation_token
             .as_deref()
+            // An empty token is none (as S3 takes `continuation-token=`), echoed back as it came.
+            .filter(|t| !t.is_empty())
             .map(|t| self.token_decode(&input.bucket, &prefix, t))
             .transpose()?;
         let after = match (token, input.start_after.clone()) {
@@ -286,7 +288,8 @@ impl Gateway {
         }
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket),
-            prefix: Some(encode(url, input.prefix.unwrap_or_default())),
+            // S3 leaves V1's own Prefix as it was sent (botocore decodes it only for V2).
+            prefix: Some(input.prefix.unwrap_or_default()),
             delimiter: input
                 .delimiter
                 .filter(|d| !d.is_empty())

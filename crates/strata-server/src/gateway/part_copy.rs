@@ -151,10 +151,12 @@ fn copy_range(r: &str, size: u64) -> S3Result<(u64, u64)> {
         return Err(bad());
     }
     if last >= size {
-        return Err(s3_error!(
-            InvalidArgument,
-            "Range specified is not valid for source object of size: {size}"
-        ));
+        let mut e = S3Error::with_message(
+            S3ErrorCode::InvalidRange,
+            format!("Range specified is not valid for source object of size: {size}"),
+        );
+        e.set_status_code(http::StatusCode::BAD_REQUEST);
+        return Err(e);
     }
     Ok((first, last))
 }

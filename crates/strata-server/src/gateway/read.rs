@@ -383,9 +383,7 @@ impl Gateway {
         if wants(ObjectAttributes::CHECKSUM)
             && let Some(c) = &a.checksum
         {
-            // As S3: a composite checksum without its `-<parts>` suffix here.
-            let value = c.value.split('-').next().unwrap_or_default().to_string();
-            out.checksum = Some(checksum_dto(c.algorithm, value, Some(c.kind())));
+            out.checksum = Some(checksum_dto(c.algorithm, c.value.clone(), Some(c.kind())));
         }
         if wants(ObjectAttributes::OBJECT_PARTS) && !a.parts.is_empty() {
             let marker = input.part_number_marker.unwrap_or(0).max(0) as usize;

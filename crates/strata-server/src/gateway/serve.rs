@@ -253,25 +253,56 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
         let id = format!("{:016X}", rand::random::<u64>());
         if let Some((status, code, message)) = refusal {
             // Refused before s3s parses the request.
-            let body = format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{}</Message><RequestId>{id}</RequestId></Error>",
-                message
-                    .replace('&', "&amp;")
-                    .replace('<', "&lt;")
-                    .replace('>', "&gt;")
-            );
-            let mut resp = http::Response::builder()
-                .status(status)
-                .header(http::header::CONTENT_TYPE, "application/xml")
-                .header("x-amz-request-id", &id);
-            if has_body {
-                resp = resp.header(http::header::CONNECTION, "close");
+            let mut resp = refused(status, code, &message, &id);
+            if !has_body {
+                resp.headers_mut().remove(http::header::CONNECTION);
             }
-            let resp = resp.body(s3s::Body::from(body)).unwrap_or_default();
             return Box::pin(futures::future::ready(Ok(resp)));
         }
-        let fut =
-            super::REQUEST_ID.scope(id.clone(), hyper::service::Service::call(&self.inner, req));
+        // `Transfer-Encoding: chunked` without a length (curl -T -, a pipe), which S3 takes and s3s refuses:
+        // read whole, within a bound, and given its length.
+        let unsized_body = !req.headers().contains_key(http::header::CONTENT_LENGTH)
+            && req
+                .headers()
+                .get(http::header::TRANSFER_ENCODING)
+                .is_some_and(|v| {
+                    v.to_str()
+                        .is_ok_and(|v| v.to_ascii_lowercase().contains("chunked"))
+                })
+            && !req
+                .headers()
+                .get("x-amz-content-sha256")
+                .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
+        let inner = self.inner.clone();
+        let rid = id.clone();
+        let fut = super::REQUEST_ID.scope(id.clone(), async move {
+            if !unsized_body {
+                return inner.call(req.map(s3s::Body::from)).await;
+            }
+            let (mut parts, body) = req.into_parts();
+            let Ok(_permit) = UNSIZED_BODIES.acquire().await else {
+                return Ok(refused(http::StatusCode::SERVICE_UNAVAILABLE, "SlowDown", "Please reduce your request rate.", &rid));
+            };
+            match s3s::Body::from(body).store_all_limited(UNSIZED_BODY_MAX).await {
+                Ok(bytes) => {
+                    parts
+                        .headers
+                        .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(bytes.len()));
+                    inner
+                        .call(http::Request::from_parts(parts, s3s::Body::from(bytes)))
+                        .await
+                }
+                Err(_) => Ok(refused(
+                    http::StatusCode::PAYLOAD_TOO_LARGE,
+                    "EntityTooLarge",
+                    &format!(
+                        "a body sent without Content-Length is read whole first, and is at most {} MiB; send its Content-Length (or use a multipart upload)",
+                        UNSIZED_BODY_MAX >> 20
+                    ),
+                    &rid,
+                )),
+            }
+        });
         Box::pin(async move {
             let mut resp = fut.await?;
             if let Ok(v) = http::HeaderValue::from_str(&id) {
@@ -313,4 +344,27 @@ fn with_request_id(body: &[u8], id: &str) -> Option<String> {
         &text[..end],
         &text[end..]
     ))
+}
+
+/// The most of a body sent without a length (chunked) that the gateway reads before handing it on.
+const UNSIZED_BODY_MAX: usize = 64 * 1024 * 1024;
+/// How many such bodies are read at once (so at most 4 × 64 MiB are held).
+static UNSIZED_BODIES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+
+/// An S3 error answer made here, with the request's id, closing the connection (its body may be unread).
+fn refused(status: http::StatusCode, code: &str, message: &str, id: &str) -> s3s::HttpResponse {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{}</Message><RequestId>{id}</RequestId></Error>",
+        message
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    );
+    http::Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/xml")
+        .header("x-amz-request-id", id)
+        .header(http::header::CONNECTION, "close")
+        .body(s3s::Body::from(body))
+        .unwrap_or_default()
 }
