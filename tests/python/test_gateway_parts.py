@@ -371,3 +371,19 @@ def test_errors_s3s_answers_itself_carry_the_request_id(gateway):
     assert head.split()[1].startswith("4"), head
     rid = [line.split(":", 1)[1].strip() for line in head.splitlines() if line.lower().startswith("x-amz-request-id")]
     assert f"<RequestId>{rid[0]}</RequestId>" in body, body
+
+
+def test_copies_of_a_version_are_refused_not_copied_from_the_current_one(gateway):
+    s3 = gateway.client()
+    s3.put_object(Bucket="default", Key="ver/src", Body=b"current")
+    source = {"Bucket": "default", "Key": "ver/src", "VersionId": "v1"}
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket="default", Key="ver/dst", CopySource=source)
+    assert code_of(e.value) == ("NotImplemented", 501)
+    uid = s3.create_multipart_upload(Bucket="default", Key="ver/mp")["UploadId"]
+    with pytest.raises(ClientError) as e:
+        s3.upload_part_copy(Bucket="default", Key="ver/mp", UploadId=uid, PartNumber=1, CopySource=source)
+    assert code_of(e.value) == ("NotImplemented", 501)
+    s3.abort_multipart_upload(Bucket="default", Key="ver/mp", UploadId=uid)
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket="default", Key="ver/dst")

@@ -137,23 +137,28 @@ impl MultipartUpload {
         Ok(PutOutcome { etag, version })
     }
 
+    /// The upload's one I/O event, with how it ended.
+    fn emit_outcome<T>(&self, r: &Result<T>) {
+        let outcome = match r {
+            Ok(_) => Outcome::Ok,
+            Err(e) => Outcome::Err(e.kind()),
+        };
+        self.backend.emit(
+            &self.ctx,
+            Op::Put,
+            &self.key,
+            self.bytes,
+            self.start,
+            outcome,
+        );
+    }
+
     /// Upload the last part and make the object visible.
     pub async fn complete(mut self) -> Result<PutOutcome> {
         let what = format!("multipart PUT {}/{}", self.backend.inner.id, self.key);
         if self.wire.is_some() {
             let r = self.wire_complete().await;
-            let outcome = match &r {
-                Ok(_) => Outcome::Ok,
-                Err(e) => Outcome::Err(e.kind()),
-            };
-            self.backend.emit(
-                &self.ctx,
-                Op::Put,
-                &self.key,
-                self.bytes,
-                self.start,
-                outcome,
-            );
+            self.emit_outcome(&r);
             if r.is_err()
                 && let (Some(up), Some(w)) = (&self.wire, self.backend.inner.wire.as_ref())
                 && let Err(a) = w.abort(&self.key, &up.id, &what).await
@@ -179,18 +184,7 @@ impl MultipartUpload {
                 Err(cause)
             }
         };
-        let outcome = match &r {
-            Ok(_) => Outcome::Ok,
-            Err(e) => Outcome::Err(e.kind()),
-        };
-        self.backend.emit(
-            &self.ctx,
-            Op::Put,
-            &self.key,
-            self.bytes,
-            self.start,
-            outcome,
-        );
+        self.emit_outcome(&r);
         let r = r?;
         let mut etag = r.e_tag;
         if let Some((path, attrs)) = &self.local {

@@ -633,6 +633,16 @@ impl S3Wire {
         );
         headers.insert("x-amz-copy-source", header_value(&source, what)?);
         let resp = self.send(Method::PUT, Some(to), &[], headers, what).await?;
+        self.etag_answer(resp, what).await
+    }
+
+    /// The ETag and version of a CopyObject's or CompleteMultipartUpload's answer, which S3 may give as 200
+    /// with an error in the body: that is an error here, with its kind.
+    async fn etag_answer(
+        &self,
+        resp: http::Response<hyper::body::Incoming>,
+        what: &str,
+    ) -> Result<(Option<String>, Option<String>)> {
         let version = resp
             .headers()
             .get("x-amz-version-id")
@@ -642,18 +652,18 @@ impl S3Wire {
             .map_err(|e| e.context(what))?;
         #[derive(Deserialize, Default)]
         #[serde(rename_all = "PascalCase", default)]
-        struct CopyResult {
+        struct Answer {
             e_tag: Option<String>,
             code: Option<String>,
             message: Option<String>,
         }
-        let r: CopyResult = quick_xml::de::from_reader(&body[..]).unwrap_or_default();
+        let r: Answer = quick_xml::de::from_reader(&body[..]).unwrap_or_default();
         if let Some(code) = r.code {
             let kind = match code.as_str() {
-                "NoSuchKey" => ErrorKind::NotFound,
+                "NoSuchKey" | "NoSuchUpload" => ErrorKind::NotFound,
                 "PreconditionFailed" => ErrorKind::PreconditionFailed,
-                "SlowDown" | "ServiceUnavailable" | "InternalError" => ErrorKind::Unavailable,
-                _ => ErrorKind::Internal,
+                "InvalidPart" | "InvalidPartOrder" | "EntityTooSmall" => ErrorKind::InvalidInput,
+                _ => ErrorKind::Unavailable,
             };
             return Err(Error::new(
                 kind,
@@ -749,28 +759,7 @@ impl S3Wire {
                 what,
             )
             .await?;
-        let version = resp
-            .headers()
-            .get("x-amz-version-id")
-            .map(|v| header_text(v.as_bytes()));
-        let body = read_limited(resp.into_body(), ERROR_BODY_LIMIT, self.timeout)
-            .await
-            .map_err(|e| e.context(what))?;
-        #[derive(Deserialize, Default)]
-        #[serde(rename_all = "PascalCase", default)]
-        struct Done {
-            e_tag: Option<String>,
-            code: Option<String>,
-            message: Option<String>,
-        }
-        let r: Done = quick_xml::de::from_reader(&body[..]).unwrap_or_default();
-        if let Some(code) = r.code {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!("{what}: {code}: {}", r.message.unwrap_or_default()),
-            ));
-        }
-        Ok((r.e_tag, version))
+        self.etag_answer(resp, what).await
     }
 
     /// DELETE `key` (a missing key is deleted, as S3 says).

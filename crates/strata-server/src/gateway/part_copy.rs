@@ -2,6 +2,7 @@
 //! through the cache at the version its conditions saw and staged like any uploaded part.
 
 use super::checksums::*;
+use super::write::copy_source;
 use super::*;
 
 impl Gateway {
@@ -20,30 +21,15 @@ impl Gateway {
                 "server-side encryption with customer keys is not implemented by this gateway; the request was not carried out"
             ));
         }
-        let (src_bucket, src_key) = match &input.copy_source {
-            CopySource::Bucket {
-                bucket,
-                key,
-                version_id: None,
-            } => (bucket.to_string(), key.to_string()),
-            CopySource::Bucket { .. } => {
-                return Err(s3_error!(
-                    NotImplemented,
-                    "copy sources with a versionId are not implemented: buckets here are not versioned"
-                ));
-            }
-            _ => return Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
-        };
+        let (src_bucket, src_key) = copy_source(&input.copy_source)?;
         let info =
             self.owner_check(&input.upload_id, &input.bucket, &input.key, &who.access_key)?;
-        let src = self.backend(&src_bucket).await?;
-        check_read_key(&src, &src_key)?;
-        self.tenancy
-            .attribute(&src_bucket, &src_key, &who.caller, Role::Reader)
-            .await?;
-        let team = self
-            .tenancy
-            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+        let (src, team) = self
+            .copy_access(
+                &who.caller,
+                (&src_bucket, &src_key),
+                (&input.bucket, &input.key),
+            )
             .await?;
         // The source's conditions, as S3 weighs them: if-match over if-unmodified-since, if-none-match over
         // if-modified-since.

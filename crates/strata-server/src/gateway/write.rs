@@ -310,20 +310,15 @@ impl Gateway {
         let ctx = who.ctx.clone();
         let input = req.input;
         refuse_unimplemented!(input)?;
-        let (src_bucket, src_key) = match &input.copy_source {
-            CopySource::Bucket { bucket, key, .. } => (bucket.to_string(), key.to_string()),
-            _ => return Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
-        };
-        let src = self.backend(&src_bucket).await?;
-        check_read_key(&src, &src_key)?;
+        let (src_bucket, src_key) = copy_source(&input.copy_source)?;
         let dst = self.backend(&input.bucket).await?;
         check_write_key(&dst, &input.key)?;
-        self.tenancy
-            .attribute(&src_bucket, &src_key, &who.caller, Role::Reader)
-            .await?;
-        let team = self
-            .tenancy
-            .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
+        let (src, team) = self
+            .copy_access(
+                &who.caller,
+                (&src_bucket, &src_key),
+                (&input.bucket, &input.key),
+            )
             .await?;
         let meta = src.head(&ctx, &src_key).await.map_err(s3err)?;
         // `REPLACE` gives the copy the request's attributes; `COPY` (the default) keeps the source's.
@@ -411,6 +406,23 @@ impl Gateway {
     }
 }
 
+/// The bucket and key a copy reads (CopyObject, UploadPartCopy): a version id is refused, as nothing here is
+/// versioned (copying the current version instead would copy other bytes than asked for).
+pub(super) fn copy_source(c: &CopySource) -> S3Result<(String, String)> {
+    match c {
+        CopySource::Bucket {
+            bucket,
+            key,
+            version_id: None,
+        } => Ok((bucket.to_string(), key.to_string())),
+        CopySource::Bucket { .. } => Err(s3_error!(
+            NotImplemented,
+            "copy sources with a versionId are not implemented: buckets here are not versioned"
+        )),
+        _ => Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
+    }
+}
+
 /// A copy's attributes, as S3 gives them: the request's (`REPLACE`) or the source's, written in one piece
 /// (no part layout), with the source's checksum when it is of all the bytes (the copy's bytes are the same)
 /// and none when it was composite (it names parts the copy does not have).
@@ -423,6 +435,26 @@ fn copy_attrs(source: &ObjectMeta, replace: Option<ObjectAttrs>) -> ObjectAttrs 
 }
 
 impl Gateway {
+    /// Whether `caller` may read a copy's source and write its destination: the source's backend, and the
+    /// team the destination is charged to.
+    pub(super) async fn copy_access(
+        &self,
+        caller: &Caller,
+        (src_bucket, src_key): (&str, &str),
+        (dst_bucket, dst_key): (&str, &str),
+    ) -> S3Result<(Backend, Option<String>)> {
+        let src = self.backend(src_bucket).await?;
+        check_read_key(&src, src_key)?;
+        self.tenancy
+            .attribute(src_bucket, src_key, caller, Role::Reader)
+            .await?;
+        let team = self
+            .tenancy
+            .attribute(dst_bucket, dst_key, caller, Role::Member)
+            .await?;
+        Ok((src, team))
+    }
+
     /// The byte-moving half of CopyObject: server-side on S3 (S3's own copy, with the copy's attributes) and,
     /// keeping the source's attributes, within any other backend; otherwise through the cache, in one write
     /// up to 8 MiB (so the copy's ETag is its content's MD5, as S3's) and as a multipart upload beyond.
