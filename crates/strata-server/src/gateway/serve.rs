@@ -273,6 +273,12 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
                 .headers()
                 .get("x-amz-content-sha256")
                 .is_some_and(|v| v.as_bytes().starts_with(b"STREAMING-"));
+        // GetObjectAttributes: S3 sends the ETag there bare; s3s writes every ETag quoted.
+        let object_attributes = req.method() == http::Method::GET
+            && req.uri().query().is_some_and(|q| {
+                q.split('&')
+                    .any(|p| p == "attributes" || p.starts_with("attributes="))
+            });
         let inner = self.inner.clone();
         let rid = id.clone();
         let fut = super::REQUEST_ID.scope(id.clone(), async move {
@@ -311,6 +317,15 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ScopeChec
             // An error s3s answered before the request reached the gateway (a missing Content-Length, a
             // malformed header) carries the request id in its body too, as every other error.
             let failed = resp.status().is_client_error() || resp.status().is_server_error();
+            if object_attributes
+                && !failed
+                && let Some(b) = resp.body().bytes()
+                && let Ok(text) = std::str::from_utf8(&b)
+            {
+                let bare = bare_etags(text);
+                resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+                *resp.body_mut() = s3s::Body::from(bare);
+            }
             if failed
                 && let Some(b) = resp.body().bytes()
                 && let Some(with_id) = with_request_id(&b, &id)
@@ -367,4 +382,28 @@ fn refused(status: http::StatusCode, code: &str, message: &str, id: &str) -> s3s
         .header(http::header::CONNECTION, "close")
         .body(s3s::Body::from(body))
         .unwrap_or_default()
+}
+
+/// An XML answer with its `<ETag>` elements unquoted (`"abc"` or `&quot;abc&quot;` become `abc`).
+fn bare_etags(xml: &str) -> String {
+    let mut out = String::with_capacity(xml.len());
+    let mut rest = xml;
+    while let Some(i) = rest.find("<ETag>") {
+        let (head, tail) = rest.split_at(i + "<ETag>".len());
+        out.push_str(head);
+        let Some(end) = tail.find("</ETag>") else {
+            rest = tail;
+            break;
+        };
+        let v = &tail[..end];
+        let v = v
+            .strip_prefix("&quot;")
+            .and_then(|v| v.strip_suffix("&quot;"))
+            .or_else(|| v.strip_prefix('"').and_then(|v| v.strip_suffix('"')))
+            .unwrap_or(v);
+        out.push_str(v);
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
