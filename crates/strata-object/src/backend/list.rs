@@ -58,10 +58,9 @@ impl Backend {
         if self.inner.local_root.is_some() {
             return self
                 .observe(ctx, Op::List, prefix, |_| 0, async {
-                    let mut objects = self.local_list(prefix, &what).await?;
-                    if let Some(s) = start_after {
-                        objects.retain(|o| o.key.as_str() > s);
-                    }
+                    let objects = self
+                        .local_list(prefix, start_after, max_keys.saturating_add(1), &what)
+                        .await?;
                     Ok(page_of(objects, max_keys))
                 })
                 .await;
@@ -152,11 +151,10 @@ impl Backend {
         if self.inner.local_root.is_some() {
             return self
                 .observe(ctx, Op::List, start_after, |_| 0, async {
-                    let mut objects = self.local_list("", &what).await?;
-                    objects.retain(|m| {
-                        m.key.as_str() > start_after
-                            && end_before.is_none_or(|e| m.key.as_str() < e)
-                    });
+                    let mut objects = self
+                        .local_list("", Some(start_after), limit.saturating_add(1), &what)
+                        .await?;
+                    objects.retain(|m| end_before.is_none_or(|e| m.key.as_str() < e));
                     let complete = objects.len() <= limit;
                     objects.truncate(limit);
                     Ok(ListSpan { objects, complete })

@@ -114,11 +114,22 @@ impl Backend {
         serde_json::from_slice::<ObjectAttrs>(&json).ok()?.shared()
     }
 
-    /// Every object of a local directory whose key starts with `prefix`, in key order: the plain files under
-    /// the prefix's directory (when it can be a plain path) and the escaped keys ([`crate::localkeys`]); a key
-    /// found in both places is shown once.
-    pub(super) async fn local_list(&self, prefix: &str, what: &str) -> Result<Vec<ObjectMeta>> {
-        let mut out: std::collections::BTreeMap<String, ObjectMeta> = Default::default();
+    /// The objects of a local directory whose key starts with `prefix`, after `start_after`, in key order,
+    /// at most `limit`: the plain files under the prefix's directory (when it can be a plain path) and the
+    /// escaped keys ([`crate::localkeys`]); a key found in both places is shown once. The walk skips what
+    /// lies at or before `start_after` without a `stat` (the file store's offset listing), and the ETags
+    /// (an extended attribute each) are read for the entries returned only.
+    pub(super) async fn local_list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+        what: &str,
+    ) -> Result<Vec<ObjectMeta>> {
+        // Each entry with the store path of its plain file (its ETag still to be read), or none (escaped).
+        let mut out: std::collections::BTreeMap<String, (ObjectMeta, Option<Path>)> =
+            Default::default();
+        let after = |k: &str| start_after.is_none_or(|s| k > s);
         if local_dir_walkable(prefix) {
             let dir = match prefix.rfind('/') {
                 Some(i) if i > 0 => Some(
@@ -126,24 +137,37 @@ impl Backend {
                 ),
                 _ => None,
             };
-            let mut stream = self.inner.store.list(dir.as_ref());
+            let mut stream = match start_after.and_then(super::list::offset_path) {
+                Some(s) => self.inner.store.list_with_offset(dir.as_ref(), &s),
+                None => self.inner.store.list(dir.as_ref()),
+            };
             let escape = format!("{}/", crate::localkeys::ESCAPE_DIR);
             while let Some(m) = stream.next().await {
                 let m = m.map_err(|e| classify(e, what))?;
                 let loc = m.location.as_ref();
-                if loc.starts_with(&escape) || !loc.starts_with(prefix) {
+                if loc.starts_with(&escape) || !loc.starts_with(prefix) || !after(loc) {
                     continue;
                 }
                 let location = m.location.clone();
-                let mut meta = convert_meta(m);
-                self.show_local_etag(&location, &mut meta);
-                out.insert(meta.key.clone(), meta);
+                let meta = convert_meta(m);
+                out.insert(meta.key.clone(), (meta, Some(location)));
             }
         }
         for m in self.local_escaped(prefix, what).await? {
-            out.entry(m.key.clone()).or_insert(m);
+            if after(&m.key) {
+                out.entry(m.key.clone()).or_insert((m, None));
+            }
         }
-        Ok(out.into_values().collect())
+        Ok(out
+            .into_values()
+            .take(limit)
+            .map(|(mut meta, plain)| {
+                if let Some(location) = plain {
+                    self.show_local_etag(&location, &mut meta);
+                }
+                meta
+            })
+            .collect())
     }
 
     /// The escaped keys of a local directory that start with `prefix` (none, at no cost, while there are none).

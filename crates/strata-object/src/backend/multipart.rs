@@ -108,6 +108,13 @@ impl MultipartUpload {
     /// no hash): the gateway gives S3's multipart form. Without it, the content's MD5.
     pub fn set_etag(&mut self, etag: impl Into<String>) {
         self.etag = Some(etag.into());
+        self.md5 = None;
+    }
+
+    /// The caller names the ETag ([`Self::set_etag`]) before [`Self::complete`], having hashed the bytes
+    /// itself: the upload does not hash them again.
+    pub fn defer_etag(&mut self) {
+        self.md5 = None;
     }
 
     /// The attributes a local directory keeps with the object once complete (it takes them then, so what is

@@ -61,7 +61,9 @@ impl Gateway {
             let want = if delimiter.is_some_and(|d| !d.is_empty()) {
                 usize::MAX
             } else {
-                (max + 1 - objects.len() - prefixes.len()).clamp(1, 1000)
+                // (1,001 at most: a full page and the one entry that says whether another follows, in one
+                // backend listing)
+                (max + 1 - objects.len() - prefixes.len()).clamp(1, 1001)
             };
             let (o, p, next) = self
                 .list(ctx, backend, prefix, delimiter, pos.as_deref(), want)

@@ -55,6 +55,8 @@ impl Gateway {
                         .put_multipart_with(ctx, key, BACKEND_PART, &attrs)
                         .await
                         .map_err(s3err)?;
+                    // The body's MD5 is the check's (the ETag where the backend takes one).
+                    up.defer_etag();
                     for b in buf.drain(..) {
                         up.write(b).await.map_err(s3err)?;
                     }
@@ -78,6 +80,7 @@ impl Gateway {
                     attrs.checksum = Some(stored_full(*alg, v.clone()));
                     up.set_local_attrs(&attrs);
                 }
+                up.set_etag(verified.md5.clone());
                 Ok((up.complete().await.map_err(s3err)?.etag, received, verified))
             }
             None => {
@@ -92,7 +95,14 @@ impl Gateway {
                 }
                 Ok((
                     backend
-                        .put_with(ctx, key, Bytes::from(all), mode, &attrs)
+                        .put_with_etag(
+                            ctx,
+                            key,
+                            Bytes::from(all),
+                            mode,
+                            &attrs,
+                            Some(verified.md5.clone()),
+                        )
                         .await
                         .map_err(s3err)?
                         .etag,
