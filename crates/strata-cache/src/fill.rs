@@ -203,32 +203,49 @@ impl BlockCache {
         // Readahead's budget is held by the reader's prefetch buffer until the block is consumed.
         let _permit = match (permit, mode) {
             (Some(p), _) => Some(p),
-            (None, FillMode::Readahead) => None,
-            (None, _) => Some(
+            (None, FillMode::Readahead | FillMode::Peer) => None,
+            (None, FillMode::Warm) => Some(
                 self.acquire_budget(units(end - start))
                     .await
                     .ok_or_else(|| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?,
             ),
         };
-        // Mid-stream failures (a reset connection) retry the whole run under the backend's retry policy;
-        // blocks completed before the failure are already cached and correct (the ETag is pinned).
-        let policy = obj.backend.retry_policy();
-        let c = &self.inner.counters;
-        let mut attempt = 0u32;
-        let r = loop {
-            match self
-                .receive_run(ctx, obj, keys, start..end, mode, done, given.take())
-                .await
-            {
-                Ok(()) => break Ok(()),
-                Err(e) if e.is_retryable() && attempt < policy.max_retries => {
-                    attempt += 1;
-                    self.inner.telemetry.record_retry(Op::Get, e.kind());
-                    tokio::time::sleep(policy.backoff(attempt)).await;
+        // In a cluster the blocks other agents own are asked of them while this agent's own runs are read from
+        // the origin; a block no peer served is read from the origin after them.
+        let peers = match (given.is_none(), mode, self.peers()) {
+            (true, FillMode::Readahead | FillMode::Warm, Some(p)) => Some(p),
+            _ => None,
+        };
+        let r = match peers {
+            None => {
+                self.origin_runs(ctx, obj, keys, mode, done, given.take(), None)
+                    .await
+            }
+            Some(peers) => {
+                let local: Vec<bool> = keys.iter().map(|(k, _)| peers.is_local(k)).collect();
+                let asked: Vec<_> = (0..keys.len())
+                    .filter(|&i| !local[i])
+                    .map(|i| (i, done[i].take()))
+                    .collect();
+                let (left, r) = futures::join!(
+                    self.fill_from_peers(ctx, obj, keys, mode, asked, peers),
+                    self.origin_runs(ctx, obj, keys, mode, done, None, Some(&local)),
+                );
+                let mut rest = vec![false; keys.len()];
+                for (i, tx) in left {
+                    rest[i] = true;
+                    done[i] = tx;
                 }
-                Err(e) => break Err(e),
+                match r {
+                    Ok(()) => {
+                        self.origin_runs(ctx, obj, keys, mode, done, None, Some(&rest))
+                            .await
+                    }
+                    Err(e) => Err(e),
+                }
             }
         };
+        let c = &self.inner.counters;
         match r {
             // Counted by `receive_run` before the last block goes to its readers.
             Ok(()) => Ok(()),
@@ -248,6 +265,73 @@ impl BlockCache {
                     )));
                 }
                 Err(e)
+            }
+        }
+    }
+
+    /// Read the blocks of `keys` that `only` selects (all without it) from the origin, one request per run of
+    /// consecutive ones; the first failure ends it.
+    #[allow(clippy::too_many_arguments)]
+    async fn origin_runs(
+        &self,
+        ctx: &IoContext,
+        obj: &ObjState,
+        keys: &[(BlockKey, Digest)],
+        mode: FillMode,
+        done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
+        mut given: Option<ByteStream>,
+        only: Option<&[bool]>,
+    ) -> Result<()> {
+        let pick = |i: usize| only.is_none_or(|o| o[i]);
+        let mut i = 0;
+        while i < keys.len() {
+            if !pick(i) {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < keys.len() && pick(j) {
+                j += 1;
+            }
+            self.origin_run(ctx, obj, &keys[i..j], mode, &mut done[i..j], given.take())
+                .await?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// One backend request for a run of consecutive blocks. Mid-stream failures (a reset connection) retry the
+    /// whole run under the backend's retry policy; blocks completed before the failure are already cached and
+    /// correct (the ETag is pinned).
+    async fn origin_run(
+        &self,
+        ctx: &IoContext,
+        obj: &ObjState,
+        keys: &[(BlockKey, Digest)],
+        mode: FillMode,
+        done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
+        mut given: Option<ByteStream>,
+    ) -> Result<()> {
+        let bs = self.inner.cfg.block_size.bytes();
+        let (Some((first, _)), Some((last, _))) = (keys.first(), keys.last()) else {
+            return Ok(());
+        };
+        let start = first.index * bs;
+        let end = ((last.index + 1) * bs).min(obj.meta.size);
+        let policy = obj.backend.retry_policy();
+        let mut attempt = 0u32;
+        loop {
+            match self
+                .receive_run(ctx, obj, keys, start..end, mode, done, given.take())
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_retryable() && attempt < policy.max_retries => {
+                    attempt += 1;
+                    self.inner.telemetry.record_retry(Op::Get, e.kind());
+                    tokio::time::sleep(policy.backoff(attempt)).await;
+                }
+                Err(e) => return Err(e),
             }
         }
     }

@@ -96,6 +96,7 @@ pub mod disk;
 mod fill;
 mod get;
 mod meta;
+mod peer;
 pub mod policy;
 mod pool;
 mod prelude;
@@ -120,6 +121,7 @@ pub use config::{
     LOCAL_METADATA_TTL_MAX_MS,
 };
 pub use get::{ByteRange, ETagMatch, GetBody, GetOptions, GetResult, plain_etag};
+pub use peer::{PeerBlock, PeerSource};
 pub use policy::PolicyKind;
 pub use state::{BlockCache, PinSpec};
 pub use stats::{CacheStats, DiskFaults, TierStats};
@@ -189,6 +191,7 @@ impl BlockCache {
             meta: Mutex::new(MetaMap::default()),
             refreshes: Arc::new(Semaphore::new(META_REFRESH_MAX)),
             staged: Mutex::new(Default::default()),
+            peers: std::sync::OnceLock::new(),
         });
         if let Some(disk) = &inner.disk {
             for p in &pins {

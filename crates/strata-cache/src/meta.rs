@@ -103,7 +103,8 @@ impl BlockCache {
         }
         // Known before but expired: the blocks are probably cached, so revalidate with a HEAD instead of
         // reading the data again.
-        if self.known_meta(backend, key) {
+        // In a cluster the first blocks may be another agent's to read from the origin: a HEAD, then blocks.
+        if self.known_meta(backend, key) || self.peers().is_some() {
             return self.open_object(ctx, backend, key).await;
         }
         let cfg = &self.inner.cfg;

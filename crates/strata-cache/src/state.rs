@@ -59,6 +59,11 @@ pub(crate) struct Counters {
     pub(crate) writes_dropped: AtomicU64,
     pub(crate) meta_refreshes: AtomicU64,
     pub(crate) meta_refresh_lists: AtomicU64,
+    /// Blocks (and their bytes) that peers served to this agent's fills, and that this agent served to peers.
+    pub(crate) peer_blocks: AtomicU64,
+    pub(crate) peer_bytes: AtomicU64,
+    pub(crate) peer_served: AtomicU64,
+    pub(crate) peer_served_bytes: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -85,6 +90,9 @@ pub(crate) enum FillMode {
     Readahead,
     /// Explicit warm-up: wait for budget; forced disk admission; wait for the disk write.
     Warm,
+    /// A block another agent asked for ([`crate::peer`]): as `Readahead`, but read from the origin only,
+    /// never asked of a peer in turn.
+    Peer,
 }
 
 pub(crate) struct Inner {
@@ -109,6 +117,8 @@ pub(crate) struct Inner {
     pub(crate) refreshes: Arc<Semaphore>,
     /// Blocks fetched for prefetch hints, held until read (`stage.rs`).
     pub(crate) staged: Mutex<crate::stage::Staged>,
+    /// The other agents of the cluster, once the cache has joined one ([`crate::peer`]).
+    pub(crate) peers: std::sync::OnceLock<Arc<dyn crate::peer::PeerSource>>,
 }
 
 /// Object metadata by backend id, then key: looked up by `&str`, so a hit allocates nothing.

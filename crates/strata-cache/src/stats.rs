@@ -94,6 +94,18 @@ pub struct CacheStats {
     pub stale_version_errors: u64,
     /// Fills that failed at the backend.
     pub fill_errors: u64,
+    /// Blocks other agents of the cluster served to this agent's fills (none read from the origin here).
+    #[serde(default)]
+    pub peer_blocks: u64,
+    /// Bytes of those blocks.
+    #[serde(default)]
+    pub peer_bytes: u64,
+    /// Blocks this agent served to other agents of the cluster.
+    #[serde(default)]
+    pub served_to_peers: u64,
+    /// Bytes of those blocks.
+    #[serde(default)]
+    pub served_to_peers_bytes: u64,
     /// Object metadata refreshed in the background before its TTL ran out (refresh-ahead), by a HEAD or
     /// confirmed by a listing of its directory.
     pub metadata_refreshes: u64,
@@ -200,6 +212,10 @@ impl BlockCache {
             staged_reclaimed: ld(&c.hints_reclaimed),
             stale_version_errors: ld(&c.stale),
             fill_errors: ld(&c.fill_errors),
+            peer_blocks: ld(&c.peer_blocks),
+            peer_bytes: ld(&c.peer_bytes),
+            served_to_peers: ld(&c.peer_served),
+            served_to_peers_bytes: ld(&c.peer_served_bytes),
             metadata_refreshes: ld(&c.meta_refreshes),
             metadata_refresh_lists: ld(&c.meta_refresh_lists),
             inflight_budget_bytes: self.inner.budget_units * UNIT,

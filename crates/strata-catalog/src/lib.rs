@@ -27,6 +27,7 @@ pub mod access;
 pub mod buckets;
 pub mod inventory;
 pub mod lifecycle;
+pub mod members;
 pub mod quota;
 pub mod secrets;
 

@@ -1,6 +1,7 @@
 //! `strata`: run the Strata node agent and operate its cache.
 
 mod admin;
+mod cluster;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,6 +40,9 @@ enum Command {
     /// Inspect and steer a running agent's cache.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// The shared cache of a cluster of agents: its members, their state and share of blocks.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Check configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -289,6 +293,19 @@ struct ApiArgs {
 }
 
 #[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Members of the shared cache as the local agent sees them (address, weight, share of blocks, up or
+    /// suspect), and its peer counters: origin bytes, bytes from and to peers, peer errors.
+    Status {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum CacheCommand {
     /// Show cache statistics: capacity, usage, hits and misses per tier, faults.
     Stats {
@@ -411,6 +428,7 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Cache(c) => cache(c).await,
+        Command::Cluster(ClusterCommand::Status { json, api }) => cluster::status(&api, json).await,
         Command::Team { cmd: c, out } => admin::team::run(c, out).await,
         Command::Token { cmd: c, out } => admin::token::run(c, out).await,
         Command::Quota { cmd: c, out } => admin::quota::run(c, out).await,
@@ -635,6 +653,17 @@ fn print_stats(s: &serde_json::Value) {
         n(&s["single_flight_joins"]),
         n(&s["readahead_blocks"])
     );
+    let (peer, fills) = (n(&s["peer_blocks"]), n(&s["fills"]));
+    if peer + n(&s["served_to_peers"]) > 0 {
+        println!(
+            "peers: {} blocks ({}) from peers, peer hit ratio {:.3}   {} blocks ({}) served to peers",
+            peer,
+            human(n(&s["peer_bytes"])),
+            peer as f64 / (peer + fills).max(1) as f64,
+            n(&s["served_to_peers"]),
+            human(n(&s["served_to_peers_bytes"]))
+        );
+    }
     let f = &s["disk_faults"];
     println!(
         "disk faults: checksum {}  read {}  write {}  no-space {}  queue-full {}  removed at start {}",

@@ -45,6 +45,36 @@ pub struct ClusterSection {
     /// A file holding the cluster secret (`STRATA_CLUSTER_SECRET` wins). Without one, agents do not accept
     /// one another's calls and handed-over saves cannot replicate to peers.
     pub secret_file: Option<PathBuf>,
+    /// Share the block cache with the other agents ([`crate::cluster`]): who the members are. Default `off`.
+    pub cache: CacheSharing,
+    /// This agent's address as the other agents reach it (`host:port` or `http://host:port`). Default:
+    /// `http://<api listen>` (with `cache = "slurm"`: `http://<host name>:<slurm_port>`).
+    pub advertise: Option<String>,
+    /// `cache = "slurm"`: the port of the agent on every node of the job. Default: this agent's API port.
+    pub slurm_port: Option<u16>,
+    /// `cache = "catalog"`: seconds between heartbeats. Default 2.
+    pub heartbeat_secs: Option<u64>,
+    /// `cache = "catalog"`: an agent is a member while its last heartbeat is younger than this. Default 10.
+    pub member_ttl_secs: Option<u64>,
+    /// Longest a peer may take to answer a block request before the next owner or the origin is tried, in
+    /// milliseconds (connecting: at most 1 s of it). Default 10000.
+    pub peer_timeout_ms: Option<u64>,
+}
+
+/// Where the members of a shared cache come from (`[cluster] cache`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheSharing {
+    /// Every agent caches for itself.
+    #[default]
+    Off,
+    /// The agents of `[cluster] peers`, with equal weights.
+    Static,
+    /// The agents registered in the shared catalog (PostgreSQL), live while they heartbeat, weighted by their
+    /// cache capacity.
+    Catalog,
+    /// The nodes of this process's Slurm job (`SLURM_JOB_NODELIST`), with equal weights.
+    Slurm,
 }
 
 /// `[catalog]`
@@ -318,6 +348,8 @@ pub struct Resolved {
     pub cluster_secret: Option<String>,
     /// The catalog key from [`Overrides::catalog_key`]; `None`: `<data_dir>/catalog.key`.
     pub catalog_key: Option<String>,
+    /// The shared cache, when `[cluster] cache` is not `off`.
+    pub sharing: Option<crate::cluster::Sharing>,
 }
 
 impl Config {
@@ -544,6 +576,13 @@ impl Config {
             .iter()
             .map(|p| normalize_peer(p))
             .collect::<Result<Vec<_>>>()?;
+        let sharing = crate::cluster::Sharing::resolve(
+            &self.cluster,
+            &peers,
+            api_listen,
+            cluster_secret.is_some(),
+            &catalog_url,
+        )?;
         let mut s3_keys = self.gateway.keys.clone();
         if let Some((ak, sk)) = &o.root_key {
             if ak.is_empty() || sk.is_empty() {
@@ -563,6 +602,7 @@ impl Config {
             catalog_key: o.catalog_key.clone().filter(|k| !k.trim().is_empty()),
             peers,
             cluster_secret,
+            sharing,
             catalog_url,
             catalog: self.catalog.clone(),
             s3_listen,

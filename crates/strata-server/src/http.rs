@@ -92,6 +92,8 @@ pub enum Access {
     /// The role in the caller's own team, whose resources (replicas, handed-over saves) are the only ones it
     /// names.
     OwnTeam(strata_catalog::Role),
+    /// Other agents of the cluster only, with the cluster credential; no token, not even an administrator's.
+    Cluster,
 }
 
 impl Access {
@@ -105,6 +107,7 @@ impl Access {
             Access::Owner(r) => ("owner", Some(r)),
             Access::Location(r) => ("location", Some(r)),
             Access::OwnTeam(r) => ("own_team", Some(r)),
+            Access::Cluster => ("cluster", None),
         };
         match role {
             Some(r) => serde_json::json!({"rule": rule, "role": r.as_str()}),

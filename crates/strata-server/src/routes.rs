@@ -26,6 +26,7 @@ pub fn table() -> Vec<Route> {
     )];
     t.extend(crate::api::routes());
     t.extend(crate::peer::routes());
+    t.extend(crate::cluster::routes::routes());
     t.extend(crate::control::routes());
     t
 }

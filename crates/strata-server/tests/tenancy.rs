@@ -341,6 +341,7 @@ fn allowed(rule: &Value, who: Who) -> bool {
     let need = rule["role"].as_str().map(rank);
     match (kind, who) {
         ("public", _) => true,
+        ("cluster", _) => false,
         (_, Who::None | Who::Forged) => false,
         (_, Who::Admin) => true,
         ("any", _) => true,

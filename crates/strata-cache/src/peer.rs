@@ -1,0 +1,180 @@
+//! The peer tier: a block this agent's tiers miss is asked of the agent of the cluster that owns it before the
+//! origin, so a block is read from the origin once per cluster however many agents want it.
+//!
+//! The cache knows the cluster only through a [`PeerSource`] (placement, membership, the peer API and its
+//! failure handling live in the server): for each block of a fill it asks whether the block is this agent's
+//! own ([`PeerSource::is_local`]: fill it from the origin here, with the single-flight every fill has) or
+//! another's ([`PeerSource::fetch`]: the owner's bytes, verified, or nothing when every owner ahead of this
+//! agent failed). A fill's run is split accordingly: the blocks asked of peers and the runs of this agent's own
+//! blocks go at once, each block handed to its readers as it arrives; a block no peer served joins the origin
+//! requests after them. Peer blocks are admitted into RAM and disk like any fill's (warm-ups: forced, and
+//! reported once on disk).
+//!
+//! An agent serving a peer ([`BlockCache::serve_peer`]) answers from its tiers, else fills the block from the
+//! origin itself (joining a fill in flight), and never asks a peer in turn: a block request makes at most one
+//! hop, so agents whose views of the cluster differ for a moment cannot send a request around in a loop.
+//!
+//! With a peer source an object this agent has not seen is opened with a HEAD instead of a GET of its first
+//! blocks: those blocks may be another agent's to read from the origin.
+
+use crate::prelude::*;
+use crate::state::*;
+
+/// A block of one object version asked of the cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerBlock<'a> {
+    /// Who the read is for (its principal, team and job travel with the request).
+    pub ctx: &'a IoContext,
+    /// The backend the object is in.
+    pub backend: &'a Backend,
+    /// The object version, as this agent opened it.
+    pub meta: &'a ObjectMeta,
+    /// The block (its object id names the version).
+    pub key: &'a BlockKey,
+    /// The block's length in bytes (the last block of an object is shorter).
+    pub len: u64,
+    /// The cache's block size (every agent of a cluster must have the same).
+    pub block_size: u64,
+}
+
+/// The other agents of the cluster, as the cache sees them.
+pub trait PeerSource: Send + Sync + std::fmt::Debug {
+    /// Whether the block is this agent's to fill from the origin (no I/O: placement over the current view).
+    fn is_local(&self, key: &BlockKey) -> bool;
+    /// The block from the agents that own it, in order, verified and exactly `block.len` bytes; `None` when
+    /// this agent should read it from the origin (it comes first among the owners still trusted, or every
+    /// owner ahead of it failed). Never fails a read: errors are the source's to count and remember.
+    fn fetch<'a>(&'a self, block: PeerBlock<'a>) -> BoxFuture<'a, Option<Bytes>>;
+}
+
+impl BlockCache {
+    /// Join the cache to a cluster: from now on fills ask `peers` for the blocks other agents own. Once per
+    /// cache; a second call is refused.
+    pub fn set_peers(&self, peers: Arc<dyn PeerSource>) -> Result<()> {
+        self.inner
+            .peers
+            .set(peers)
+            .map_err(|_| Error::internal("the cache already has a peer source"))
+    }
+
+    pub(crate) fn peers(&self) -> Option<&Arc<dyn PeerSource>> {
+        self.inner.peers.get()
+    }
+
+    /// A block of `meta`'s version for another agent: from a tier, else (with `fill`) read from the origin
+    /// here, joining a fill already in flight; never asked of a peer. `Ok(None)`: not held and `fill` is
+    /// false (a new owner asking the one before it whether it still holds the block). The version is the one
+    /// asked for: the origin read carries `If-Match` of its ETag, so a changed object fails with
+    /// `PreconditionFailed` instead of serving other bytes.
+    pub async fn serve_peer(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        meta: ObjectMeta,
+        index: u64,
+        fill: bool,
+    ) -> Result<Option<Bytes>> {
+        let bs = self.inner.cfg.block_size.bytes();
+        if index.saturating_mul(bs) >= meta.size {
+            return Err(Error::invalid_input(format!(
+                "block {index} is past the end of {} ({} bytes)",
+                meta.key, meta.size
+            )));
+        }
+        let obj = Arc::new(ObjState::new(backend, meta));
+        let key = BlockKey::new(obj.id.clone(), index);
+        let d = key.digest();
+        let b = match self.lookup(ctx, &key, &d).await {
+            Some(b) => b,
+            None if !fill => return Ok(None),
+            None => {
+                let len = ((index + 1) * bs).min(obj.meta.size) - index * bs;
+                let permit = self
+                    .inner
+                    .budget
+                    .clone()
+                    .try_acquire_many_owned(units(len))
+                    .ok();
+                let b = self.fetch(ctx, &obj, index, FillMode::Peer, permit).await?;
+                self.inner
+                    .counters
+                    .miss_bytes
+                    .fetch_add(b.len() as u64, Ordering::Relaxed);
+                b
+            }
+        };
+        let c = &self.inner.counters;
+        c.peer_served.fetch_add(1, Ordering::Relaxed);
+        c.peer_served_bytes
+            .fetch_add(b.len() as u64, Ordering::Relaxed);
+        Ok(Some(b))
+    }
+
+    /// Ask the peers for the blocks of a run that other agents own, all at once, handing each to its readers
+    /// (and the tiers) as it arrives. Returns the indices (into `keys`) of the blocks to read from the origin
+    /// with their senders back in `done`.
+    pub(crate) async fn fill_from_peers(
+        &self,
+        ctx: &IoContext,
+        obj: &ObjState,
+        keys: &[(BlockKey, Digest)],
+        mode: FillMode,
+        asked: Vec<(usize, Option<oneshot::Sender<Result<Bytes>>>)>,
+        peers: &Arc<dyn PeerSource>,
+    ) -> Vec<(usize, Option<oneshot::Sender<Result<Bytes>>>)> {
+        let bs = self.inner.cfg.block_size.bytes();
+        let mut pending = futures::stream::FuturesUnordered::new();
+        for (i, tx) in asked {
+            let key = &keys[i].0;
+            let len = ((key.index + 1) * bs).min(obj.meta.size) - key.index * bs;
+            let ask = PeerBlock {
+                ctx,
+                backend: &obj.backend,
+                meta: &obj.meta,
+                key,
+                len,
+                block_size: bs,
+            };
+            let start = Instant::now();
+            pending.push(peers.fetch(ask).map(move |r| (i, tx, len, r, start)));
+        }
+        let mut left = Vec::new();
+        while let Some((i, tx, len, r, start)) = pending.next().await {
+            let b = match r {
+                Some(b) if b.len() as u64 == len => b,
+                _ => {
+                    left.push((i, tx));
+                    continue;
+                }
+            };
+            let (key, d) = &keys[i];
+            self.insert_ram(
+                key,
+                *d,
+                &b,
+                mode == FillMode::Warm && self.inner.disk.is_none(),
+            );
+            if let Some(written) = self.store_disk(key, *d, &b, mode).await {
+                let _ = written.await;
+            }
+            let c = &self.inner.counters;
+            c.peer_blocks.fetch_add(1, Ordering::Relaxed);
+            c.peer_bytes.fetch_add(len, Ordering::Relaxed);
+            self.inner.telemetry.emit(IoEvent {
+                at: SystemTime::now(),
+                op: Op::Get,
+                backend: obj.id.backend.clone(),
+                key: obj.id.key.clone(),
+                bytes: len,
+                latency: start.elapsed(),
+                tier: Tier::Peer,
+                outcome: Outcome::Ok,
+                ctx: ctx.clone(),
+            });
+            if let Some(tx) = tx {
+                let _ = tx.send(Ok(b));
+            }
+        }
+        left
+    }
+}

@@ -1,0 +1,125 @@
+//! Asking another agent for a block: `GET /v1/peer/blocks` with the cluster credential, the object version
+//! and the block, and the principal, team and job the read is for. The answer is checked before it is used:
+//! its length must be the block's and its BLAKE3 the one the owner sent in `x-strata-blake3`; a mismatch is
+//! [`ErrorKind::Corrupt`] and the bytes are dropped.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use strata_cache::PeerBlock;
+use strata_client::reqwest;
+use strata_types::{Error, ErrorKind, Result};
+
+/// The header carrying the BLAKE3 (hex) of a served block.
+pub const BLOCK_HASH_HEADER: &str = "x-strata-blake3";
+/// The header naming the principal a peer read is for.
+pub const PRINCIPAL_HEADER: &str = "x-strata-principal";
+/// The header naming the job a peer read is for.
+pub const JOB_HEADER: &str = "x-strata-job";
+
+/// Whether an error kind is the peer declining the request (it is well, and would refuse it again), not the
+/// peer failing: such answers do not make it suspect.
+pub fn is_refusal(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::PermissionDenied
+            | ErrorKind::Unauthenticated
+            | ErrorKind::InvalidInput
+            | ErrorKind::NotFound
+            | ErrorKind::PreconditionFailed
+            | ErrorKind::Unsupported
+    )
+}
+
+/// The HTTP client of the peer path (one connection pool for every peer).
+#[derive(Debug)]
+pub struct PeerClient {
+    http: reqwest::Client,
+    secret: String,
+}
+
+impl PeerClient {
+    /// A client presenting `secret`, giving each request at most `timeout` (connecting: at most 1 s).
+    pub fn new(secret: String, timeout: Duration) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(timeout.min(Duration::from_secs(1)))
+            .timeout(timeout)
+            .pool_max_idle_per_host(32)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| Error::internal(format!("building the peer HTTP client: {e}")))?;
+        Ok(Self { http, secret })
+    }
+
+    /// The block from `peer`: `Ok(None)` when `fill` is false and the peer does not hold it.
+    pub async fn block(&self, peer: &str, b: &PeerBlock<'_>, fill: bool) -> Result<Option<Bytes>> {
+        let meta = b.meta;
+        let mut q: Vec<(&str, String)> = vec![
+            ("backend", b.key.object.backend.to_string()),
+            ("key", meta.key.clone()),
+            ("size", meta.size.to_string()),
+            ("mtime", meta.last_modified_unix.to_string()),
+            ("index", b.key.index.to_string()),
+            ("block_size", b.block_size.to_string()),
+            ("fill", if fill { "1" } else { "0" }.to_string()),
+        ];
+        if let Some(e) = &meta.etag {
+            q.push(("etag", e.clone()));
+        }
+        if let Some(v) = &meta.version {
+            q.push(("version", v.clone()));
+        }
+        let url = reqwest::Url::parse_with_params(&format!("{peer}/v1/peer/blocks"), &q)
+            .map_err(|e| Error::invalid_input(format!("peer URL {peer}: {e}")))?;
+        let mut req = self
+            .http
+            .get(url)
+            .header(strata_client::CLUSTER_KEY_HEADER, &self.secret);
+        if let Some(t) = &b.ctx.team {
+            req = req.header(strata_client::CLUSTER_TEAM_HEADER, t.as_ref());
+        }
+        if let Some(p) = &b.ctx.principal {
+            req = req.header(PRINCIPAL_HEADER, p.as_ref());
+        }
+        if let Some(j) = &b.ctx.job {
+            req = req.header(JOB_HEADER, j.as_ref());
+        }
+        let what = "block request";
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| strata_client::transport(peer, what, e))?;
+        let status = resp.status().as_u16();
+        if status != 200 {
+            let body = resp.bytes().await.unwrap_or_default();
+            let e = strata_client::wire::error_from_response(status, &body);
+            if !fill && e.kind() == ErrorKind::NotFound {
+                return Ok(None);
+            }
+            return Err(e.context(format!("{peer}: block {} of {}", b.key.index, meta.key)));
+        }
+        let want = resp
+            .headers()
+            .get(BLOCK_HASH_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| blake3::Hash::from_hex(v).ok());
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| strata_client::transport(peer, what, e))?;
+        let bad = |why: String| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("{peer}: block {} of {}: {why}", b.key.index, meta.key),
+            )
+        };
+        if body.len() as u64 != b.len {
+            return Err(bad(format!("{} bytes, expected {}", body.len(), b.len)));
+        }
+        match want {
+            Some(h) if blake3::hash(&body) == h => Ok(Some(body)),
+            Some(_) => Err(bad("the bytes do not match their BLAKE3".into())),
+            None => Err(bad(format!("no {BLOCK_HASH_HEADER} header"))),
+        }
+    }
+}

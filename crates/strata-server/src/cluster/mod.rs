@@ -1,0 +1,473 @@
+//! The shared cache: the agents of a cluster cache one copy of each block between them.
+//!
+//! - **Members** come from `[cluster] cache` ([`Sharing`]): the static `peers` list, the agents heartbeating
+//!   in the shared catalog ([`members`]), or the nodes of the Slurm job. The view is re-read every second;
+//!   a changed view applies at once, without a restart, and the one before it is kept for [`MOVE_GRACE`].
+//! - **Placement**: a block's owners are the members in weighted-rendezvous order of its digest
+//!   ([`strata_cluster::placement`]; the digest names the object version). Every member computes the same
+//!   order from the same view.
+//! - **Reads** ([`Cluster`] is the cache's [`PeerSource`]): a block this agent owns is read from the origin
+//!   here; another's is asked of its owner ([`client`]), then of the next owner, then read from the origin.
+//!   A peer that refuses the connection, times out, answers 5xx or sends bytes that fail their check is
+//!   **suspect** for a backoff (1 s doubling to 30 s, cleared by its next good answer) and skipped while it
+//!   is. Reads never fail because a peer did.
+//! - **Lazy moves**: for [`MOVE_GRACE`] after the view changed, a block this agent now owns and misses is
+//!   first asked of its owner in the previous view (only if held there: no fill), so a join or leave moves
+//!   no block in bulk and reads no block from the origin that a member still holds.
+//! - **Trust**: the peer block route ([`routes`]) takes only the cluster credential, serves exactly the
+//!   version asked for, and decides access for the principal the read is for as it would for that principal
+//!   itself.
+
+pub mod client;
+pub mod members;
+pub mod routes;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use strata_cache::{PeerBlock, PeerSource};
+use strata_cluster::{Member, Membership, View, placement};
+use strata_types::{BlockKey, Error, ErrorKind, Result};
+
+use crate::config::{CacheSharing, ClusterSection, normalize_peer};
+
+/// How long the view before a membership change is asked for blocks that changed owner.
+pub const MOVE_GRACE: Duration = Duration::from_secs(120);
+/// How often the membership is re-read.
+const VIEW_EVERY: Duration = Duration::from_secs(1);
+/// Longest a suspect peer is skipped.
+const SUSPECT_MAX: Duration = Duration::from_secs(30);
+/// Owners asked for a block (past the first failures) before the origin.
+const MAX_ASKS: usize = 2;
+
+/// `[cluster]` resolved for the shared cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sharing {
+    /// Where the members come from.
+    pub kind: CacheSharing,
+    /// This agent's member id: its address as the others reach it (`http://host:port`).
+    pub me: String,
+    /// `static`: the members.
+    pub peers: Vec<String>,
+    /// `slurm`: the agents' port on every node.
+    pub slurm_port: u16,
+    /// `catalog`: heartbeat period and member TTL.
+    pub heartbeat: Duration,
+    /// `catalog`: how long a member lives past its last heartbeat.
+    pub member_ttl: Duration,
+    /// Longest wait for a peer's answer.
+    pub peer_timeout: Duration,
+}
+
+impl Sharing {
+    /// Resolve the section; `None` when the cache is not shared.
+    pub fn resolve(
+        c: &ClusterSection,
+        peers: &[String],
+        api_listen: SocketAddr,
+        has_secret: bool,
+        catalog_url: &str,
+    ) -> Result<Option<Self>> {
+        if c.cache == CacheSharing::Off {
+            return Ok(None);
+        }
+        if !has_secret {
+            return Err(Error::config(
+                "[cluster] cache is shared but there is no cluster secret (STRATA_CLUSTER_SECRET or \
+                 [cluster] secret_file): agents would not accept each other's block requests",
+            ));
+        }
+        let slurm_port = c.slurm_port.unwrap_or(api_listen.port());
+        let me = match (&c.advertise, c.cache) {
+            (Some(a), _) => normalize_peer(a).map_err(|e| e.context("[cluster] advertise"))?,
+            (None, CacheSharing::Slurm) => {
+                let host = nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+                    .ok_or_else(|| Error::config("[cluster] advertise: no host name"))?;
+                let short = host.split('.').next().unwrap_or(&host).to_string();
+                normalize_peer(&format!("{short}:{slurm_port}"))?
+            }
+            (None, _) if api_listen.ip().is_unspecified() => {
+                return Err(Error::config(format!(
+                    "[cluster] advertise: the API listens on {api_listen}, which is no address the other \
+                     agents can reach; set advertise"
+                )));
+            }
+            (None, _) => format!("http://{api_listen}"),
+        };
+        match c.cache {
+            CacheSharing::Static if !peers.contains(&me) => {
+                return Err(Error::config(format!(
+                    "[cluster] cache = \"static\": this agent ({me}) is not in [cluster] peers ({}); list every \
+                     agent, this one included, or set advertise",
+                    peers.join(", ")
+                )));
+            }
+            CacheSharing::Catalog if !catalog_url.starts_with("postgres") => {
+                return Err(Error::config(
+                    "[cluster] cache = \"catalog\" needs the agents' shared PostgreSQL catalog ([catalog] url)",
+                ));
+            }
+            _ => {}
+        }
+        let secs = |v: Option<u64>, d: u64| Duration::from_secs(v.unwrap_or(d).max(1));
+        let heartbeat = secs(c.heartbeat_secs, 2);
+        let member_ttl = secs(c.member_ttl_secs, 10);
+        if member_ttl < heartbeat * 2 {
+            return Err(Error::config(
+                "[cluster] member_ttl_secs must be at least twice heartbeat_secs",
+            ));
+        }
+        Ok(Some(Self {
+            kind: c.cache,
+            me,
+            peers: peers.to_vec(),
+            slurm_port,
+            heartbeat,
+            member_ttl,
+            peer_timeout: Duration::from_millis(c.peer_timeout_ms.unwrap_or(10_000).max(100)),
+        }))
+    }
+}
+
+/// Counters of the peer path (also in `GET /v1/cluster` and the metrics).
+#[derive(Debug, Default)]
+pub struct PeerCounters {
+    /// Block requests sent to peers.
+    pub asked: AtomicU64,
+    /// Failed ones: refused or reset connections, timeouts, 5xx answers.
+    pub errors: AtomicU64,
+    /// Answers whose bytes failed their check (length or BLAKE3).
+    pub corrupt: AtomicU64,
+    /// Answers that refused the read (the owner would not serve it: 4xx).
+    pub refused: AtomicU64,
+    /// Times a peer was marked suspect.
+    pub suspected: AtomicU64,
+    /// Blocks a previous owner still held after a membership change.
+    pub moved: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Suspect {
+    until: Instant,
+    strikes: u32,
+}
+
+#[derive(Debug)]
+struct Views {
+    current: Arc<View>,
+    previous: Option<(Arc<View>, Instant)>,
+    changed: u64,
+}
+
+/// This agent's place in the shared cache; the cache's [`PeerSource`].
+#[derive(Debug)]
+pub struct Cluster {
+    sharing: Sharing,
+    membership: Arc<dyn Membership>,
+    views: RwLock<Views>,
+    suspects: Mutex<HashMap<String, Suspect>>,
+    client: client::PeerClient,
+    /// Counters of the peer path.
+    pub counters: PeerCounters,
+}
+
+impl Cluster {
+    /// Join the cluster `sharing` describes, with `membership` as the source of its members.
+    pub fn new(sharing: Sharing, membership: Arc<dyn Membership>, secret: String) -> Result<Self> {
+        let client = client::PeerClient::new(secret, sharing.peer_timeout)?;
+        let current = membership.view();
+        Ok(Self {
+            sharing,
+            membership,
+            views: RwLock::new(Views {
+                current,
+                previous: None,
+                changed: 0,
+            }),
+            suspects: Mutex::new(HashMap::new()),
+            client,
+            counters: PeerCounters::default(),
+        })
+    }
+
+    /// This agent's member id.
+    pub fn me(&self) -> &str {
+        &self.sharing.me
+    }
+
+    /// The resolved settings.
+    pub fn sharing(&self) -> &Sharing {
+        &self.sharing
+    }
+
+    /// The current view of the members.
+    pub fn view(&self) -> Arc<View> {
+        self.views.read().current.clone()
+    }
+
+    /// Re-read the membership; a changed view becomes current, the one before it is kept for lazy moves.
+    pub fn refresh(&self) {
+        let next = self.membership.view();
+        let mut v = self.views.write();
+        if *next != *v.current {
+            tracing::info!(
+                members = next.members().len(),
+                before = v.current.members().len(),
+                "cluster membership changed"
+            );
+            let old = std::mem::replace(&mut v.current, next);
+            v.previous = Some((old, Instant::now()));
+            v.changed += 1;
+        }
+    }
+
+    /// Re-read the membership every second until `stop`.
+    pub async fn watch(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        let mut tick = tokio::time::interval(VIEW_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => self.refresh(),
+            }
+        }
+    }
+
+    fn previous_view(&self) -> Option<Arc<View>> {
+        let v = self.views.read();
+        v.previous
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < MOVE_GRACE)
+            .map(|(p, _)| p.clone())
+    }
+
+    fn is_suspect(&self, id: &str) -> bool {
+        self.suspects
+            .lock()
+            .get(id)
+            .is_some_and(|s| s.until > Instant::now())
+    }
+
+    fn suspect(&self, id: &str, e: &Error) {
+        let mut s = self.suspects.lock();
+        let entry = s.entry(id.to_string()).or_insert(Suspect {
+            until: Instant::now(),
+            strikes: 0,
+        });
+        entry.strikes = entry.strikes.saturating_add(1);
+        let backoff = Duration::from_secs(1)
+            .saturating_mul(1 << (entry.strikes - 1).min(5))
+            .min(SUSPECT_MAX);
+        entry.until = Instant::now() + backoff;
+        drop(s);
+        self.counters.suspected.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(peer = id, error = %e, backoff_ms = backoff.as_millis() as u64, "peer suspect");
+    }
+
+    fn trusted(&self, id: &str) {
+        let mut s = self.suspects.lock();
+        if s.contains_key(id) {
+            s.remove(id);
+        }
+    }
+
+    /// Ask `peer` for a block; errors are counted, and the kinds that say the peer is unwell make it suspect.
+    async fn ask(&self, peer: &str, block: &PeerBlock<'_>, fill: bool) -> Option<Bytes> {
+        self.counters.asked.fetch_add(1, Ordering::Relaxed);
+        match self.client.block(peer, block, fill).await {
+            Ok(Some(b)) => {
+                self.trusted(peer);
+                Some(b)
+            }
+            Ok(None) => {
+                self.trusted(peer);
+                None
+            }
+            Err(e) => {
+                let c = &self.counters;
+                match e.kind() {
+                    ErrorKind::Corrupt => c.corrupt.fetch_add(1, Ordering::Relaxed),
+                    k if client::is_refusal(k) => c.refused.fetch_add(1, Ordering::Relaxed),
+                    _ => c.errors.fetch_add(1, Ordering::Relaxed),
+                };
+                if !client::is_refusal(e.kind()) {
+                    self.suspect(peer, &e);
+                } else {
+                    tracing::debug!(peer, error = %e, "peer refused a block");
+                }
+                None
+            }
+        }
+    }
+
+    /// The status of the cluster as this agent sees it (`GET /v1/cluster`).
+    pub fn status(&self) -> ClusterStatus {
+        let view = self.view();
+        let shares = shares(&view, 20_000);
+        let suspects = self.suspects.lock().clone();
+        let now = Instant::now();
+        let c = &self.counters;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (changed, previous) = {
+            let v = self.views.read();
+            (
+                v.changed,
+                v.previous
+                    .as_ref()
+                    .map(|(p, at)| (p.members().len(), at.elapsed().as_secs())),
+            )
+        };
+        ClusterStatus {
+            me: self.sharing.me.clone(),
+            membership: self.membership.kind().to_string(),
+            view_changes: changed,
+            previous_view: previous.map(|(members, age_secs)| PreviousView { members, age_secs }),
+            members: view
+                .members()
+                .iter()
+                .zip(shares)
+                .map(|(m, share)| MemberStatus {
+                    id: m.id.clone(),
+                    weight: m.weight,
+                    share,
+                    state: match suspects.get(&m.id) {
+                        Some(s) if s.until > now => "suspect",
+                        _ => "up",
+                    }
+                    .to_string(),
+                    me: m.id == self.sharing.me,
+                })
+                .collect(),
+            asked: ld(&c.asked),
+            errors: ld(&c.errors),
+            corrupt: ld(&c.corrupt),
+            refused: ld(&c.refused),
+            suspected: ld(&c.suspected),
+            moved: ld(&c.moved),
+        }
+    }
+}
+
+/// Each member's share of `n` sample block keys under the view.
+fn shares(view: &View, n: u32) -> Vec<f64> {
+    let mut counts = vec![0u64; view.members().len()];
+    for i in 0..n {
+        let key = blake3::hash(&i.to_le_bytes());
+        if let Some(m) = placement::owner(view, key.as_bytes())
+            && let Ok(at) = view
+                .members()
+                .binary_search_by(|x| x.id.as_str().cmp(m.id.as_str()))
+        {
+            counts[at] += 1;
+        }
+    }
+    counts.iter().map(|&c| c as f64 / f64::from(n)).collect()
+}
+
+impl PeerSource for Cluster {
+    fn is_local(&self, key: &BlockKey) -> bool {
+        let view = self.view();
+        match placement::owner(&view, &key.digest()) {
+            Some(m) => m.id == self.sharing.me,
+            None => true,
+        }
+    }
+
+    fn fetch<'a>(&'a self, block: PeerBlock<'a>) -> BoxFuture<'a, Option<Bytes>> {
+        async move {
+            let view = self.view();
+            let digest = block.key.digest();
+            let owners: Vec<Member> = placement::owners(&view, &digest)
+                .into_iter()
+                .cloned()
+                .collect();
+            let mut asked = 0;
+            for m in &owners {
+                if m.id == self.sharing.me {
+                    // This agent's block: a member of the view before a change may still hold it.
+                    if let Some(prev) = self.previous_view()
+                        && let Some(p) = placement::owner(&prev, &digest)
+                        && p.id != self.sharing.me
+                        && view.member(&p.id).is_some()
+                        && !self.is_suspect(&p.id)
+                        && let Some(b) = self.ask(&p.id, &block, false).await
+                    {
+                        self.counters.moved.fetch_add(1, Ordering::Relaxed);
+                        return Some(b);
+                    }
+                    return None;
+                }
+                if asked >= MAX_ASKS || self.is_suspect(&m.id) {
+                    continue;
+                }
+                asked += 1;
+                if let Some(b) = self.ask(&m.id, &block, true).await {
+                    return Some(b);
+                }
+            }
+            None
+        }
+        .boxed()
+    }
+}
+
+/// `GET /v1/cluster`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterStatus {
+    /// This agent's member id.
+    pub me: String,
+    /// Where the members come from (`static`, `catalog`, `slurm`).
+    pub membership: String,
+    /// Times the view changed since the agent started.
+    pub view_changes: u64,
+    /// The view before the last change, while blocks that changed owner are still asked of it.
+    pub previous_view: Option<PreviousView>,
+    /// The members, by id.
+    pub members: Vec<MemberStatus>,
+    /// Block requests this agent sent to peers.
+    pub asked: u64,
+    /// Of them, failed (connection, timeout, 5xx).
+    pub errors: u64,
+    /// Of them, answered with bytes that failed their check.
+    pub corrupt: u64,
+    /// Of them, refused by the peer.
+    pub refused: u64,
+    /// Times a peer was marked suspect.
+    pub suspected: u64,
+    /// Blocks served by their owner in the previous view.
+    pub moved: u64,
+}
+
+/// The view before the last change.
+#[derive(Debug, Clone, Serialize)]
+pub struct PreviousView {
+    /// Its members.
+    pub members: usize,
+    /// Seconds since it was replaced.
+    pub age_secs: u64,
+}
+
+/// One member in [`ClusterStatus`].
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberStatus {
+    /// Its address.
+    pub id: String,
+    /// Its placement weight (cache capacity in bytes with catalog membership; 1 otherwise).
+    pub weight: f64,
+    /// Its share of the blocks (sampled).
+    pub share: f64,
+    /// `up`, or `suspect` while this agent skips it.
+    pub state: String,
+    /// Whether it is this agent.
+    pub me: bool,
+}

@@ -1,0 +1,200 @@
+//! The routes of the shared cache: `GET /v1/peer/blocks` (a block for another agent) and `GET /v1/cluster`
+//! (the members as this agent sees them).
+//!
+//! **A block for another agent.** Only the cluster credential is accepted (a token, even an administrator's,
+//! is refused: 403). The request names a configured (or open ad-hoc) backend by its canonical id, the object
+//! version (key, size, ETag or version id, modification time) and the block; the block is served from the
+//! tiers or read from the origin with `If-Match` of that ETag (never another version), and never asked of a
+//! third agent. Access is decided as for a read by the principal the request is for (`x-strata-principal`,
+//! looked up in this agent's catalog; revoked or unknown: refused), or for a configured key acting for the team
+//! it names. The answer carries the block's BLAKE3 in `x-strata-blake3`, which the asking agent checks.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Extension, Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use strata_catalog::{Principal, Role};
+use strata_types::{Error, ErrorKind, IoContext, ObjectMeta};
+
+use super::client::{BLOCK_HASH_HEADER, JOB_HEADER, PRINCIPAL_HEADER};
+use crate::Agent;
+use crate::access::Caller;
+use crate::http::{Access, ApiError, Plane, Route, RouteDoc};
+use crate::peer::ClusterCall;
+
+/// How long a principal looked up for a peer read is trusted.
+const PRINCIPAL_TTL: Duration = Duration::from_secs(10);
+
+/// Routes of the shared cache, for the route table of [`crate::routes`].
+pub fn routes() -> Vec<Route> {
+    vec![
+        (
+            RouteDoc {
+                method: "GET",
+                path: "/v1/peer/blocks",
+                summary: "A block of an object version, for another agent of the cluster",
+                access: "agents of the cluster only (the cluster credential), for a principal that may read the key",
+                rule: Access::Cluster,
+                plane: Plane::Peer,
+            },
+            get(block),
+        ),
+        (
+            RouteDoc {
+                method: "GET",
+                path: "/v1/cluster",
+                summary: "The members of the shared cache, their state and share of blocks, and peer counters",
+                access: "any principal",
+                rule: Access::Any,
+                plane: Plane::Data,
+            },
+            get(status),
+        ),
+    ]
+}
+
+#[derive(Debug, Deserialize)]
+struct BlockQuery {
+    backend: String,
+    key: String,
+    size: u64,
+    mtime: i64,
+    index: u64,
+    block_size: u64,
+    etag: Option<String>,
+    version: Option<String>,
+    #[serde(default)]
+    fill: Option<u8>,
+}
+
+async fn block(
+    State(agent): State<Arc<Agent>>,
+    cluster: Option<Extension<ClusterCall>>,
+    headers: HeaderMap,
+    Query(q): Query<BlockQuery>,
+) -> Result<Response, ApiError> {
+    let Some(Extension(call)) = cluster else {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "only the other agents of the cluster (with the cluster credential) may ask for blocks",
+        )
+        .into());
+    };
+    let bs = agent.cache().config().block_size.bytes();
+    if q.block_size != bs {
+        return Err(Error::invalid_input(format!(
+            "block size {} asked, this agent's is {bs}: every agent of a cluster must have the same cache.block_size",
+            q.block_size
+        ))
+        .into());
+    }
+    let (name, backend) = agent.backend_by_id(&q.backend).ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("{} is not a backend of this agent", q.backend),
+        )
+    })?;
+    let h = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.len() <= 256)
+            .map(Arc::<str>::from)
+    };
+    let principal = h(PRINCIPAL_HEADER);
+    let caller = match principal.as_deref() {
+        Some(id) if id.starts_with("p_") => Caller::Principal(principal_for(&agent, id).await?),
+        _ => Caller::Root {
+            team: call.team.clone(),
+        },
+    };
+    agent
+        .ownership()
+        .check_key(&caller, &name, &q.key, Role::Reader)
+        .await?;
+    let ctx = IoContext {
+        principal,
+        team: call.team.as_deref().map(Arc::from),
+        job: h(JOB_HEADER),
+    };
+    let meta = ObjectMeta {
+        key: q.key,
+        size: q.size,
+        etag: q.etag,
+        version: q.version,
+        last_modified_unix: q.mtime,
+        attrs: None,
+    };
+    let fill = q.fill != Some(0);
+    match agent
+        .cache()
+        .serve_peer(&ctx, &backend, meta, q.index, fill)
+        .await?
+    {
+        Some(b) => {
+            let hash = blake3::hash(&b).to_hex().to_string();
+            Ok(([(BLOCK_HASH_HEADER, hash)], Body::from(b)).into_response())
+        }
+        None => Err(Error::new(ErrorKind::NotFound, "this agent does not hold the block").into()),
+    }
+}
+
+/// The principal `id` from the catalog (cached briefly); revoked or unknown ones are refused.
+async fn principal_for(agent: &Agent, id: &str) -> Result<Principal, Error> {
+    let cache = agent.peer_principals();
+    if let Some((at, p)) = cache.lock().get(id)
+        && at.elapsed() < PRINCIPAL_TTL
+    {
+        return Ok(p.clone());
+    }
+    let p = agent
+        .catalog()
+        .principal(id)
+        .await
+        .map_err(|e| match e.kind() {
+            ErrorKind::NotFound => Error::new(
+                ErrorKind::PermissionDenied,
+                format!("principal {id} is not known to this agent"),
+            ),
+            _ => e,
+        })?;
+    if p.revoked_at.is_some() {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            format!("principal {id} is revoked"),
+        ));
+    }
+    let mut c = cache.lock();
+    if c.len() >= 10_000 {
+        c.clear();
+    }
+    c.insert(id.to_string(), (Instant::now(), p.clone()));
+    Ok(p)
+}
+
+async fn status(State(agent): State<Arc<Agent>>) -> Result<Json<serde_json::Value>, ApiError> {
+    let stats = agent.cache().stats();
+    let cache = serde_json::json!({
+        "origin_bytes": stats.fill_bytes,
+        "peer_blocks": stats.peer_blocks,
+        "peer_bytes": stats.peer_bytes,
+        "served_to_peers": stats.served_to_peers,
+        "served_to_peers_bytes": stats.served_to_peers_bytes,
+    });
+    Ok(Json(match agent.cluster() {
+        None => serde_json::json!({"shared": false, "cache": cache}),
+        Some(c) => {
+            let mut v = serde_json::to_value(c.status())
+                .map_err(|e| Error::internal(format!("cluster status: {e}")))?;
+            v["shared"] = true.into();
+            v["cache"] = cache;
+            v
+        }
+    }))
+}
