@@ -7,3 +7,4 @@
 pub(crate) mod common;
 
 mod cache;
+mod peers;
