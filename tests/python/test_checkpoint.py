@@ -180,10 +180,17 @@ local, remote = sys.argv[1], sys.argv[2]
 c = strata.Checkpointer("run-kill", local, remote, rank=0, world_size=1, keep_local=2, keep_remote=2)
 got = c.load_latest()
 step = 0 if got is None else got[0]
+first = True
 while True:
     step += 1
     st = {"w": np.full(1 << 20, step, dtype=np.float32), "step": step}   # 4 MiB
-    c.save(step, st)          # returns after the copy; the durability work runs in the background
+    h = c.save(step, st)      # returns after the copy; the durability work runs in the background
+    if first:
+        # The parent kills at a random time after this: a slow start (imports on a loaded machine) is no
+        # reason for a run to end before its first save committed.
+        h.wait()
+        print("saving", flush=True)
+        first = False
 """
 
 
@@ -192,8 +199,9 @@ def test_sigkill_while_saving_never_leaves_an_uncommitted_or_corrupt_checkpoint(
     local = str(tmp_path / "nvme")
     first_committed = None
     for i in range(6):
-        p = subprocess.Popen([sys.executable, "-c", KILL_LOOP, local, s3])
-        time.sleep(rng.uniform(0.5, 2.5))
+        p = subprocess.Popen([sys.executable, "-c", KILL_LOOP, local, s3], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "saving", "the saving loop did not start"
+        time.sleep(rng.uniform(0.0, 2.0))
         p.send_signal(signal.SIGKILL)
         p.wait()
         c = strata.Checkpointer("run-kill", local, s3, rank=0, world_size=1)
