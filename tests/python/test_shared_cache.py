@@ -105,8 +105,13 @@ class Proxy:
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = forward
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass  # a client that hung up (an agent killed mid-request) is no error of the proxy
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.addr = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.addr}"
@@ -482,3 +487,276 @@ def test_four_agents_read_a_cold_dataset_each_block_from_the_origin_once(origin,
     assert out.returncode == 0, out.stderr
     for a in agents:
         assert a.api in out.stdout, out.stdout
+
+
+class StateWatch:
+    """Samples how `watchers` see `target` (its member state) every 50 ms in the background."""
+
+    def __init__(self, watchers, target):
+        self.watchers, self.target = watchers, target
+        self.seen = {w.name: set() for w in watchers}
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop_ev.is_set():
+            for w in self.watchers:
+                try:
+                    m = w.member(self.target)
+                except Exception:  # noqa: BLE001 - a watcher busy for a moment is not what this samples
+                    continue
+                if m is not None:
+                    self.seen[w.name].add(m["state"])
+            self.stop_ev.wait(0.05)
+
+    def stop(self):
+        self.stop_ev.set()
+        self.thread.join()
+        return self.seen
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. An agent SIGKILLed mid-epoch, then restarted
+
+
+def test_a_killed_agent_costs_no_read_and_serves_again_once_restarted(origin, bucket, cluster):
+    name, s3 = bucket
+    epoch = make_objects(10, 16, lo=1 * MIB, hi=2 * MIB, prefix="epoch/")
+    after = make_objects(11, 10, lo=512 * KIB, hi=1536 * KIB, prefix="after/")
+    final = make_objects(12, 8, lo=512 * KIB, hi=1536 * KIB, prefix="final/")
+    upload(s3, name, {**epoch, **after, **final})
+    proxy = cluster.proxy(origin.removeprefix("http://"))
+    agents = static_cluster(cluster, 4, proxy.url, name)
+    survivors, victim = agents[:3], agents[3]
+
+    # An epoch through the three survivors (each reads every object, in its own order); the fourth agent is
+    # SIGKILLed once a quarter of the reads are done, with reads asking it in flight.
+    tasks = []
+    for i, a in enumerate(survivors):
+        tasks += [(a, k, None) for k in random.Random(20 + i).sample(sorted(epoch), len(epoch))]
+    random.Random(7).shuffle(tasks)
+    done = [0]
+    lock = threading.Lock()
+    quarter = threading.Event()
+
+    def one(t):
+        a, k, _ = t
+        try:
+            body = a.read(k)
+        except Exception as e:  # noqa: BLE001
+            body = e
+        with lock:
+            done[0] += 1
+            if done[0] >= len(tasks) // 4:
+                quarter.set()
+        return t, body
+
+    watch = StateWatch(survivors, victim)
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        futs = [ex.submit(one, t) for t in tasks]
+        assert quarter.wait(60), "the epoch did not get a quarter through"
+        victim.kill()
+        killed_after = done[0]
+        results = [f.result() for f in futs]
+    failed, bad = check_bodies(results, epoch)
+    assert not failed, (failed[:3], cluster.logs())
+    assert not bad, bad[:3]
+    assert killed_after < len(tasks), "the kill came after the epoch"
+
+    # The survivors take over the dead agent's blocks: a cold set read through them comes from the origin
+    # once (the next owner of each of its blocks reads it), with no failed read.
+    proxy.clear()
+    failed, bad = check_bodies(read_all([(a, k, None) for k in after for a in survivors], workers=9), after)
+    assert not failed and not bad, (failed[:3], bad[:3], cluster.logs())
+    assert_each_byte_fetched_once(proxy, name, after)
+    seen = watch.stop()
+    for a in survivors:
+        s = a.cluster()
+        assert s["errors"] > 0 and s["suspected"] > 0, (a.name, s)
+        assert s["corrupt"] == 0, s
+        assert "suspect" in seen[a.name], (a.name, seen)
+        assert s["cache"]["peer_blocks"] > 0
+
+    # Restarted on the same config and data dir, it is asked again: as soon as a survivor's backoff for it
+    # runs out (at most 30 s) its next answer clears the suspicion. Poll with fresh cold objects, each read
+    # through every survivor, until it has served peers again and every survivor sees it up.
+    victim.start()
+    assert victim.cluster()["cache"]["served_to_peers"] == 0
+    deadline = time.time() + 50
+    n = 0
+    while True:
+        fresh = make_objects(100 + n, 1, lo=MIB, hi=MIB + 4 * KIB, prefix=f"poll/{n}-")
+        n += 1
+        upload(s3, name, fresh)
+        failed, bad = check_bodies(read_all([(a, k, None) for k in fresh for a in survivors]), fresh)
+        assert not failed and not bad, (failed, bad)
+        states = {a.name: a.member(victim)["state"] for a in survivors}
+        served = victim.cluster()["cache"]["served_to_peers"]
+        if served > 0 and all(v == "up" for v in states.values()):
+            break
+        assert time.time() < deadline, f"restarted agent not back: served {served}, states {states}"
+    # Back for good: a cold set through all four is read from the origin once, the restarted agent serves
+    # the others its share, and no peer request fails.
+    errors = [a.cluster()["errors"] for a in survivors]
+    served = victim.cluster()["cache"]["served_to_peers"]
+    proxy.clear()
+    failed, bad = check_bodies(read_all([(a, k, None) for k in final for a in agents]), final)
+    assert not failed and not bad, (failed[:3], bad[:3])
+    assert_each_byte_fetched_once(proxy, name, final)
+    assert [a.cluster()["errors"] for a in survivors] == errors
+    assert victim.cluster()["cache"]["served_to_peers"] > served
+    assert victim.cluster()["errors"] == 0
+    for a in agents:
+        assert all(m["state"] == "up" for m in a.cluster()["members"]), (a.name, a.cluster()["members"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. A peer whose block answers are damaged on the way
+
+
+@pytest.mark.parametrize("fault", ["flip", "truncate"])
+def test_corrupted_peer_answers_are_dropped_and_read_from_the_origin(origin, bucket, cluster, fault):
+    name, s3 = bucket
+    objects = make_objects(30, 8, lo=1 * MIB, hi=2 * MIB)
+    upload(s3, name, objects)
+    origin_proxy = cluster.proxy(origin.removeprefix("http://"))
+    damaged = []
+
+    def mutate(method, path, status, headers, body):
+        if path.startswith("/v1/peer/blocks") and status == 200 and body:
+            damaged.append(path)
+            if fault == "flip":
+                b = bytearray(body)
+                b[len(b) // 2] ^= 0x5A
+                return bytes(b)
+            return body[: len(body) // 2]
+        return body
+
+    a_port, b_port = free_port(), free_port()
+    # B is reached by the others through the fault proxy only: that is its advertised address.
+    fault_proxy = cluster.proxy(f"127.0.0.1:{b_port}", mutate=mutate)
+    peers = json.dumps([f"127.0.0.1:{a_port}", fault_proxy.addr])
+    a = cluster.add(origin_proxy.url, name, f'peers = {peers}\ncache = "static"', api_port=a_port)
+    b = cluster.add(origin_proxy.url, name, f'peers = {peers}\ncache = "static"\nadvertise = "{fault_proxy.addr}"',
+                    api_port=b_port)
+    b._me = fault_proxy.url
+    a.start()
+    b.start()
+    assert b.cluster()["me"] == fault_proxy.url
+
+    watch = StateWatch([a], b)
+    failed, bad = check_bodies(read_all([(a, k, None) for k in objects], workers=8), objects)
+    seen = watch.stop()
+    assert not failed, (failed[:3], cluster.logs())
+    assert not bad, bad[:3]
+    size = sum(len(v) for v in objects.values())
+    sa, sb = a.cluster(), b.cluster()
+    assert damaged, "A never asked B for a block"
+    # Every damaged answer was caught (none was delivered: the bytes above are right), B became suspect.
+    assert sa["corrupt"] == len(damaged), (sa, len(damaged))
+    assert sa["suspected"] >= 1 and "suspect" in seen[a.name], (sa, seen)
+    assert sa["cache"]["peer_blocks"] == 0 and sa["cache"]["peer_bytes"] == 0, sa
+    # A read every block from the origin itself (B's copies were dropped); B read from the origin exactly the
+    # blocks it served.
+    assert sa["cache"]["origin_bytes"] == size, sa
+    assert sb["cache"]["served_to_peers"] == len(damaged), sb
+    assert sb["cache"]["origin_bytes"] == sb["cache"]["served_to_peers_bytes"], sb
+    gets = object_gets(origin_proxy, name)
+    assert sum(b1 - b0 for r in gets.values() for b0, b1 in r) == size + sb["cache"]["origin_bytes"]
+    for k, v in objects.items():
+        covered = set()
+        for b0, b1 in gets[k]:
+            covered.update(range(b0 // BLOCK, -(-b1 // BLOCK)))
+        assert covered == set(range(-(-len(v) // BLOCK))), k
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. The peer route: who may ask, and for exactly what
+
+
+def raw(agent, path, headers=None):
+    """(status, headers, body) of a GET on the agent's API, errors included."""
+    req = urllib.request.Request(f"{agent.api}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def cli(agent, *args):
+    r = subprocess.run([STRATA, *args], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, STRATA_API=agent.api, STRATA_TOKEN=ADMIN_TOKEN))
+    assert r.returncode == 0, f"strata {' '.join(args)}: {r.stdout}{r.stderr}"
+    return r.stdout
+
+
+def test_the_peer_route_takes_only_the_cluster_key_and_serves_only_the_version_asked(origin, bucket, cluster):
+    name, s3 = bucket
+    objects = {"open/data.bin": random.Random(40).randbytes(3 * BLOCK + 1000),
+               "vision/secret.bin": random.Random(41).randbytes(2 * BLOCK + 7)}
+    upload(s3, name, objects)
+    (a,) = static_cluster(cluster, 1, origin, name)
+    head = s3.head_object(Bucket=name, Key="open/data.bin")
+    backend_id = f"s3://{name}/@{origin}"
+
+    def q(key="open/data.bin", index=1, etag=head["ETag"], backend=backend_id, block_size=BLOCK, fill=1, **kw):
+        h = s3.head_object(Bucket=name, Key=key)
+        p = {"backend": backend, "key": key, "size": h["ContentLength"],
+             "mtime": int(h["LastModified"].timestamp()), "index": index, "block_size": block_size,
+             "etag": etag if key == "open/data.bin" else h["ETag"], "fill": fill}
+        p.update(kw)
+        return "/v1/peer/blocks?" + urllib.parse.urlencode(p)
+
+    key = {"x-strata-cluster-key": SECRET}
+    want = objects["open/data.bin"][BLOCK:2 * BLOCK]
+    # No credential; a token, even the administrator's; a wrong cluster key.
+    assert raw(a, q())[0] == 401
+    s, _, body = raw(a, q(), {"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert s == 403 and want not in body, (s, body[:200])
+    assert raw(a, q(), {"x-strata-cluster-key": "not-the-secret-0123456789"})[0] == 401
+    assert raw(a, q(), {"x-strata-cluster-key": SECRET[:-1]})[0] == 401
+    # The cluster key is no token elsewhere.
+    assert raw(a, "/v1/cluster", key)[0] == 401
+    # Not held and no fill asked: 404; then filled; then held.
+    assert raw(a, q(fill=0), key)[0] == 404
+    s, h, body = raw(a, q(), key)
+    assert s == 200 and body == want, (s, body[:200])
+    hexes = {k.lower(): v for k, v in h.items()}["x-strata-blake3"]
+    assert len(hexes) == 64 and int(hexes, 16) >= 0
+    s, h2, body = raw(a, q(fill=0), key)
+    assert s == 200 and body == want and {k.lower(): v for k, v in h2.items()}["x-strata-blake3"] == hexes
+    # The last, short block.
+    s, _, body = raw(a, q(index=3), key)
+    assert s == 200 and body == objects["open/data.bin"][3 * BLOCK:]
+    # Another version than the origin's: 412, and none of the object's bytes.
+    for index in (0, 1, 2):
+        s, h, body = raw(a, q(index=index, etag='"0123456789abcdef0123456789abcdef"'), key)
+        assert s == 412, (s, body[:300])
+        assert "x-strata-blake3" not in {k.lower() for k in h}
+        assert objects["open/data.bin"][index * BLOCK:index * BLOCK + 64] not in body
+    # A backend this agent does not have; another block size; a block past the end.
+    assert raw(a, q(backend=f"s3://{name}/@http://127.0.0.1:1"), key)[0] == 404
+    assert raw(a, q(backend="file:///etc"), key)[0] == 404
+    assert raw(a, q(block_size=BLOCK * 2), key)[0] == 400
+    assert raw(a, q(index=4), key)[0] == 400
+
+    # Team-owned prefixes: the read is decided for the principal it is for.
+    for t in ("vision", "nlp"):
+        cli(a, "team", "create", t)
+    cli(a, "prefix", "own", "default", "vision", "vision")
+    pid = {t: json.loads(cli(a, "token", "create", "--name", f"{t}-reader", "--team", t, "--role", "reader",
+                             "--json")) for t in ("vision", "nlp")}
+    pid = {t: v.get("principal_id") or v.get("principal") or v.get("id") for t, v in pid.items()}
+    assert all(isinstance(v, str) and v.startswith("p_") for v in pid.values()), pid
+    secret = objects["vision/secret.bin"]
+    s, _, body = raw(a, q(key="vision/secret.bin", index=0), {**key, "x-strata-principal": pid["nlp"]})
+    assert s == 403 and secret[:64] not in body, (s, body[:300])
+    s, _, body = raw(a, q(key="vision/secret.bin", index=0), {**key, "x-strata-principal": "p_no_such_principal"})
+    assert s == 403 and secret[:64] not in body, (s, body[:300])
+    s, _, body = raw(a, q(key="vision/secret.bin", index=0), {**key, "x-strata-principal": pid["vision"]})
+    assert s == 200 and body == secret[:BLOCK], (s, body[:300])
+    # The other team's principal may still read what no team owns.
+    s, _, body = raw(a, q(index=0), {**key, "x-strata-principal": pid["nlp"]})
+    assert s == 200 and body == objects["open/data.bin"][:BLOCK]

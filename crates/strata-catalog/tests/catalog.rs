@@ -723,3 +723,41 @@ async fn an_objects_record_and_its_charge_land_together_or_not_at_all() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_members_heartbeat_expire_and_leave() {
+    each(async |cat, clock| {
+        cat.heartbeat_member("http://a:7070", 100).await.unwrap();
+        cat.heartbeat_member("http://b:7070", 300).await.unwrap();
+        let ids = |v: Vec<strata_catalog::members::MemberRecord>| {
+            v.into_iter()
+                .map(|m| (m.id, m.capacity))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            ids(cat.live_members(10).await.unwrap()),
+            vec![("http://a:7070".into(), 100), ("http://b:7070".into(), 300)]
+        );
+        // b stops beating: it is a member until its TTL runs out, not after.
+        clock.advance(6);
+        cat.heartbeat_member("http://a:7070", 150).await.unwrap();
+        assert_eq!(cat.live_members(10).await.unwrap().len(), 2);
+        clock.advance(5);
+        let live = cat.live_members(10).await.unwrap();
+        assert_eq!(ids(live.clone()), vec![("http://a:7070".into(), 150)]);
+        assert_eq!(
+            live[0].started_at, T0,
+            "a heartbeat keeps the registration time"
+        );
+        assert_eq!(live[0].seen_at, T0 + 6);
+        // b comes back, then a leaves at once.
+        cat.heartbeat_member("http://b:7070", 300).await.unwrap();
+        cat.leave_member("http://a:7070").await.unwrap();
+        assert_eq!(
+            ids(cat.live_members(10).await.unwrap()),
+            vec![("http://b:7070".into(), 300)]
+        );
+        cat.leave_member("http://b:7070").await.unwrap();
+    })
+    .await;
+}

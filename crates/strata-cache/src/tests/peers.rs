@@ -68,7 +68,10 @@ fn assert_tiled(proxy: &FaultProxy, key: &str, len: u64) {
     ranges.sort();
     let mut next = 0;
     for (a, b) in &ranges {
-        assert_eq!(*a, next, "{key}: origin ranges overlap or leave a gap: {ranges:?}");
+        assert_eq!(
+            *a, next,
+            "{key}: origin ranges overlap or leave a gap: {ranges:?}"
+        );
         next = *b;
     }
     assert_eq!(next, len, "{key}: origin ranges {ranges:?}");
@@ -98,7 +101,10 @@ fn cluster(n: usize, t: &Arc<Telemetry>) -> Cluster {
             asked: AtomicU64::new(0),
         });
         c.set_peers(ring.clone()).unwrap();
-        assert!(c.set_peers(ring.clone()).is_err(), "a cache joins one cluster");
+        assert!(
+            c.set_peers(ring.clone()).is_err(),
+            "a cache joins one cluster"
+        );
         caches.push(c);
         rings.push(ring);
         dirs.push(dir);
@@ -121,7 +127,12 @@ async fn four_caches_read_each_block_from_the_origin_once() {
     let t = Telemetry::new();
     let backend = s3_backend(&proxy.endpoint(), "peers", t.clone());
     let objects: Vec<(String, Bytes)> = (0..6)
-        .map(|i| (format!("ds/obj-{i}.bin"), pattern(13 * 64 * 1024 + 777 * i, i as u64)))
+        .map(|i| {
+            (
+                format!("ds/obj-{i}.bin"),
+                pattern(13 * 64 * 1024 + 777 * i, i as u64),
+            )
+        })
         .collect();
     for (k, d) in &objects {
         put(&backend, k, d).await;
@@ -139,8 +150,13 @@ async fn four_caches_read_each_block_from_the_origin_once() {
                     assert!(got == d, "{k}: whole read through cache {ci}");
                 } else {
                     let r = 100_000..(d.len() as u64 - 5);
-                    let got = get_bytes(&cache, &backend, &k, Some(r.clone())).await.unwrap();
-                    assert!(got == d.slice(r.start as usize..r.end as usize), "{k}: range");
+                    let got = get_bytes(&cache, &backend, &k, Some(r.clone()))
+                        .await
+                        .unwrap();
+                    assert!(
+                        got == d.slice(r.start as usize..r.end as usize),
+                        "{k}: range"
+                    );
                     let got = get_bytes(&cache, &backend, &k, None).await.unwrap();
                     assert!(got == d, "{k}: whole read after a range through cache {ci}");
                 }
@@ -156,10 +172,16 @@ async fn four_caches_read_each_block_from_the_origin_once() {
     let stats: Vec<_> = cl.caches.iter().map(BlockCache::stats).collect();
     let total: u64 = objects.iter().map(|(_, d)| d.len() as u64).sum();
     let origin: u64 = stats.iter().map(|s| s.fill_bytes).sum();
-    assert_eq!(origin, total, "the dataset was read from the origin once in all");
+    assert_eq!(
+        origin, total,
+        "the dataset was read from the origin once in all"
+    );
     let from_peers: u64 = stats.iter().map(|s| s.peer_bytes).sum();
     let served: u64 = stats.iter().map(|s| s.served_to_peers_bytes).sum();
-    assert!(from_peers > 0 && served >= from_peers, "peers {from_peers} served {served}");
+    assert!(
+        from_peers > 0 && served >= from_peers,
+        "peers {from_peers} served {served}"
+    );
     for (i, s) in stats.iter().enumerate() {
         assert!(s.fills > 0, "cache {i} owns and filled some blocks: {s:?}");
     }
@@ -192,7 +214,9 @@ async fn warm_ups_use_the_peers_and_dead_peers_send_blocks_to_the_origin() {
     // The third cache with every peer gone: its reads are served, the others' blocks from the origin.
     cl.down.store(true, Ordering::Relaxed);
     proxy.clear();
-    let got = get_bytes(&cl.caches[2], &backend, "w/a.bin", None).await.unwrap();
+    let got = get_bytes(&cl.caches[2], &backend, "w/a.bin", None)
+        .await
+        .unwrap();
     assert!(got == data, "a read with every peer down is served");
     assert!(cl.rings[2].asked.load(Ordering::Relaxed) > 0);
     let s = cl.caches[2].stats();
@@ -209,7 +233,10 @@ async fn warm_ups_use_the_peers_and_dead_peers_send_blocks_to_the_origin() {
         })
         .collect();
     ranges.sort();
-    assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "no byte twice: {ranges:?}");
+    assert!(
+        ranges.windows(2).all(|w| w[0].1 <= w[1].0),
+        "no byte twice: {ranges:?}"
+    );
     let origin: u64 = ranges.iter().map(|(a, b)| b - a).sum();
     assert!(
         origin > 0 && origin < data.len() as u64,

@@ -471,3 +471,136 @@ pub struct MemberStatus {
     /// Whether it is this agent.
     pub me: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use strata_cluster::StaticMembers;
+
+    fn section(cache: CacheSharing) -> ClusterSection {
+        ClusterSection {
+            cache,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sharing_is_refused_without_what_it_needs() {
+        let api: SocketAddr = "127.0.0.1:7070".parse().unwrap();
+        let peers = vec![
+            "http://127.0.0.1:7070".to_string(),
+            "http://10.0.0.2:7070".into(),
+        ];
+        let sqlite = "sqlite:///x/catalog.db";
+        assert_eq!(
+            Sharing::resolve(&section(CacheSharing::Off), &peers, api, false, sqlite).unwrap(),
+            None
+        );
+        let e = Sharing::resolve(&section(CacheSharing::Static), &peers, api, false, sqlite);
+        assert!(e.unwrap_err().message().contains("cluster secret"));
+        let s = Sharing::resolve(&section(CacheSharing::Static), &peers, api, true, sqlite)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.me, "http://127.0.0.1:7070");
+        assert_eq!(s.peer_timeout, Duration::from_secs(10));
+        let other: SocketAddr = "127.0.0.1:7071".parse().unwrap();
+        let e = Sharing::resolve(&section(CacheSharing::Static), &peers, other, true, sqlite);
+        assert!(
+            e.unwrap_err()
+                .message()
+                .contains("is not in [cluster] peers")
+        );
+        let wild: SocketAddr = "0.0.0.0:7070".parse().unwrap();
+        let e = Sharing::resolve(&section(CacheSharing::Static), &peers, wild, true, sqlite);
+        assert!(e.unwrap_err().message().contains("set advertise"));
+        let mut adv = section(CacheSharing::Static);
+        adv.advertise = Some("10.0.0.2:7070".into());
+        let s = Sharing::resolve(&adv, &peers, wild, true, sqlite)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.me, "http://10.0.0.2:7070");
+        let e = Sharing::resolve(&section(CacheSharing::Catalog), &peers, api, true, sqlite);
+        assert!(e.unwrap_err().message().contains("PostgreSQL"));
+        let mut fast = section(CacheSharing::Catalog);
+        fast.heartbeat_secs = Some(5);
+        fast.member_ttl_secs = Some(6);
+        let e = Sharing::resolve(&fast, &peers, api, true, "postgres://db/x");
+        assert!(e.unwrap_err().message().contains("twice"));
+    }
+
+    fn cluster(me: &str, peers: &[&str]) -> Cluster {
+        let peers: Vec<String> = peers.iter().map(|p| p.to_string()).collect();
+        let s = Sharing {
+            kind: CacheSharing::Static,
+            me: me.into(),
+            peers: peers.clone(),
+            slurm_port: 7070,
+            heartbeat: Duration::from_secs(2),
+            member_ttl: Duration::from_secs(10),
+            peer_timeout: Duration::from_secs(1),
+        };
+        Cluster::new(s, Arc::new(StaticMembers::new(&peers)), "x".repeat(16)).unwrap()
+    }
+
+    #[test]
+    fn suspects_back_off_doubling_to_a_cap_and_a_good_answer_clears_them() {
+        let c = cluster("http://a:1", &["http://a:1", "http://b:1"]);
+        let e = Error::new(ErrorKind::Unavailable, "refused");
+        assert!(!c.is_suspect("http://b:1"));
+        let mut last = Duration::ZERO;
+        for strike in 1..=8u32 {
+            c.suspect("http://b:1", &e);
+            let left = c.suspects.lock()["http://b:1"].until - Instant::now();
+            let want = Duration::from_secs(1 << (strike - 1).min(5)).min(SUSPECT_MAX);
+            assert!(
+                left <= want && left + Duration::from_millis(200) >= want,
+                "{strike}: {left:?}"
+            );
+            assert!(left + Duration::from_millis(200) >= last);
+            last = left;
+        }
+        assert!(c.is_suspect("http://b:1"));
+        assert_eq!(c.status().members[1].state, "suspect");
+        assert_eq!(c.counters.suspected.load(Ordering::Relaxed), 8);
+        c.trusted("http://b:1");
+        assert!(!c.is_suspect("http://b:1"));
+        assert_eq!(c.status().members[1].state, "up");
+    }
+
+    #[test]
+    fn every_member_agrees_on_who_owns_a_block_and_shares_follow_the_view() {
+        let ids = ["http://a:1", "http://b:1", "http://c:1", "http://d:1"];
+        let members: Vec<Cluster> = ids.iter().map(|m| cluster(m, &ids)).collect();
+        let mut owned = [0u32; 4];
+        for i in 0..4000u64 {
+            let key = BlockKey::new(
+                strata_types::ObjectId::new("s3://b", format!("k{i}"), "e:1"),
+                i,
+            );
+            let locals: Vec<usize> = (0..4).filter(|&m| members[m].is_local(&key)).collect();
+            assert_eq!(
+                locals.len(),
+                1,
+                "block {i}: exactly one member owns it: {locals:?}"
+            );
+            owned[locals[0]] += 1;
+        }
+        for (m, n) in owned.iter().enumerate() {
+            assert!(
+                (850..1150).contains(n),
+                "member {m} owns {n} of 4000: {owned:?}"
+            );
+        }
+        let s = members[0].status();
+        assert_eq!(s.members.len(), 4);
+        assert!(s.members[0].me && !s.members[1].me);
+        let total: f64 = s.members.iter().map(|m| m.share).sum();
+        assert!((total - 1.0).abs() < 1e-9);
+        assert!(
+            s.members.iter().all(|m| (m.share - 0.25).abs() < 0.02),
+            "{s:?}"
+        );
+    }
+}

@@ -77,8 +77,9 @@ async fn block(
     State(agent): State<Arc<Agent>>,
     cluster: Option<Extension<ClusterCall>>,
     headers: HeaderMap,
-    Query(q): Query<BlockQuery>,
+    q: Result<Query<BlockQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    // Who asks is decided before what is asked: a user's request is refused whatever its query.
     let Some(Extension(call)) = cluster else {
         return Err(Error::new(
             ErrorKind::PermissionDenied,
@@ -86,6 +87,7 @@ async fn block(
         )
         .into());
     };
+    let Query(q) = q.map_err(|e| Error::invalid_input(format!("block request: {e}")))?;
     let bs = agent.cache().config().block_size.bytes();
     if q.block_size != bs {
         return Err(Error::invalid_input(format!(
