@@ -134,6 +134,9 @@ async fn metrics(
     principal.require_admin()?;
     let mut text = agent.telemetry().metrics().render();
     text.push_str(&crate::metrics::render_cache(&agent.cache().stats()));
+    if let Some(c) = agent.cluster() {
+        text.push_str(&crate::metrics::render_cluster(c));
+    }
     text.push_str(&crate::metrics::render_forecasts(&agent));
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

@@ -16,6 +16,50 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str
     }
 }
 
+/// The shared cache's peer requests by outcome, and members by state.
+pub(crate) fn render_cluster(c: &crate::cluster::Cluster) -> String {
+    let mut o = String::new();
+    let st = c.status(0);
+    family(
+        &mut o,
+        "strata_cluster_peer_requests_total",
+        "counter",
+        "Block requests this agent sent to peers, by outcome (every request counts once as sent)",
+        &[
+            ("outcome=\"sent\"", st.asked),
+            ("outcome=\"error\"", st.errors),
+            ("outcome=\"corrupt\"", st.corrupt),
+            ("outcome=\"refused\"", st.refused),
+        ],
+    );
+    family(
+        &mut o,
+        "strata_cluster_suspected_total",
+        "counter",
+        "Times a peer was marked suspect (skipped for a backoff)",
+        &[("", st.suspected)],
+    );
+    family(
+        &mut o,
+        "strata_cluster_moved_blocks_total",
+        "counter",
+        "Blocks served by their owner in the view before a membership change",
+        &[("", st.moved)],
+    );
+    let up = st.members.iter().filter(|m| m.state == "up").count() as u64;
+    family(
+        &mut o,
+        "strata_cluster_members",
+        "gauge",
+        "Members of the current view, by state as this agent sees them",
+        &[
+            ("state=\"up\"", up),
+            ("state=\"suspect\"", st.members.len() as u64 - up),
+        ],
+    );
+    o
+}
+
 /// Render the cache families.
 pub(crate) fn render_cache(s: &CacheStats) -> String {
     let mut o = String::new();
@@ -119,6 +163,26 @@ pub(crate) fn render_cache(s: &CacheStats) -> String {
         "counter",
         "Bytes read from backends to fill blocks",
         &[("", s.fill_bytes)],
+    );
+    family(
+        &mut o,
+        "strata_cache_peer_blocks_total",
+        "counter",
+        "Blocks of this agent's fills that other agents of the cluster served (from: peers) and blocks this agent served to them (to: peers)",
+        &[
+            ("direction=\"from_peers\"", s.peer_blocks),
+            ("direction=\"to_peers\"", s.served_to_peers),
+        ],
+    );
+    family(
+        &mut o,
+        "strata_cache_peer_bytes_total",
+        "counter",
+        "Bytes of those blocks",
+        &[
+            ("direction=\"from_peers\"", s.peer_bytes),
+            ("direction=\"to_peers\"", s.served_to_peers_bytes),
+        ],
     );
     family(
         &mut o,

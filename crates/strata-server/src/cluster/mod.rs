@@ -310,10 +310,13 @@ impl Cluster {
         }
     }
 
-    /// The status of the cluster as this agent sees it (`GET /v1/cluster`).
-    pub fn status(&self) -> ClusterStatus {
+    /// The status of the cluster as this agent sees it (`GET /v1/cluster`), each member's share of blocks
+    /// sampled over about `samples` block keys (0: no shares).
+    pub fn status(&self, samples: u32) -> ClusterStatus {
         let view = self.view();
-        let shares = shares(&view, 20_000);
+        // Each sample scores every member: at most ~400,000 scores however large the cluster.
+        let n = samples.min(400_000 / (view.members().len().max(1) as u32));
+        let shares = shares(&view, n);
         let suspects = self.suspects.lock().clone();
         let now = Instant::now();
         let c = &self.counters;
@@ -371,7 +374,10 @@ fn shares(view: &View, n: u32) -> Vec<f64> {
             counts[at] += 1;
         }
     }
-    counts.iter().map(|&c| c as f64 / f64::from(n)).collect()
+    counts
+        .iter()
+        .map(|&c| c as f64 / f64::from(n.max(1)))
+        .collect()
 }
 
 impl PeerSource for Cluster {
@@ -562,11 +568,11 @@ mod tests {
             last = left;
         }
         assert!(c.is_suspect("http://b:1"));
-        assert_eq!(c.status().members[1].state, "suspect");
+        assert_eq!(c.status(0).members[1].state, "suspect");
         assert_eq!(c.counters.suspected.load(Ordering::Relaxed), 8);
         c.trusted("http://b:1");
         assert!(!c.is_suspect("http://b:1"));
-        assert_eq!(c.status().members[1].state, "up");
+        assert_eq!(c.status(0).members[1].state, "up");
     }
 
     #[test]
@@ -593,7 +599,7 @@ mod tests {
                 "member {m} owns {n} of 4000: {owned:?}"
             );
         }
-        let s = members[0].status();
+        let s = members[0].status(20_000);
         assert_eq!(s.members.len(), 4);
         assert!(s.members[0].me && !s.members[1].me);
         let total: f64 = s.members.iter().map(|m| m.share).sum();

@@ -192,7 +192,7 @@ async fn status(State(agent): State<Arc<Agent>>) -> Result<Json<serde_json::Valu
     Ok(Json(match agent.cluster() {
         None => serde_json::json!({"shared": false, "cache": cache}),
         Some(c) => {
-            let mut v = serde_json::to_value(c.status())
+            let mut v = serde_json::to_value(c.status(20_000))
                 .map_err(|e| Error::internal(format!("cluster status: {e}")))?;
             v["shared"] = true.into();
             v["cache"] = cache;
