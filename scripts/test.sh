@@ -14,7 +14,8 @@
 #   (STRATA_TEST_POSTGRES_URL; STRATA_REQUIRE_POSTGRES=1 makes its absence a failure, not a skip).
 # - rclone (Debian's package, installed with apt if missing): a real S3 client for the gateway tests
 #   (tests/python/test_rclone.py; STRATA_REQUIRE_RCLONE=1 makes its absence a failure, not a skip); curl
-#   (its --aws-sigv4) for requests no SDK sends (a chunked PUT without a length).
+#   (its --aws-sigv4) for requests no SDK sends (a chunked PUT without a length); iproute2: the shared-cache
+#   tests put agents in network namespaces on a bridge and partition one (STRATA_REQUIRE_NETNS=1).
 # - cargo fmt --check, cargo clippy -D warnings (also of strata-object with its `gcp` and `azure` features), the
 #   conformance suite on those two backends against the emulators, and the whole workspace's tests; then the
 #   `strata` Python package is built from python/ (maturin, same target dir) and
@@ -73,11 +74,13 @@ export STRATA_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres
 export STRATA_REQUIRE_POSTGRES=1
 echo "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT"
 
-say "rclone and curl for the gateway tests"
-if ! command -v rclone >/dev/null || ! command -v curl >/dev/null; then
-  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone curl >/dev/null
+say "rclone and curl for the gateway tests, iproute2 for the shared-cache tests"
+if ! command -v rclone >/dev/null || ! command -v curl >/dev/null || ! command -v ip >/dev/null; then
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone curl iproute2 >/dev/null
 fi
 export STRATA_REQUIRE_RCLONE=1
+# The shared-cache tests put agents in network namespaces of their own (tests/python/test_shared_cache_netns.py).
+export STRATA_REQUIRE_NETNS=1
 echo "rclone $(rclone version | awk 'NR == 1 {print $2}')"
 
 # One clean build: incremental state would only take disk (3.4 GiB of it on a clean clone).

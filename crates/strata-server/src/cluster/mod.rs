@@ -264,6 +264,11 @@ impl Cluster {
             until: Instant::now(),
             strikes: 0,
         });
+        // Requests that were in flight together fail together: only a failure once the backoff has run out
+        // (the probe that found the peer still unwell) doubles it.
+        if entry.until > Instant::now() && entry.strikes > 0 {
+            return;
+        }
         entry.strikes = entry.strikes.saturating_add(1);
         let backoff = Duration::from_secs(1)
             .saturating_mul(1 << (entry.strikes - 1).min(5))
@@ -558,6 +563,8 @@ mod tests {
         let mut last = Duration::ZERO;
         for strike in 1..=8u32 {
             c.suspect("http://b:1", &e);
+            // A failure of a request in flight at the same time does not double the backoff.
+            c.suspect("http://b:1", &e);
             let left = c.suspects.lock()["http://b:1"].until - Instant::now();
             let want = Duration::from_secs(1 << (strike - 1).min(5)).min(SUSPECT_MAX);
             assert!(
@@ -566,10 +573,13 @@ mod tests {
             );
             assert!(left + Duration::from_millis(200) >= last);
             last = left;
+            // The backoff runs out; the next failure is the probe's.
+            c.suspects.lock().get_mut("http://b:1").unwrap().until = Instant::now();
         }
+        c.suspect("http://b:1", &e);
         assert!(c.is_suspect("http://b:1"));
         assert_eq!(c.status(0).members[1].state, "suspect");
-        assert_eq!(c.counters.suspected.load(Ordering::Relaxed), 8);
+        assert_eq!(c.counters.suspected.load(Ordering::Relaxed), 9);
         c.trusted("http://b:1");
         assert!(!c.is_suspect("http://b:1"));
         assert_eq!(c.status(0).members[1].state, "up");
