@@ -5,7 +5,10 @@ the origin once per cluster" is checked on the wire, not on the agents' own coun
 Covered: a cold dataset read concurrently through four agents (static membership); an agent SIGKILLed while
 the others read, then restarted; a peer whose block answers are corrupted on the way; the peer route's
 credentials and checks; membership from the PostgreSQL catalog (join, leave, no bytes moved by a change);
-membership from a Slurm node list.
+membership from a Slurm node list; the streaming loader on two nodes, each through its own agent.
+
+Tests marked xfail with a reason starting "BUG:" pin down behaviour that contradicts what the shared cache
+promises (see each reason); they are meant to pass, unmarked, once it is fixed.
 """
 import concurrent.futures
 import hashlib
@@ -18,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,11 +32,14 @@ import uuid
 
 import pytest
 
-from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, client, free_port, wait_port
+from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, client, free_port
 
 KIB, MIB = 1024, 1024 * 1024
 BLOCK = 256 * KIB
 SECRET = "shared-cache-test-secret-0123456789"
+# Agents sharing a PostgreSQL catalog seal its S3 secrets with one key.
+CATALOG_KEY = "5a" * 32
+GW_KEY, GW_SECRET = "shared-cache-key", "shared-cache-secret-0123456789"
 # Keys a careless encoder gets wrong: spaces, '+', '%', '&', '=', '~', non-ASCII, deep paths.
 UGLY = ["plain.bin", "with space/a b.bin", "plus+sign+.bin", "per%cent%20.bin", "ünïcødé/日本語 ファイル.bin",
         "amp&eq=tilde~.bin", "deep/er/and/deeper/x.bin", "sem;colon,comma.bin", "paren(s)[brackets].bin",
@@ -157,7 +164,10 @@ def object_gets(proxy, bucket):
 
 def assert_each_byte_fetched_once(proxy, bucket, objects):
     """Every byte of `objects` ({key: bytes}) came from the origin exactly once, nothing else did."""
-    gets = object_gets(proxy, bucket)
+    return assert_each_byte_fetched_once_in(object_gets(proxy, bucket), objects)
+
+
+def assert_each_byte_fetched_once_in(gets, objects):
     assert sorted(gets) == sorted(objects), (sorted(set(gets) ^ set(objects)))
     for key, ranges in gets.items():
         ranges = sorted(ranges)
@@ -177,8 +187,9 @@ class Agent:
     """One `strata serve` of a cluster, with its own data dir, API and gateway ports; restartable."""
 
     def __init__(self, root, name, backend_endpoint, bucket, cluster, api_host="127.0.0.1", api_port=None,
-                 extra="", env=None, disk="128MiB"):
+                 extra="", env=None, disk="128MiB", me=None):
         self.name = name
+        # self.me: its member id as the others reach it (its advertised address when that is not its API).
         self.dir = os.path.join(root, name)
         os.makedirs(self.dir, exist_ok=True)
         self.data = os.path.join(self.dir, "data")
@@ -187,6 +198,7 @@ class Agent:
         self.api_host = api_host
         self.api_port = api_port or free_port()
         self.api = f"http://{api_host}:{self.api_port}"
+        self.me = me or self.api
         self.s3_port = free_port()
         self.env = dict(os.environ, STRATA_LOG="warn", STRATA_CLUSTER_SECRET=SECRET, **(env or {}))
         for k in ("STRATA_CONFIG", "STRATA_DATA_DIR", "STRATA_API_LISTEN", "STRATA_S3_LISTEN", "STRATA_CATALOG",
@@ -200,6 +212,10 @@ data_dir = "{self.data}"
 listen = "{api_host}:{self.api_port}"
 [gateway]
 listen = "127.0.0.1:{self.s3_port}"
+[[gateway.keys]]
+access_key = "{GW_KEY}"
+secret_key = "{GW_SECRET}"
+principal = "reader"
 [cache]
 block_size = "{BLOCK // KIB}KiB"
 ram_capacity = "128MiB"
@@ -224,6 +240,8 @@ region = "us-east-1"
         self.logf = None
 
     def start(self, wait=True):
+        if self.logf:
+            self.logf.close()
         self.logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen([STRATA, "serve", "--config", self.cfg], stdout=self.logf,
                                      stderr=subprocess.STDOUT, env=self.env)
@@ -291,10 +309,6 @@ region = "us-east-1"
                 return m
         return None
 
-    @property
-    def me(self):
-        return getattr(self, "_me", self.api)
-
     def read(self, key, rng=None, timeout=60):
         """The object (or `rng` = (start, end_exclusive) of it) through `GET /v1/read`."""
         loc = urllib.parse.quote(f"default/{key}", safe="")
@@ -306,6 +320,12 @@ region = "us-east-1"
             body = r.read()
             assert r.status == (206 if rng else 200), r.status
         return body
+
+    def s3_read(self, key, rng=None):
+        """The same through the agent's S3 gateway (bucket `default`), with boto3."""
+        c = client(f"http://127.0.0.1:{self.s3_port}", GW_KEY, GW_SECRET)
+        kw = {"Range": f"bytes={rng[0]}-{rng[1] - 1}"} if rng is not None else {}
+        return c.get_object(Bucket="default", Key=key, **kw)["Body"].read()
 
 
 class Cluster:
@@ -358,7 +378,12 @@ def bucket(origin):
     s3 = client(origin, ORIGIN_KEY, ORIGIN_SECRET)
     name = f"shared-{uuid.uuid4().hex[:10]}"
     s3.create_bucket(Bucket=name)
-    return name, s3
+    yield name, s3
+    # The origin lives for the session: give its memory back.
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for o in page.get("Contents", []):
+            s3.delete_object(Bucket=name, Key=o["Key"])
+    s3.delete_bucket(Bucket=name)
 
 
 def upload(s3, bucket, objects):
@@ -389,12 +414,13 @@ def md5(b):
     return hashlib.md5(b).hexdigest()
 
 
-def read_all(tasks, workers=16):
-    """Run `tasks` [(agent, key, range_or_None)] concurrently; returns [(task, body or exception)]."""
+def read_all(tasks, workers=16, via=lambda ag: ag.read):
+    """Run `tasks` [(agent, key, range_or_None)] concurrently, each read with `via(agent)` (default its
+    /v1/read); returns [(task, body or exception)]."""
     def one(t):
         ag, key, rng = t
         try:
-            return t, ag.read(key, rng)
+            return t, via(ag)(key, rng)
         except Exception as e:  # noqa: BLE001 - a failed read is what the tests count
             return t, e
     with concurrent.futures.ThreadPoolExecutor(workers) as ex:
@@ -441,9 +467,10 @@ def test_four_agents_read_a_cold_dataset_each_block_from_the_origin_once(origin,
     proxy = cluster.proxy(origin.removeprefix("http://"))
     agents = static_cluster(cluster, 4, proxy.url, name)
 
-    # Every agent reads every object; the four reads of an object run at the same time.
+    # Every agent reads every object; the four reads of an object run at the same time. Two agents are read
+    # through their S3 gateway (boto3), two through the data-plane route.
     tasks = [(a, k, None) for k in objects for a in random.Random(2).sample(agents, len(agents))]
-    results = read_all(tasks, workers=16)
+    results = read_all(tasks, workers=16, via=lambda ag: ag.s3_read if ag in agents[2:] else ag.read)
     failed, bad = check_bodies(results, objects)
     assert not failed, (failed[:3], cluster.logs())
     assert not bad, bad[:3]
@@ -480,7 +507,8 @@ def test_four_agents_read_a_cold_dataset_each_block_from_the_origin_once(origin,
         for a in agents:
             s = rng.randrange(len(v))
             ranged.append((a, k, (s, min(len(v), s + rng.randint(1, 700 * KIB)))))
-    failed, bad = check_bodies(read_all(ranged), objects)
+    failed, bad = check_bodies(read_all(ranged, via=lambda ag: ag.s3_read if ag in agents[:2] else ag.read),
+                               objects)
     assert not failed and not bad, (failed[:3], bad[:3])
     assert object_gets(proxy, name) == {}
 
@@ -651,8 +679,7 @@ def test_a_member_down_stalls_reads_and_makes_live_peers_suspect(origin, bucket,
     live = []
     for p, f in zip(ports, fronts):
         a = cluster.add(origin_proxy.url, name, f'peers = {peers}\ncache = "static"\n'
-                        f'peer_timeout_ms = {int(timeout * 1000)}\nadvertise = "{f.addr}"', api_port=p)
-        a._me = f.url
+                        f'peer_timeout_ms = {int(timeout * 1000)}\nadvertise = "{f.addr}"', api_port=p, me=f.url)
         live.append(a)
     for a in live:
         a.start()
@@ -716,8 +743,7 @@ def test_corrupted_peer_answers_are_dropped_and_read_from_the_origin(origin, buc
     peers = json.dumps([f"127.0.0.1:{a_port}", fault_proxy.addr])
     a = cluster.add(origin_proxy.url, name, f'peers = {peers}\ncache = "static"', api_port=a_port)
     b = cluster.add(origin_proxy.url, name, f'peers = {peers}\ncache = "static"\nadvertise = "{fault_proxy.addr}"',
-                    api_port=b_port)
-    b._me = fault_proxy.url
+                    api_port=b_port, me=fault_proxy.url)
     a.start()
     b.start()
     assert b.cluster()["me"] == fault_proxy.url
@@ -837,3 +863,281 @@ def test_the_peer_route_takes_only_the_cluster_key_and_serves_only_the_version_a
     # The other team's principal may still read what no team owns.
     s, _, body = raw(a, q(index=0), {**key, "x-strata-principal": pid["nlp"]})
     assert s == 200 and body == objects["open/data.bin"][:BLOCK]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. Membership from the shared PostgreSQL catalog
+
+
+def _need(what):
+    if os.environ.get("STRATA_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"{what} (STRATA_REQUIRE_POSTGRES=1)")
+    pytest.skip(what)
+
+
+@pytest.fixture()
+def pg_databases():
+    """make() -> the URL of a fresh PostgreSQL database on the server of STRATA_TEST_POSTGRES_URL
+    (scripts/test.sh); all of them are dropped after the test."""
+    admin = os.environ.get("STRATA_TEST_POSTGRES_URL")
+    if not admin:
+        _need("no STRATA_TEST_POSTGRES_URL")
+    psql = shutil.which("psql")
+    if not psql:
+        _need("no psql to create a database with")
+    made = []
+
+    def run(sql):
+        r = subprocess.run([psql, admin, "-v", "ON_ERROR_STOP=1", "-Atc", sql], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+
+    def make():
+        db = f"strata_shared_{uuid.uuid4().hex[:12]}"
+        run(f'CREATE DATABASE "{db}"')
+        made.append(db)
+        u = urllib.parse.urlsplit(admin)
+        return urllib.parse.urlunsplit((u.scheme, u.netloc, f"/{db}", u.query, u.fragment))
+
+    try:
+        yield make
+    finally:
+        for db in made:
+            run(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+@pytest.fixture()
+def pg_url(pg_databases):
+    return pg_databases()
+
+
+CATALOG_CLUSTER = 'cache = "catalog"\nheartbeat_secs = 1\nmember_ttl_secs = 3'
+CAPS = {"agent0": 96 * MIB, "agent1": 160 * MIB, "agent2": 128 * MIB}
+
+
+def catalog_agent(c, endpoint, bucket, url):
+    name = f"agent{len(c.agents)}"
+    return c.add(endpoint, bucket, CATALOG_CLUSTER, extra=f'[catalog]\nurl = "{url}"',
+                 disk=f"{CAPS[name] // MIB}MiB", env={"STRATA_CATALOG_KEY": CATALOG_KEY})
+
+
+def view_of(agent):
+    s = agent.cluster()
+    return {m["id"]: m for m in s["members"]}
+
+
+def sees(agents, members):
+    """Every agent of `agents` sees exactly `members`, weighted by their cache capacity."""
+    want = {m.api: float(CAPS[m.name]) for m in members}
+    return all({i: m["weight"] for i, m in view_of(a).items()} == want for a in agents)
+
+
+def catalog_pair(origin, bucket, cluster, url):
+    """Two catalog agents that see each other, and a dataset read through both (each block from the origin
+    once). Returns (proxy, objects, agents)."""
+    name, s3 = bucket
+    objects = make_objects(60, 6, lo=1 * MIB, hi=2 * MIB, prefix="cat/")
+    upload(s3, name, objects)
+    proxy = cluster.proxy(origin.removeprefix("http://"))
+    a1 = catalog_agent(cluster, proxy.url, name, url).start()
+    a2 = catalog_agent(cluster, proxy.url, name, url).start()
+    poll("two catalog agents see each other", lambda: sees([a1, a2], [a1, a2]), timeout=15)
+    for a in (a1, a2):
+        s = a.cluster()
+        assert s["membership"] == "catalog" and s["me"] == a.api, s
+        share = {m["id"]: m["share"] for m in s["members"]}
+        # Weighted rendezvous: shares follow capacities (96 : 160).
+        assert abs(share[a2.api] - 160 / 256) < 0.05, share
+    failed, bad = check_bodies(read_all([(a, k, None) for k in objects for a in (a1, a2)]), objects)
+    assert not failed and not bad, (failed[:3], bad[:3], cluster.logs())
+    assert_each_byte_fetched_once(proxy, name, objects)
+    assert a1.cluster()["cache"]["peer_blocks"] > 0 and a2.cluster()["cache"]["peer_blocks"] > 0
+    return proxy, objects, [a1, a2]
+
+
+def snapshot(agents):
+    out = {}
+    for a in agents:
+        s = a.cluster()
+        out[a.name] = {**{k: s["cache"][k] for k in ("origin_bytes", "peer_bytes", "peer_blocks",
+                                                    "served_to_peers", "served_to_peers_bytes")},
+                       "asked": s["asked"], "moved": s["moved"]}
+    return out
+
+
+def test_catalog_members_join_and_leave_without_moving_bytes(origin, bucket, cluster, pg_url):
+    proxy, objects, (a1, a2) = catalog_pair(origin, bucket, cluster, pg_url)
+    before = snapshot([a1, a2])
+    changes = {a.name: a.cluster()["view_changes"] for a in (a1, a2)}
+    proxy.clear()
+
+    # A third agent joins: everyone sees three members within a few heartbeats.
+    a3 = catalog_agent(cluster, proxy.url, bucket[0], pg_url).start()
+    poll("all three see three members", lambda: sees([a1, a2, a3], [a1, a2, a3]), timeout=15)
+    for a in (a1, a2):
+        s = a.cluster()
+        assert s["view_changes"] > changes[a.name], s
+        assert s["previous_view"] and s["previous_view"]["members"] == 2, s
+    # Nothing is read, so nothing moves: no block pushed, pulled or re-read because of the join, for a while.
+    time.sleep(3)
+    assert snapshot([a1, a2]) == before
+    s3_ = snapshot([a3])["agent2"]
+    assert all(v == 0 for v in s3_.values()), s3_
+    assert object_gets(proxy, bucket[0]) == {}
+
+    # It stops (SIGTERM): it leaves the catalog, the others see two members again well before its TTL would
+    # have run out, and still nothing moves.
+    t = time.time()
+    a3.term()
+    assert a3.proc.returncode == 0, a3.log()
+    poll("the others see it leave", lambda: sees([a1, a2], [a1, a2]), timeout=10, every=0.1)
+    left_after = time.time() - t
+    assert left_after < 3.0, f"seen leaving only after {left_after:.1f}s (member_ttl_secs = 3): no leave"
+    assert snapshot([a1, a2]) == before
+    assert object_gets(proxy, bucket[0]) == {}
+    # The dataset is still whole through both.
+    failed, bad = check_bodies(read_all([(a, k, None) for k in objects for a in (a1, a2)]), objects)
+    assert not failed and not bad
+    assert object_gets(proxy, bucket[0]) == {}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: a joining agent re-reads from the origin every block it now owns, though the members before it "
+    "still hold them. Lazy moves ask the owner in the *previous* view, and only an agent whose view changed "
+    "has one; the joiner starts with the full view (its first heartbeat comes before the cluster is made), "
+    "and on a join blocks move only to the joiner. So `moved` stays 0 and a join costs origin reads, against "
+    "'a join or leave ... reads no block from the origin that a member still holds' (cluster/mod.rs)."))
+def test_a_joining_agent_reads_no_block_from_the_origin_that_a_member_holds(origin, bucket, cluster, pg_url):
+    proxy, objects, (a1, a2) = catalog_pair(origin, bucket, cluster, pg_url)
+    a3 = catalog_agent(cluster, proxy.url, bucket[0], pg_url).start()
+    poll("all three see three members", lambda: sees([a1, a2, a3], [a1, a2, a3]), timeout=15)
+    proxy.clear()
+    # Every block is held by both a1 and a2; the joiner owns about a third of them now.
+    failed, bad = check_bodies(read_all([(a3, k, None) for k in objects]), objects)
+    assert not failed and not bad
+    s = a3.cluster()
+    assert s["cache"]["peer_bytes"] == sum(len(v) for v in objects.values()), s
+    assert object_gets(proxy, bucket[0]) == {}, "blocks re-read from the origin after a join"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 6. Membership from a Slurm node list
+
+
+def port_free_on(hosts):
+    for _ in range(50):
+        p = free_port()
+        try:
+            for h in hosts:
+                with socket.socket() as s:
+                    s.bind((h, p))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no port free on every host")
+
+
+def test_slurm_node_list_members_share_one_copy(origin, bucket, cluster):
+    name, s3 = bucket
+    hosts = ["127.0.0.1", "127.0.0.2"]
+    try:
+        port = port_free_on(hosts)
+    except RuntimeError:
+        pytest.skip("cannot bind a port on both 127.0.0.1 and 127.0.0.2")
+    objects = make_objects(70, 6, lo=1 * MIB, hi=2 * MIB, prefix="slurm/")
+    upload(s3, name, objects)
+    proxy = cluster.proxy(origin.removeprefix("http://"))
+    env = {"SLURM_JOB_NODELIST": "127.0.0.[1-2]", "SLURM_JOB_ID": "4242"}
+    agents = [cluster.add(proxy.url, name, f'cache = "slurm"\nslurm_port = {port}\nadvertise = "{h}:{port}"',
+                          api_host=h, api_port=port, env=env) for h in hosts]
+    for a in agents:
+        a.start()
+    want = {f"http://{h}:{port}" for h in hosts}
+    for a in agents:
+        s = a.cluster()
+        assert s["membership"] == "slurm" and s["me"] == a.api, s
+        assert {m["id"] for m in s["members"]} == want, s["members"]
+        assert all(m["weight"] == 1.0 and m["state"] == "up" for m in s["members"]), s["members"]
+    failed, bad = check_bodies(read_all([(a, k, None) for k in objects for a in agents]), objects)
+    assert not failed and not bad, (failed[:3], bad[:3], cluster.logs())
+    assert_each_byte_fetched_once(proxy, name, objects)
+    cache = [a.cluster()["cache"] for a in agents]
+    assert all(c["peer_blocks"] > 0 and c["served_to_peers"] > 0 for c in cache), cache
+    assert sum(c["origin_bytes"] for c in cache) == sum(len(v) for v in objects.values()), cache
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 7. The loader on two nodes, each through its own agent
+
+
+LOADER = r"""
+import json, sys
+import strata
+url, agent = sys.argv[1:3]
+ds = strata.StreamingDataset(url, shuffle=True, seed=9, agent=agent, cache="agent", rank=0, world_size=1)
+assert ds.source_kind == "agent", ds.source_kind
+print(json.dumps([[s["__key__"], s["bin"].hex()[:16]] for s in ds]))
+"""
+
+
+def test_loaders_on_two_nodes_read_each_block_from_the_origin_once(origin, bucket, cluster, s3_env, tmp_path):
+    strata = pytest.importorskip("strata")
+    wds = pytest.importorskip("webdataset")
+    name, s3 = bucket
+    d = str(tmp_path / "wds")
+    os.makedirs(d)
+    rng = random.Random(80)
+    with wds.ShardWriter(os.path.join(d, "shard-%05d.tar"), maxcount=40, verbose=0) as sink:
+        for i in range(200):
+            sink.write({"__key__": f"sample{i:05d}", "bin": rng.randbytes(rng.randint(1000, 40000)),
+                        "cls": str(i % 7).encode()})
+    shards = {}
+    for f in sorted(os.listdir(d)):
+        with open(os.path.join(d, f), "rb") as fh:
+            shards[f"ds/{f}"] = fh.read()
+    upload(s3, name, shards)
+    # Indexed where it lives (in process, straight from the origin): the manifest records the ETags.
+    assert strata.index_dataset(f"s3://{name}/ds") == 200
+    want = [[s["__key__"], s["bin"][:8].hex()] for s in strata.StreamingDataset(d, shuffle=True, seed=9)]
+    proxy = cluster.proxy(origin.removeprefix("http://"))
+    agents = static_cluster(cluster, 2, proxy.url, name)
+    procs = [subprocess.Popen([sys.executable, "-c", LOADER, f"s3://{name}/ds", a.api], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for a in agents]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(json.loads(out))
+    # Both nodes get the samples in the order the loader gives without any agent.
+    assert outs[0] == want and outs[1] == want
+    # Each shard byte came from the origin once for the two nodes.
+    gets = {k: v for k, v in object_gets(proxy, name).items() if k.endswith(".tar")}
+    assert sorted(gets) == sorted(shards)
+    assert_each_byte_fetched_once_in(gets, shards)
+    cache = [a.cluster()["cache"] for a in agents]
+    assert all(c["peer_blocks"] > 0 for c in cache), cache
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "BUG: agents started at the same time on a fresh shared PostgreSQL catalog race on its first-start rows: "
+    "one of them exits with 'duplicate key value violates unique constraint \"principals_token_hash_key\"' "
+    "(the administrator, from STRATA_ADMIN_TOKEN) or '... \"catalog_keys_pkey\"' (the catalog key), about one "
+    "start of three agents in three. The agents of a job (cache = \"catalog\") do start together."))
+def test_catalog_agents_started_at_once_on_a_fresh_catalog_all_start(bucket, cluster, pg_databases):
+    for trial in range(3):
+        url = pg_databases()
+        c = Cluster()
+        try:
+            agents = [catalog_agent(c, "http://127.0.0.1:9", bucket[0], url) for _ in range(3)]
+            for a in agents:
+                a.start(wait=False)
+            failed = []
+            for a in agents:
+                try:
+                    a.wait_ready()
+                except RuntimeError as e:
+                    failed.append(str(e)[-400:])
+            assert not failed, f"trial {trial}: {failed}"
+            poll("three members", lambda: sees(agents, agents), timeout=15)
+        finally:
+            c.close()
