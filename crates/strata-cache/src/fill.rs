@@ -211,7 +211,7 @@ impl BlockCache {
             ),
         };
         // In a cluster the blocks other agents own are asked of them while this agent's own runs are read from
-        // the origin; a block no peer served is read from the origin after them.
+        // the origin; a block no peer served is read from the origin on its own.
         let peers = match (given.is_none(), mode, self.peers()) {
             (true, FillMode::Readahead | FillMode::Warm, Some(p)) => Some(p),
             _ => None,
@@ -227,22 +227,11 @@ impl BlockCache {
                     .filter(|&i| !local[i])
                     .map(|i| (i, done[i].take()))
                     .collect();
-                let (left, r) = futures::join!(
+                let (from_peers, own) = futures::join!(
                     self.fill_from_peers(ctx, obj, keys, mode, asked, peers),
                     self.origin_runs(ctx, obj, keys, mode, done, None, Some(&local)),
                 );
-                let mut rest = vec![false; keys.len()];
-                for (i, tx) in left {
-                    rest[i] = true;
-                    done[i] = tx;
-                }
-                match r {
-                    Ok(()) => {
-                        self.origin_runs(ctx, obj, keys, mode, done, None, Some(&rest))
-                            .await
-                    }
-                    Err(e) => Err(e),
-                }
+                own.and(from_peers)
             }
         };
         let c = &self.inner.counters;
@@ -303,7 +292,7 @@ impl BlockCache {
     /// One backend request for a run of consecutive blocks. Mid-stream failures (a reset connection) retry the
     /// whole run under the backend's retry policy; blocks completed before the failure are already cached and
     /// correct (the ETag is pinned).
-    async fn origin_run(
+    pub(crate) async fn origin_run(
         &self,
         ctx: &IoContext,
         obj: &ObjState,

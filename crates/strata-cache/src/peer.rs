@@ -6,8 +6,9 @@
 //! own ([`PeerSource::is_local`]: fill it from the origin here, with the single-flight every fill has) or
 //! another's ([`PeerSource::fetch`]: the owner's bytes, verified, or nothing when every owner ahead of this
 //! agent failed). A fill's run is split accordingly: the blocks asked of peers and the runs of this agent's own
-//! blocks go at once, each block handed to its readers as it arrives; a block no peer served joins the origin
-//! requests after them. Peer blocks are admitted into RAM and disk like any fill's (warm-ups: forced, and
+//! blocks go at once, each block handed to its readers as it arrives; a block no peer served is read from the
+//! origin at once, on its own: a block never waits on another block's owner (see
+//! `BlockCache::fill_from_peers`). Peer blocks are admitted into RAM and disk like any fill's (warm-ups: forced, and
 //! reported once on disk).
 //!
 //! An agent serving a peer ([`BlockCache::serve_peer`]) answers from its tiers, else fills the block from the
@@ -111,8 +112,11 @@ impl BlockCache {
     }
 
     /// Ask the peers for the blocks of a run that other agents own, all at once, handing each to its readers
-    /// (and the tiers) as it arrives. Returns the indices (into `keys`) of the blocks to read from the origin
-    /// with their senders back in `done`.
+    /// (and the tiers) as it arrives; a block no peer served is read from the origin at once, on its own.
+    ///
+    /// Each block waits only on its own owners, never on another block of the run: an owner's fill that a
+    /// peer's request joined must not wait for that peer's answer about a different block (two agents taking
+    /// over a dead member's blocks would each wait for the other until the peer timeout).
     pub(crate) async fn fill_from_peers(
         &self,
         ctx: &IoContext,
@@ -121,60 +125,83 @@ impl BlockCache {
         mode: FillMode,
         asked: Vec<(usize, Option<oneshot::Sender<Result<Bytes>>>)>,
         peers: &Arc<dyn PeerSource>,
-    ) -> Vec<(usize, Option<oneshot::Sender<Result<Bytes>>>)> {
+    ) -> Result<()> {
         let bs = self.inner.cfg.block_size.bytes();
         let mut pending = futures::stream::FuturesUnordered::new();
         for (i, tx) in asked {
-            let key = &keys[i].0;
-            let len = ((key.index + 1) * bs).min(obj.meta.size) - key.index * bs;
-            let ask = PeerBlock {
-                ctx,
-                backend: &obj.backend,
-                meta: &obj.meta,
-                key,
-                len,
-                block_size: bs,
-            };
-            let start = Instant::now();
-            pending.push(peers.fetch(ask).map(move |r| (i, tx, len, r, start)));
+            pending.push(self.peer_block(ctx, obj, &keys[i..=i], bs, mode, tx, peers));
         }
-        let mut left = Vec::new();
-        while let Some((i, tx, len, r, start)) = pending.next().await {
-            let b = match r {
-                Some(b) if b.len() as u64 == len => b,
-                _ => {
-                    left.push((i, tx));
-                    continue;
+        let mut first_err = Ok(());
+        while let Some(r) = pending.next().await {
+            if let Err(e) = r
+                && first_err.is_ok()
+            {
+                first_err = Err(e);
+            }
+        }
+        first_err
+    }
+
+    /// One block of [`Self::fill_from_peers`]: from its owners, else the origin.
+    #[allow(clippy::too_many_arguments)]
+    async fn peer_block(
+        &self,
+        ctx: &IoContext,
+        obj: &ObjState,
+        one: &[(BlockKey, Digest)],
+        bs: u64,
+        mode: FillMode,
+        tx: Option<oneshot::Sender<Result<Bytes>>>,
+        peers: &Arc<dyn PeerSource>,
+    ) -> Result<()> {
+        let (key, d) = &one[0];
+        let len = ((key.index + 1) * bs).min(obj.meta.size) - key.index * bs;
+        let ask = PeerBlock {
+            ctx,
+            backend: &obj.backend,
+            meta: &obj.meta,
+            key,
+            len,
+            block_size: bs,
+        };
+        let start = Instant::now();
+        let b = match peers.fetch(ask).await {
+            Some(b) if b.len() as u64 == len => b,
+            _ => {
+                let mut done = [tx];
+                let r = self.origin_run(ctx, obj, one, mode, &mut done, None).await;
+                if let (Err(e), Some(tx)) = (&r, done[0].take()) {
+                    let _ = tx.send(Err(e.clone()));
                 }
-            };
-            let (key, d) = &keys[i];
-            self.insert_ram(
-                key,
-                *d,
-                &b,
-                mode == FillMode::Warm && self.inner.disk.is_none(),
-            );
-            if let Some(written) = self.store_disk(key, *d, &b, mode).await {
-                let _ = written.await;
+                return r;
             }
-            let c = &self.inner.counters;
-            c.peer_blocks.fetch_add(1, Ordering::Relaxed);
-            c.peer_bytes.fetch_add(len, Ordering::Relaxed);
-            self.inner.telemetry.emit(IoEvent {
-                at: SystemTime::now(),
-                op: Op::Get,
-                backend: obj.id.backend.clone(),
-                key: obj.id.key.clone(),
-                bytes: len,
-                latency: start.elapsed(),
-                tier: Tier::Peer,
-                outcome: Outcome::Ok,
-                ctx: ctx.clone(),
-            });
-            if let Some(tx) = tx {
-                let _ = tx.send(Ok(b));
-            }
+        };
+        self.insert_ram(
+            key,
+            *d,
+            &b,
+            mode == FillMode::Warm && self.inner.disk.is_none(),
+        );
+        if let Some(written) = self.store_disk(key, *d, &b, mode).await {
+            let _ = written.await;
         }
-        left
+        let c = &self.inner.counters;
+        c.peer_blocks.fetch_add(1, Ordering::Relaxed);
+        c.peer_bytes.fetch_add(len, Ordering::Relaxed);
+        self.inner.telemetry.emit(IoEvent {
+            at: SystemTime::now(),
+            op: Op::Get,
+            backend: obj.id.backend.clone(),
+            key: obj.id.key.clone(),
+            bytes: len,
+            latency: start.elapsed(),
+            tier: Tier::Peer,
+            outcome: Outcome::Ok,
+            ctx: ctx.clone(),
+        });
+        if let Some(tx) = tx {
+            let _ = tx.send(Ok(b));
+        }
+        Ok(())
     }
 }
