@@ -539,8 +539,21 @@ impl Catalog {
                 admin: true,
             };
             let id = new_id("p_");
-            self.insert_principal(&id, &new, Some(t), None, None, self.now())
-                .await?;
+            match self
+                .insert_principal(&id, &new, Some(t), None, None, self.now())
+                .await
+            {
+                Ok(_) => {}
+                // Agents of a cluster start together on a fresh catalog: another one registered the same
+                // token between our check and our insert.
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    if self.authenticate(t).await?.is_some() {
+                        return Ok(None);
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
             self.audit(
                 crate::access::SYSTEM,
                 None,

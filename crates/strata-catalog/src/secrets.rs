@@ -164,11 +164,27 @@ impl Catalog {
             }
             Some(_) => {}
             None => {
-                sqlx::query("INSERT INTO catalog_keys (id, check_value) VALUES ('secrets', $1)")
-                    .bind(&check)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
+                // Agents of a cluster start together on a fresh catalog: the first insert wins, and every
+                // other agent's key is checked against it.
+                sqlx::query(
+                    "INSERT INTO catalog_keys (id, check_value) VALUES ('secrets', $1) \
+                     ON CONFLICT (id) DO NOTHING",
+                )
+                .bind(&check)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+                let now: String =
+                    sqlx::query_scalar("SELECT check_value FROM catalog_keys WHERE id = 'secrets'")
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db_err)?;
+                if now != check {
+                    return Err(Error::config(
+                        "the catalog's secrets are sealed with another key: give this agent the key the other \
+                         agents use (STRATA_CATALOG_KEY, or the same catalog.key file)",
+                    ));
+                }
             }
         }
         let clear: Vec<(String, String)> =
