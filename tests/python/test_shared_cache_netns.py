@@ -56,7 +56,14 @@ def addr(i):
 def cleanup_net():
     for i in range(1, N + 1):
         sh("ip", "netns", "del", ns(i), check=False)
+        sh("ip", "link", "del", f"sv{i}b", check=False)
     sh("ip", "link", "del", BRIDGE, check=False)
+    # A deleted namespace's devices go away asynchronously: wait until the names are free again.
+    deadline = time.time() + 10
+    while any(sh("ip", "link", "show", name, check=False).returncode == 0
+              for name in [BRIDGE] + [f"sv{i}b" for i in range(1, N + 1)]):
+        assert time.time() < deadline, "the test's network devices did not go away"
+        time.sleep(0.1)
 
 
 def get(url, timeout=30):
@@ -178,7 +185,11 @@ peer_timeout_ms = 3000
 
 @pytest.fixture(scope="module")
 def net():
-    n = Net()
+    try:
+        n = Net()
+    except BaseException:
+        cleanup_net()
+        raise
     try:
         yield n
     finally:
@@ -248,9 +259,8 @@ def test_a_partitioned_host_fails_no_read_and_is_trusted_again_once_back(net):
         # a few blocks more).
         assert size <= got <= size + 6 * BLOCK, f"origin bytes {got} for {size}"
         for i in survivors:
+            # Suspect for a backoff (1 s at first, so it may be over already): the counters keep the record.
             c = net.cluster(i)
-            state = {m["id"]: m["state"] for m in c["members"]}
-            assert state[f"http://{addr(cut)}:{API_PORT}"] == "suspect", c
             assert c["errors"] > 0 and c["suspected"] > 0, c
         assert took < 60, took
     finally:

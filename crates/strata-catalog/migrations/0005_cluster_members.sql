@@ -7,3 +7,10 @@ CREATE TABLE cluster_members (
     started_at  BIGINT NOT NULL,
     seen_at     BIGINT NOT NULL
 );
+
+-- Facts about the catalog itself: `id`, made on first use, tells agents whether they share one catalog (the
+-- peer block route decides access for a principal only when the asking agent's catalog is its own).
+CREATE TABLE catalog_meta (
+    name   TEXT PRIMARY KEY,
+    value  TEXT NOT NULL
+);

@@ -71,3 +71,21 @@ impl Catalog {
         Ok(())
     }
 }
+
+impl Catalog {
+    /// This catalog's identity, made on first use: agents that share a catalog get the same one.
+    pub async fn identity(&self) -> Result<String> {
+        sqlx::query(
+            "INSERT INTO catalog_meta (name, value) VALUES ('id', $1) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(crate::new_id("c_"))
+        .execute(self.pool())
+        .await
+        .map_err(db_err)?;
+        let row = sqlx::query("SELECT value FROM catalog_meta WHERE name = 'id'")
+            .fetch_one(self.pool())
+            .await
+            .map_err(db_err)?;
+        row.try_get("value").map_err(db_err)
+    }
+}

@@ -19,7 +19,7 @@ use strata_types::{Error, ErrorKind, IoContext};
 
 use crate::Agent;
 use crate::access::Caller;
-use crate::http::{Access, ApiError, ApiResult, Plane, Route, RouteDoc, io_context};
+use crate::http::{Access, ApiError, ApiResult, Plane, Route, RouteDoc, principal_context};
 use strata_catalog::{Principal, Role};
 
 /// The data-plane routes (and `/healthz`, `/metrics`), for the route table of [`crate::routes`].
@@ -227,11 +227,11 @@ async fn warm(
             Error::invalid_input(format!("concurrency = {concurrency}: must be 1..=256")).into(),
         );
     }
+    let ctx = principal_context(&headers, &principal);
     let caller = Caller::Principal(principal);
     let (backend, prefix, _) = agent
         .authorize(&caller, &req.location, Role::Reader, true)
         .await?;
-    let ctx = io_context(&headers);
     // Lines of progress, then the end: a warm-up that fails before its first progress line (the listing was
     // refused, the bucket does not exist) answers with its error's status; one that fails later ends with an
     // error line and a cut body, never a clean 200.
@@ -434,11 +434,11 @@ async fn read(
     headers: HeaderMap,
     Query(q): Query<ReadQuery>,
 ) -> ApiResult<Response> {
+    let ctx = principal_context(&headers, &principal);
     let caller = Caller::Principal(principal);
     let (backend, key, _) = agent
         .authorize(&caller, &q.location, Role::Reader, false)
         .await?;
-    let ctx = io_context(&headers);
     let res = agent
         .cache()
         .get(&ctx, &backend, &key, get_options(&headers)?)
@@ -471,11 +471,11 @@ async fn prefetch(
     headers: HeaderMap,
     Query(q): Query<ReadQuery>,
 ) -> ApiResult<Response> {
+    let ctx = principal_context(&headers, &principal);
     let caller = Caller::Principal(principal);
     let (backend, key, _) = agent
         .authorize(&caller, &q.location, Role::Reader, false)
         .await?;
-    let ctx = io_context(&headers);
     agent
         .cache()
         .prefetch(&ctx, &backend, &key, get_options(&headers)?)

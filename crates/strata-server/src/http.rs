@@ -44,6 +44,14 @@ impl IntoResponse for ApiError {
 
 /// The I/O context a request names: the job from the `x-strata-job` header, the team from `x-strata-team`
 /// (values of at most 256 bytes; others are ignored).
+/// [`io_context`] of a request made by `principal`: the read is for that principal (an agent asked for one of
+/// its blocks decides access for it).
+pub fn principal_context(headers: &HeaderMap, principal: &strata_catalog::Principal) -> IoContext {
+    let mut ctx = io_context(headers);
+    ctx.principal = Some(Arc::from(principal.id.as_str()));
+    ctx
+}
+
 pub fn io_context(headers: &HeaderMap) -> IoContext {
     let h = |name: &str| {
         headers

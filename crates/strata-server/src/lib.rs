@@ -161,6 +161,7 @@ impl Agent {
                     sharing.clone(),
                     membership,
                     secret.clone(),
+                    catalog.identity().await?,
                 )?);
                 cl.refresh();
                 if cl.view().member(cl.me()).is_none() {

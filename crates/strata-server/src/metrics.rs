@@ -27,6 +27,7 @@ pub(crate) fn render_cluster(c: &crate::cluster::Cluster) -> String {
         "Block requests this agent sent to peers, by outcome (every request counts once as sent)",
         &[
             ("outcome=\"sent\"", st.asked),
+            ("outcome=\"sent_to_previous_owner\"", st.move_asks),
             ("outcome=\"error\"", st.errors),
             ("outcome=\"corrupt\"", st.corrupt),
             ("outcome=\"refused\"", st.refused),

@@ -16,6 +16,8 @@ pub const BLOCK_HASH_HEADER: &str = "x-strata-blake3";
 pub const PRINCIPAL_HEADER: &str = "x-strata-principal";
 /// The header naming the job a peer read is for.
 pub const JOB_HEADER: &str = "x-strata-job";
+/// The header carrying the asking agent's catalog identity ([`strata_catalog::Catalog::identity`]).
+pub const CATALOG_HEADER: &str = "x-strata-catalog";
 
 /// Whether an error kind is the peer declining the request (it is well, and would refuse it again), not the
 /// peer failing: such answers do not make it suspect.
@@ -36,11 +38,13 @@ pub fn is_refusal(kind: ErrorKind) -> bool {
 pub struct PeerClient {
     http: reqwest::Client,
     secret: String,
+    catalog: String,
 }
 
 impl PeerClient {
-    /// A client presenting `secret`, giving each request at most `timeout` (connecting: at most 1 s).
-    pub fn new(secret: String, timeout: Duration) -> Result<Self> {
+    /// A client presenting `secret` and the identity of its agent's catalog, giving each request at most
+    /// `timeout` (connecting: at most 1 s).
+    pub fn new(secret: String, catalog: String, timeout: Duration) -> Result<Self> {
         let http = reqwest::Client::builder()
             .connect_timeout(timeout.min(Duration::from_secs(1)))
             .timeout(timeout)
@@ -48,7 +52,11 @@ impl PeerClient {
             .tcp_nodelay(true)
             .build()
             .map_err(|e| Error::internal(format!("building the peer HTTP client: {e}")))?;
-        Ok(Self { http, secret })
+        Ok(Self {
+            http,
+            secret,
+            catalog,
+        })
     }
 
     /// The block from `peer`: `Ok(None)` when `fill` is false and the peer does not hold it.
@@ -74,7 +82,8 @@ impl PeerClient {
         let mut req = self
             .http
             .get(url)
-            .header(strata_client::CLUSTER_KEY_HEADER, &self.secret);
+            .header(strata_client::CLUSTER_KEY_HEADER, &self.secret)
+            .header(CATALOG_HEADER, &self.catalog);
         if let Some(t) = &b.ctx.team {
             req = req.header(strata_client::CLUSTER_TEAM_HEADER, t.as_ref());
         }

@@ -13,7 +13,8 @@
 //!   is. Reads never fail because a peer did.
 //! - **Lazy moves**: for [`MOVE_GRACE`] after the view changed, a block this agent now owns and misses is
 //!   first asked of its owner in the previous view (only if held there: no fill), so a join or leave moves
-//!   no block in bulk and reads no block from the origin that a member still holds.
+//!   no block in bulk and reads no block from the origin that a member still holds. An agent that starts
+//!   takes the view without itself as its previous one: the cluster it joins ran without it.
 //! - **Trust**: the peer block route ([`routes`]) takes only the cluster credential, serves exactly the
 //!   version asked for, and decides access for the principal the read is for as it would for that principal
 //!   itself.
@@ -142,8 +143,10 @@ impl Sharing {
 /// Counters of the peer path (also in `GET /v1/cluster` and the metrics).
 #[derive(Debug, Default)]
 pub struct PeerCounters {
-    /// Block requests sent to peers.
+    /// Block requests sent to peers (to their owners, who read them from the origin if need be).
     pub asked: AtomicU64,
+    /// Requests to a block's owner before a membership change (served only if held).
+    pub move_asks: AtomicU64,
     /// Failed ones: refused or reset connections, timeouts, 5xx answers.
     pub errors: AtomicU64,
     /// Answers whose bytes failed their check (length or BLAKE3).
@@ -177,27 +180,51 @@ pub struct Cluster {
     views: RwLock<Views>,
     suspects: Mutex<HashMap<String, Suspect>>,
     client: client::PeerClient,
+    catalog: String,
     /// Counters of the peer path.
     pub counters: PeerCounters,
 }
 
 impl Cluster {
-    /// Join the cluster `sharing` describes, with `membership` as the source of its members.
-    pub fn new(sharing: Sharing, membership: Arc<dyn Membership>, secret: String) -> Result<Self> {
-        let client = client::PeerClient::new(secret, sharing.peer_timeout)?;
+    /// Join the cluster `sharing` describes, with `membership` as the source of its members; `catalog` is
+    /// the identity of this agent's catalog.
+    pub fn new(
+        sharing: Sharing,
+        membership: Arc<dyn Membership>,
+        secret: String,
+        catalog: String,
+    ) -> Result<Self> {
+        let client = client::PeerClient::new(secret, catalog.clone(), sharing.peer_timeout)?;
         let current = membership.view();
+        // An agent that starts joins a cluster that ran without it: the others hold what it now owns (a
+        // joining agent's first view already has everyone in it, a restarted one's blocks were taken over).
+        let before = View::new(
+            current
+                .members()
+                .iter()
+                .filter(|m| m.id != sharing.me)
+                .cloned()
+                .collect(),
+        );
+        let previous = (!before.members().is_empty()).then(|| (Arc::new(before), Instant::now()));
         Ok(Self {
             sharing,
             membership,
             views: RwLock::new(Views {
                 current,
-                previous: None,
+                previous,
                 changed: 0,
             }),
             suspects: Mutex::new(HashMap::new()),
             client,
+            catalog,
             counters: PeerCounters::default(),
         })
+    }
+
+    /// The identity of this agent's catalog.
+    pub fn catalog(&self) -> &str {
+        &self.catalog
     }
 
     /// This agent's member id.
@@ -251,6 +278,15 @@ impl Cluster {
             .map(|(p, _)| p.clone())
     }
 
+    /// The member that owned a block in the view before the last change (within [`MOVE_GRACE`]), if that is
+    /// another member of the current view and not suspect: it may still hold the block.
+    fn moved_from(&self, view: &View, digest: &[u8]) -> Option<String> {
+        let prev = self.previous_view()?;
+        let p = placement::owner(&prev, digest)?;
+        (p.id != self.sharing.me && view.member(&p.id).is_some() && !self.is_suspect(&p.id))
+            .then(|| p.id.clone())
+    }
+
     fn is_suspect(&self, id: &str) -> bool {
         self.suspects
             .lock()
@@ -288,7 +324,12 @@ impl Cluster {
 
     /// Ask `peer` for a block; errors are counted, and the kinds that say the peer is unwell make it suspect.
     async fn ask(&self, peer: &str, block: &PeerBlock<'_>, fill: bool) -> Option<Bytes> {
-        self.counters.asked.fetch_add(1, Ordering::Relaxed);
+        let sent = if fill {
+            &self.counters.asked
+        } else {
+            &self.counters.move_asks
+        };
+        sent.fetch_add(1, Ordering::Relaxed);
         match self.client.block(peer, block, fill).await {
             Ok(Some(b)) => {
                 self.trusted(peer);
@@ -357,6 +398,8 @@ impl Cluster {
                 })
                 .collect(),
             asked: ld(&c.asked),
+            move_asks: ld(&c.move_asks),
+            catalog: self.catalog.clone(),
             errors: ld(&c.errors),
             corrupt: ld(&c.corrupt),
             refused: ld(&c.refused),
@@ -388,8 +431,11 @@ fn shares(view: &View, n: u32) -> Vec<f64> {
 impl PeerSource for Cluster {
     fn is_local(&self, key: &BlockKey) -> bool {
         let view = self.view();
-        match placement::owner(&view, &key.digest()) {
-            Some(m) => m.id == self.sharing.me,
+        let digest = key.digest();
+        match placement::owner(&view, &digest) {
+            // A block that changed owner to this agent goes through `fetch`, which asks the owner before.
+            Some(m) if m.id == self.sharing.me => self.moved_from(&view, &digest).is_none(),
+            Some(_) => false,
             None => true,
         }
     }
@@ -406,12 +452,8 @@ impl PeerSource for Cluster {
             for m in &owners {
                 if m.id == self.sharing.me {
                     // This agent's block: a member of the view before a change may still hold it.
-                    if let Some(prev) = self.previous_view()
-                        && let Some(p) = placement::owner(&prev, &digest)
-                        && p.id != self.sharing.me
-                        && view.member(&p.id).is_some()
-                        && !self.is_suspect(&p.id)
-                        && let Some(b) = self.ask(&p.id, &block, false).await
+                    if let Some(p) = self.moved_from(&view, &digest)
+                        && let Some(b) = self.ask(&p, &block, false).await
                     {
                         self.counters.moved.fetch_add(1, Ordering::Relaxed);
                         return Some(b);
@@ -445,8 +487,12 @@ pub struct ClusterStatus {
     pub previous_view: Option<PreviousView>,
     /// The members, by id.
     pub members: Vec<MemberStatus>,
-    /// Block requests this agent sent to peers.
+    /// Block requests this agent sent to peers' owners.
     pub asked: u64,
+    /// Requests to a block's owner before a membership change (or this agent's start), served if held.
+    pub move_asks: u64,
+    /// The identity of this agent's catalog (agents sharing one decide access for each other's principals).
+    pub catalog: String,
     /// Of them, failed (connection, timeout, 5xx).
     pub errors: u64,
     /// Of them, answered with bytes that failed their check.
@@ -552,7 +598,13 @@ mod tests {
             member_ttl: Duration::from_secs(10),
             peer_timeout: Duration::from_secs(1),
         };
-        Cluster::new(s, Arc::new(StaticMembers::new(&peers)), "x".repeat(16)).unwrap()
+        Cluster::new(
+            s,
+            Arc::new(StaticMembers::new(&peers)),
+            "x".repeat(16),
+            "c_test".into(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -589,6 +641,19 @@ mod tests {
     fn every_member_agrees_on_who_owns_a_block_and_shares_follow_the_view() {
         let ids = ["http://a:1", "http://b:1", "http://c:1", "http://d:1"];
         let members: Vec<Cluster> = ids.iter().map(|m| cluster(m, &ids)).collect();
+        // Just started: the cluster ran without each of them, so their own blocks are first asked of the
+        // owner in the view without them (a lazy move), never read from the origin straight away.
+        let key = |i: u64| {
+            BlockKey::new(
+                strata_types::ObjectId::new("s3://b", format!("k{i}"), "e:1"),
+                i,
+            )
+        };
+        assert!((0..400u64).all(|i| (0..4).all(|m| !members[m].is_local(&key(i)))));
+        for m in &members {
+            assert!(m.status(0).previous_view.is_some_and(|p| p.members == 3));
+            m.views.write().previous = None;
+        }
         let mut owned = [0u32; 4];
         for i in 0..4000u64 {
             let key = BlockKey::new(

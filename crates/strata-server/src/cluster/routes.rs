@@ -7,7 +7,8 @@
 //! tiers or read from the origin with `If-Match` of that ETag (never another version), and never asked of a
 //! third agent. Access is decided as for a read by the principal the request is for (`x-strata-principal`,
 //! looked up in this agent's catalog; revoked or unknown: refused), or for a configured key acting for the team
-//! it names. The answer carries the block's BLAKE3 in `x-strata-blake3`, which the asking agent checks.
+//! it names; when the asking agent's catalog (`x-strata-catalog`) is not this agent's, its decision stands.
+//! The answer carries the block's BLAKE3 in `x-strata-blake3`, which the asking agent checks.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +23,7 @@ use serde::Deserialize;
 use strata_catalog::{Principal, Role};
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta};
 
-use super::client::{BLOCK_HASH_HEADER, JOB_HEADER, PRINCIPAL_HEADER};
+use super::client::{BLOCK_HASH_HEADER, CATALOG_HEADER, JOB_HEADER, PRINCIPAL_HEADER};
 use crate::Agent;
 use crate::access::Caller;
 use crate::http::{Access, ApiError, Plane, Route, RouteDoc};
@@ -110,8 +111,16 @@ async fn block(
             .map(Arc::<str>::from)
     };
     let principal = h(PRINCIPAL_HEADER);
+    // One catalog, one decision: a principal of the catalog this agent shares with the asking one is decided
+    // for here as it would be for that principal itself (unknown or revoked: refused). Agents with catalogs
+    // of their own know nothing of each other's principals: the asking agent's decision stands.
+    let shared = agent
+        .cluster()
+        .is_some_and(|c| h(CATALOG_HEADER).as_deref() == Some(c.catalog()));
     let caller = match principal.as_deref() {
-        Some(id) if id.starts_with("p_") => Caller::Principal(principal_for(&agent, id).await?),
+        Some(id) if shared && id.starts_with("p_") => {
+            Caller::Principal(principal_for(&agent, id).await?)
+        }
         _ => Caller::Root {
             team: call.team.clone(),
         },
