@@ -483,6 +483,18 @@ impl BlockCache {
         if let Some(b) = self.lookup(ctx, &key, &d).await {
             return Ok(b);
         }
+        self.fill_missed(ctx, obj, index, FillMode::Readahead).await
+    }
+
+    /// A block whose lookup missed: fetched, or joined in flight, with in-flight budget when it is free (see
+    /// [`Self::block`]); its bytes are counted as missed once they are here (the lookup counted the miss).
+    pub(crate) async fn fill_missed(
+        &self,
+        ctx: &IoContext,
+        obj: &Arc<ObjState>,
+        index: u64,
+        mode: FillMode,
+    ) -> Result<Bytes> {
         let bs = self.inner.cfg.block_size.bytes();
         let len = ((index + 1) * bs).min(obj.meta.size) - index * bs;
         let permit = self
@@ -491,15 +503,12 @@ impl BlockCache {
             .clone()
             .try_acquire_many_owned(units(len))
             .ok();
-        let r = self
-            .fetch(ctx, obj, index, FillMode::Readahead, permit)
-            .await;
+        let r = self.fetch(ctx, obj, index, mode, permit).await;
         if let Ok(b) = &r {
-            // The lookup above counted the miss; its bytes are counted once they are here.
             self.inner
                 .counters
                 .miss_bytes
-                .fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                .fetch_add(b.len() as u64, Ordering::Relaxed);
         }
         r
     }

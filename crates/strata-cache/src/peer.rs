@@ -88,21 +88,7 @@ impl BlockCache {
         let b = match self.lookup(ctx, &key, &d).await {
             Some(b) => b,
             None if !fill => return Ok(None),
-            None => {
-                let len = ((index + 1) * bs).min(obj.meta.size) - index * bs;
-                let permit = self
-                    .inner
-                    .budget
-                    .clone()
-                    .try_acquire_many_owned(units(len))
-                    .ok();
-                let b = self.fetch(ctx, &obj, index, FillMode::Peer, permit).await?;
-                self.inner
-                    .counters
-                    .miss_bytes
-                    .fetch_add(b.len() as u64, Ordering::Relaxed);
-                b
-            }
+            None => self.fill_missed(ctx, &obj, index, FillMode::Peer).await?,
         };
         let c = &self.inner.counters;
         c.peer_served.fetch_add(1, Ordering::Relaxed);
