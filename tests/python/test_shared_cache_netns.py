@@ -66,8 +66,8 @@ def cleanup_net():
         time.sleep(0.1)
 
 
-def get(url, timeout=30):
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+def get(url, timeout=30, headers=None):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}", **(headers or {})})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.read()
 
@@ -169,9 +169,16 @@ peer_timeout_ms = 3000
     def link(self, i, state):
         sh("ip", "netns", "exec", ns(i), "ip", "link", "set", f"sv{i}", state)
 
-    def read(self, i, key):
+    def read(self, i, key, job=None):
         q = urllib.parse.quote(f"default/{key}", safe="")
-        return get(f"{self.api(i)}/v1/read?location={q}", timeout=60)
+        h = {"x-strata-job": job, "x-strata-dataset": key.split("/")[0]} if job else None
+        return get(f"{self.api(i)}/v1/read?location={q}", timeout=60, headers=h)
+
+    def job_io(self, i, job, dataset):
+        for j in json.loads(get(self.api(i) + "/v1/cache"))["by_job"]:
+            if j["job"] == job and j["dataset"] == dataset:
+                return j
+        return {"origin_bytes": 0, "peer_bytes": 0, "served_to_peers_bytes": 0}
 
     def close(self):
         for p in self.agents.values():
@@ -210,13 +217,13 @@ def origin_bytes(net, agents):
     return sum(net.cluster(i)["cache"]["origin_bytes"] for i in agents)
 
 
-def read_everywhere(net, agents, objs):
-    """Every agent of `agents` reads every object at once; returns the failures."""
+def read_everywhere(net, agents, objs, job=None):
+    """Every agent of `agents` reads every object at once (for `job`, if given); returns the failures."""
     failures = []
 
     def one(i, key):
         try:
-            got = hashlib.md5(net.read(i, key)).hexdigest()
+            got = hashlib.md5(net.read(i, key, job)).hexdigest()
             if got != objs[key]:
                 failures.append(f"agent {i} {key}: wrong bytes")
         except Exception as e:  # noqa: BLE001 - a failed read is the finding
@@ -232,9 +239,14 @@ def test_four_hosts_read_a_cold_dataset_from_the_origin_once(net):
     size = sum(
         net.s3.head_object(Bucket="netns", Key=k)["ContentLength"] for k in objs)
     before = origin_bytes(net, range(1, N + 1))
-    assert read_everywhere(net, range(1, N + 1), objs) == []
+    assert read_everywhere(net, range(1, N + 1), objs, job="job-42") == []
     got = origin_bytes(net, range(1, N + 1)) - before
     assert got == size, f"origin bytes {got} for a dataset of {size}"
+    # The job's egress and peer traffic, as each agent accounts them (owners count the fills they made for
+    # the job's requests from other hosts).
+    io = [net.job_io(i, "job-42", "cold") for i in range(1, N + 1)]
+    assert sum(j["origin_bytes"] for j in io) == size, io
+    assert sum(j["peer_bytes"] for j in io) == sum(j["served_to_peers_bytes"] for j in io) == (N - 1) * size, io
     for i in range(1, N + 1):
         c = net.cluster(i)
         assert c["errors"] == 0 and c["corrupt"] == 0, c

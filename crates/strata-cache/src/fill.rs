@@ -421,6 +421,7 @@ impl BlockCache {
                         c.fill_requests.fetch_add(1, Ordering::Relaxed);
                         c.fills.fetch_add(keys.len() as u64, Ordering::Relaxed);
                         c.fill_bytes.fetch_add(end - start, Ordering::Relaxed);
+                        self.note_job(ctx, crate::stats::JobBytes::Origin, end - start);
                     }
                     // Warm-ups report a block only once it is on disk (below).
                     if mode != FillMode::Warm

@@ -124,7 +124,7 @@ pub use get::{ByteRange, ETagMatch, GetBody, GetOptions, GetResult, plain_etag};
 pub use peer::{PeerBlock, PeerSource};
 pub use policy::PolicyKind;
 pub use state::{BlockCache, PinSpec};
-pub use stats::{CacheStats, DiskFaults, TierStats};
+pub use stats::{CacheStats, DiskFaults, JobIo, TierStats};
 pub use warm::{PinReport, WarmProgress};
 
 impl BlockCache {
@@ -191,6 +191,7 @@ impl BlockCache {
             meta: Mutex::new(MetaMap::default()),
             refreshes: Arc::new(Semaphore::new(META_REFRESH_MAX)),
             staged: Mutex::new(Default::default()),
+            by_job: Mutex::new(Default::default()),
             peers: std::sync::OnceLock::new(),
         });
         if let Some(disk) = &inner.disk {

@@ -94,6 +94,7 @@ impl BlockCache {
         c.peer_served.fetch_add(1, Ordering::Relaxed);
         c.peer_served_bytes
             .fetch_add(b.len() as u64, Ordering::Relaxed);
+        self.note_job(ctx, crate::stats::JobBytes::Served, b.len() as u64);
         Ok(Some(b))
     }
 
@@ -174,6 +175,7 @@ impl BlockCache {
         let c = &self.inner.counters;
         c.peer_blocks.fetch_add(1, Ordering::Relaxed);
         c.peer_bytes.fetch_add(len, Ordering::Relaxed);
+        self.note_job(ctx, crate::stats::JobBytes::Peer, len);
         self.inner.telemetry.emit(IoEvent {
             at: SystemTime::now(),
             op: Op::Get,

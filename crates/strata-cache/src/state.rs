@@ -117,6 +117,8 @@ pub(crate) struct Inner {
     pub(crate) refreshes: Arc<Semaphore>,
     /// Blocks fetched for prefetch hints, held until read (`stage.rs`).
     pub(crate) staged: Mutex<crate::stage::Staged>,
+    /// Origin and peer bytes by job and dataset ([`crate::stats::JobIo`]).
+    pub(crate) by_job: Mutex<crate::stats::ByJob>,
     /// The other agents of the cluster, once the cache has joined one ([`crate::peer`]).
     pub(crate) peers: std::sync::OnceLock<Arc<dyn crate::peer::PeerSource>>,
 }

@@ -126,6 +126,94 @@ pub struct CacheStats {
     pub pool_kept_bytes: u64,
     /// Pinned prefixes.
     pub pins: Vec<PinSpec>,
+    /// Bytes from the origin, from peers and to peers by job and dataset (the request's `x-strata-job` and
+    /// `x-strata-dataset`, or the access key's job), busiest first.
+    #[serde(default)]
+    pub by_job: Vec<JobIo>,
+}
+
+/// The I/O of one job and dataset through the cache.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobIo {
+    /// The job (`None`: I/O that named none).
+    pub job: Option<String>,
+    /// The dataset (`None`: I/O that named none).
+    pub dataset: Option<String>,
+    /// Bytes read from the origin to fill blocks (egress).
+    pub origin_bytes: u64,
+    /// Bytes of blocks other agents of the cluster served.
+    pub peer_bytes: u64,
+    /// Bytes of blocks this agent served to other agents for this job.
+    pub served_to_peers_bytes: u64,
+    /// Of the bytes this agent had to fill, the share peers served: `peer / (peer + origin)`.
+    pub peer_hit_ratio: f64,
+}
+
+/// Jobs and datasets tracked (past it, the least busy half is dropped).
+const MAX_JOBS: usize = 1024;
+
+/// [`JobIo`] by (job, dataset), bounded.
+#[derive(Debug, Default)]
+pub(crate) struct ByJob {
+    map: HashMap<(Option<Arc<str>>, Option<Arc<str>>), [u64; 3]>,
+}
+
+/// Which [`JobIo`] counter an I/O adds to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum JobBytes {
+    Origin = 0,
+    Peer = 1,
+    Served = 2,
+}
+
+impl ByJob {
+    pub(crate) fn add(&mut self, ctx: &IoContext, what: JobBytes, bytes: u64) {
+        if self.map.len() >= MAX_JOBS
+            && !self
+                .map
+                .contains_key(&(ctx.job.clone(), ctx.dataset.clone()))
+        {
+            let mut totals: Vec<u64> = self.map.values().map(|v| v.iter().sum()).collect();
+            totals.sort_unstable();
+            let median = totals[totals.len() / 2];
+            self.map.retain(|_, v| v.iter().sum::<u64>() > median);
+        }
+        self.map
+            .entry((ctx.job.clone(), ctx.dataset.clone()))
+            .or_default()[what as usize] += bytes;
+    }
+
+    fn snapshot(&self) -> Vec<JobIo> {
+        let mut v: Vec<JobIo> = self
+            .map
+            .iter()
+            .map(|((job, dataset), [o, p, s])| JobIo {
+                job: job.as_deref().map(str::to_string),
+                dataset: dataset.as_deref().map(str::to_string),
+                origin_bytes: *o,
+                peer_bytes: *p,
+                served_to_peers_bytes: *s,
+                peer_hit_ratio: if o + p == 0 {
+                    0.0
+                } else {
+                    *p as f64 / (o + p) as f64
+                },
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            let t = |j: &JobIo| j.origin_bytes + j.peer_bytes + j.served_to_peers_bytes;
+            t(b).cmp(&t(a))
+                .then_with(|| (&a.job, &a.dataset).cmp(&(&b.job, &b.dataset)))
+        });
+        v
+    }
+}
+
+impl BlockCache {
+    /// Count `bytes` of `what` for the context's job and dataset.
+    pub(crate) fn note_job(&self, ctx: &IoContext, what: JobBytes, bytes: u64) {
+        self.inner.by_job.lock().add(ctx, what, bytes);
+    }
 }
 
 impl BlockCache {
@@ -225,6 +313,7 @@ impl BlockCache {
             pool_released_blocks: ld(&self.inner.pool.released),
             pool_kept_bytes: self.inner.pool.kept() as u64 * self.inner.cfg.block_size.bytes(),
             pins: self.inner.pins.read().clone(),
+            by_job: self.inner.by_job.lock().snapshot(),
         }
     }
 }

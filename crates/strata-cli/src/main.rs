@@ -664,6 +664,28 @@ fn print_stats(s: &serde_json::Value) {
             human(n(&s["served_to_peers_bytes"]))
         );
     }
+    if let Some(jobs) = s["by_job"].as_array()
+        && !jobs.is_empty()
+    {
+        println!(
+            "{:<24} {:<24} {:>12} {:>12} {:>12} {:>9}",
+            "job", "dataset", "origin", "from peers", "to peers", "peer hit"
+        );
+        for j in jobs.iter().take(10) {
+            println!(
+                "{:<24} {:<24} {:>12} {:>12} {:>12} {:>9.3}",
+                j["job"].as_str().unwrap_or("-"),
+                j["dataset"].as_str().unwrap_or("-"),
+                human(n(&j["origin_bytes"])),
+                human(n(&j["peer_bytes"])),
+                human(n(&j["served_to_peers_bytes"])),
+                j["peer_hit_ratio"].as_f64().unwrap_or(0.0)
+            );
+        }
+        if jobs.len() > 10 {
+            println!("... {} more (--json for all)", jobs.len() - 10);
+        }
+    }
     let f = &s["disk_faults"];
     println!(
         "disk faults: checksum {}  read {}  write {}  no-space {}  queue-full {}  removed at start {}",

@@ -64,6 +64,7 @@ pub fn io_context(headers: &HeaderMap) -> IoContext {
         principal: None,
         team: h("x-strata-team"),
         job: h("x-strata-job"),
+        dataset: h("x-strata-dataset"),
     }
 }
 

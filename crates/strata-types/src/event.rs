@@ -72,7 +72,8 @@ pub enum Outcome {
     Err(crate::ErrorKind),
 }
 
-/// Who and what an I/O is for: the principal (token or access key), its team and the job, when known.
+/// Who and what an I/O is for: the principal (token or access key), its team, the job and the dataset, when
+/// known.
 /// Cheap to clone; pass it down with each request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IoContext {
@@ -82,6 +83,8 @@ pub struct IoContext {
     pub team: Option<Arc<str>>,
     /// The job the I/O belongs to (Slurm job id, Kubernetes pod, ...).
     pub job: Option<Arc<str>>,
+    /// The dataset the I/O reads or writes (`x-strata-dataset`), when the client says.
+    pub dataset: Option<Arc<str>>,
 }
 
 impl IoContext {

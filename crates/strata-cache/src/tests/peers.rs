@@ -84,6 +84,8 @@ struct Cluster {
     _dirs: Vec<tempfile::TempDir>,
 }
 
+/// `n` caches, each with room for every block of the tests (an evicted block is rightly read again, which is
+/// not what these tests are about).
 fn cluster(n: usize, t: &Arc<Telemetry>) -> Cluster {
     let shared = Arc::new(OnceLock::new());
     let down = Arc::new(AtomicBool::new(false));
@@ -91,7 +93,7 @@ fn cluster(n: usize, t: &Arc<Telemetry>) -> Cluster {
     for me in 0..n {
         let dir = tempfile::tempdir().unwrap();
         let c = open(
-            config(Some(dir.path()), 64, 64, 256, PolicyKind::Tinylfu),
+            config(Some(dir.path()), 64, 512, 512, PolicyKind::Tinylfu),
             t.clone(),
         );
         let ring = Arc::new(Ring {
@@ -243,6 +245,60 @@ async fn warm_ups_use_the_peers_and_dead_peers_send_blocks_to_the_origin() {
         "the others' blocks from the origin, its own from its tiers: {origin} of {}",
         data.len()
     );
+    for c in &cl.caches {
+        c.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_and_peer_bytes_are_counted_by_job_and_dataset() {
+    let server = S3Server::start();
+    server.create_bucket("peers-jobs").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let t = Telemetry::new();
+    let backend = s3_backend(&proxy.endpoint(), "peers-jobs", t.clone());
+    let data = pattern(24 * 64 * 1024, 3);
+    put(&backend, "j/a.bin", &data).await;
+    let cl = cluster(2, &t);
+    let job = |j: &str, d: &str| strata_types::IoContext {
+        job: Some(j.into()),
+        dataset: Some(d.into()),
+        ..ctx()
+    };
+    let read = |c: &BlockCache, cx: strata_types::IoContext| {
+        let (c, b) = (c.clone(), backend.clone());
+        async move {
+            let o = c.open_object(&cx, &b, "j/a.bin").await.unwrap();
+            o.read_all().await.unwrap()
+        }
+    };
+    assert!(read(&cl.caches[0], job("train-1", "imagenet")).await == data);
+    assert!(read(&cl.caches[1], job("train-2", "imagenet")).await == data);
+    let (s0, s1) = (cl.caches[0].stats(), cl.caches[1].stats());
+    let of = |s: &strata_cache::CacheStats, j: &str| {
+        s.by_job
+            .iter()
+            .find(|x| x.job.as_deref() == Some(j) && x.dataset.as_deref() == Some("imagenet"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (a, b) = (of(&s0, "train-1"), of(&s1, "train-2"));
+    let size = data.len() as u64;
+    // train-1 read everything first: cache 0 filled its own blocks and cache 1 filled the rest for it.
+    assert_eq!(a.origin_bytes + a.peer_bytes, size, "{a:?}");
+    assert_eq!(of(&s1, "train-1").served_to_peers_bytes, a.peer_bytes);
+    assert_eq!(
+        of(&s1, "train-1").origin_bytes,
+        a.peer_bytes,
+        "the owner's fill is the job's egress"
+    );
+    // train-2 then found every block cached: its own in cache 1, the rest from cache 0.
+    assert_eq!(b.origin_bytes, 0, "{b:?}");
+    assert_eq!(
+        b.peer_bytes,
+        size - s1.by_job.iter().map(|x| x.origin_bytes).sum::<u64>()
+    );
+    assert!(a.peer_hit_ratio > 0.0 && a.peer_hit_ratio < 1.0);
     for c in &cl.caches {
         c.shutdown().await;
     }

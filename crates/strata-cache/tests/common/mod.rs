@@ -18,6 +18,7 @@ pub fn ctx() -> IoContext {
         principal: Some("tester".into()),
         team: Some("team-a".into()),
         job: Some("job-1".into()),
+        dataset: Some("ds-1".into()),
     }
 }
 

@@ -16,6 +16,8 @@ pub const BLOCK_HASH_HEADER: &str = "x-strata-blake3";
 pub const PRINCIPAL_HEADER: &str = "x-strata-principal";
 /// The header naming the job a peer read is for.
 pub const JOB_HEADER: &str = "x-strata-job";
+/// The header naming the dataset a peer read is for.
+pub const DATASET_HEADER: &str = "x-strata-dataset";
 /// The header carrying the asking agent's catalog identity ([`strata_catalog::Catalog::identity`]).
 pub const CATALOG_HEADER: &str = "x-strata-catalog";
 
@@ -92,6 +94,9 @@ impl PeerClient {
         }
         if let Some(j) = &b.ctx.job {
             req = req.header(JOB_HEADER, j.as_ref());
+        }
+        if let Some(d) = &b.ctx.dataset {
+            req = req.header(DATASET_HEADER, d.as_ref());
         }
         let what = "block request";
         let resp = req

@@ -23,7 +23,9 @@ use serde::Deserialize;
 use strata_catalog::{Principal, Role};
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta};
 
-use super::client::{BLOCK_HASH_HEADER, CATALOG_HEADER, JOB_HEADER, PRINCIPAL_HEADER};
+use super::client::{
+    BLOCK_HASH_HEADER, CATALOG_HEADER, DATASET_HEADER, JOB_HEADER, PRINCIPAL_HEADER,
+};
 use crate::Agent;
 use crate::access::Caller;
 use crate::http::{Access, ApiError, Plane, Route, RouteDoc};
@@ -133,6 +135,7 @@ async fn block(
         principal,
         team: call.team.as_deref().map(Arc::from),
         job: h(JOB_HEADER),
+        dataset: h(DATASET_HEADER),
     };
     let meta = ObjectMeta {
         key: q.key,

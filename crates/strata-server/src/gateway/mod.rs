@@ -327,6 +327,12 @@ impl Gateway {
             )),
             team: key.and_then(|k| k.team.clone()).map(Arc::from),
             job,
+            dataset: req
+                .headers
+                .get("x-strata-dataset")
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty() && v.len() <= 256)
+                .map(Arc::from),
         })
     }
 
