@@ -152,10 +152,13 @@ pub struct JobIo {
 /// Jobs and datasets tracked (past it, the least busy half is dropped).
 const MAX_JOBS: usize = 1024;
 
-/// [`JobIo`] by (job, dataset), bounded.
+/// A job and a dataset, either unnamed.
+type JobKey = (Option<Arc<str>>, Option<Arc<str>>);
+
+/// [`JobIo`] by (job, dataset), bounded: origin, peer and served bytes.
 #[derive(Debug, Default)]
 pub(crate) struct ByJob {
-    map: HashMap<(Option<Arc<str>>, Option<Arc<str>>), [u64; 3]>,
+    map: HashMap<JobKey, [u64; 3]>,
 }
 
 /// Which [`JobIo`] counter an I/O adds to.
