@@ -521,6 +521,29 @@ def test_four_agents_read_a_cold_dataset_each_block_from_the_origin_once(origin,
         assert a.api in out.stdout, out.stdout
 
 
+def test_an_owner_reading_from_a_slow_origin_is_waited_for_not_taken_for_dead(origin, bucket, cluster):
+    """The origin answers every GET after 1.5 s, longer than the agents' peer timeout (1 s): an owner still
+    filling a block says "still reading" before the asker's timeout, and the asker waits for it. Before the fix
+    the askers timed out, made healthy owners suspect and read the blocks again from the already slow origin."""
+    name, s3 = bucket
+    objects = make_objects(21, 3, lo=2 * BLOCK, hi=3 * BLOCK)
+    upload(s3, name, objects)
+
+    def slow(method, path):
+        if method == "GET" and "list-type" not in path:
+            time.sleep(1.5)
+
+    proxy = cluster.proxy(origin.removeprefix("http://"), before=slow)
+    agents = static_cluster(cluster, 2, proxy.url, name, extra_cluster="peer_timeout_ms = 1000")
+    tasks = [(a, k, None) for k in objects for a in agents]
+    failed, bad = check_bodies(read_all(tasks, workers=8), objects)
+    assert not failed and not bad, (failed[:3], bad[:3], cluster.logs())
+    assert_each_byte_fetched_once(proxy, name, objects)
+    st = [a.cluster() for a in agents]
+    assert all(s["errors"] == 0 and s["suspected"] == 0 for s in st), st
+    assert sum(s["busy"] for s in st) > 0, st
+
+
 class StateWatch:
     """Samples how `watchers` see `target` (its member state) every 50 ms in the background."""
 
@@ -753,7 +776,9 @@ def test_corrupted_peer_answers_are_dropped_and_read_from_the_origin(origin, buc
     assert damaged, "A never asked B for a block"
     # Every damaged answer was caught (none was delivered: the bytes above are right), B became suspect.
     assert sa["corrupt"] == len(damaged), (sa, len(damaged))
-    assert sa["suspected"] >= 1 and "suspect" in seen[a.name], (sa, seen)
+    # (Suspect for a backoff that starts at 1 s: the state may be over before a poll sees it; the counter
+    # keeps the record.)
+    assert sa["suspected"] >= 1, (sa, seen)
     assert sa["cache"]["peer_blocks"] == 0 and sa["cache"]["peer_bytes"] == 0, sa
     # A read every block from the origin itself (B's copies were dropped); B read from the origin exactly the
     # blocks it served.

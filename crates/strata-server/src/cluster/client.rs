@@ -18,6 +18,22 @@ pub const PRINCIPAL_HEADER: &str = "x-strata-principal";
 pub const JOB_HEADER: &str = "x-strata-job";
 /// The header naming the dataset a peer read is for.
 pub const DATASET_HEADER: &str = "x-strata-dataset";
+/// The header saying how long the owner may take before it answers "still reading" (milliseconds).
+pub const WAIT_HEADER: &str = "x-strata-wait-ms";
+/// The header an owner's "still reading" answer carries.
+pub const BUSY_HEADER: &str = "x-strata-busy";
+
+/// What an owner answered.
+#[derive(Debug)]
+pub enum Answer {
+    /// The block, checked.
+    Block(Bytes),
+    /// Not held (only asked when it need not be read from the origin).
+    NotHeld,
+    /// Still being read from the origin after the wait asked for: ask again (the owner's fill goes on).
+    Busy,
+}
+
 /// The header carrying the asking agent's catalog identity ([`strata_catalog::Catalog::identity`]).
 pub const CATALOG_HEADER: &str = "x-strata-catalog";
 
@@ -41,6 +57,7 @@ pub struct PeerClient {
     http: reqwest::Client,
     secret: String,
     catalog: String,
+    wait: Duration,
 }
 
 impl PeerClient {
@@ -58,11 +75,14 @@ impl PeerClient {
             http,
             secret,
             catalog,
+            // Half the timeout: an owner still reading from a slow origin says so well before the request
+            // times out, so a busy owner is never taken for a dead one.
+            wait: timeout / 2,
         })
     }
 
-    /// The block from `peer`: `Ok(None)` when `fill` is false and the peer does not hold it.
-    pub async fn block(&self, peer: &str, b: &PeerBlock<'_>, fill: bool) -> Result<Option<Bytes>> {
+    /// The block from `peer` (see [`Answer`]).
+    pub async fn block(&self, peer: &str, b: &PeerBlock<'_>, fill: bool) -> Result<Answer> {
         let meta = b.meta;
         let mut q: Vec<(&str, String)> = vec![
             ("backend", b.key.object.backend.to_string()),
@@ -85,7 +105,8 @@ impl PeerClient {
             .http
             .get(url)
             .header(strata_client::CLUSTER_KEY_HEADER, &self.secret)
-            .header(CATALOG_HEADER, &self.catalog);
+            .header(CATALOG_HEADER, &self.catalog)
+            .header(WAIT_HEADER, self.wait.as_millis().to_string());
         if let Some(t) = &b.ctx.team {
             req = req.header(strata_client::CLUSTER_TEAM_HEADER, t.as_ref());
         }
@@ -105,10 +126,13 @@ impl PeerClient {
             .map_err(|e| strata_client::transport(peer, what, e))?;
         let status = resp.status().as_u16();
         if status != 200 {
+            if resp.headers().contains_key(BUSY_HEADER) {
+                return Ok(Answer::Busy);
+            }
             let body = resp.bytes().await.unwrap_or_default();
             let e = strata_client::wire::error_from_response(status, &body);
             if !fill && e.kind() == ErrorKind::NotFound {
-                return Ok(None);
+                return Ok(Answer::NotHeld);
             }
             return Err(e.context(format!("{peer}: block {} of {}", b.key.index, meta.key)));
         }
@@ -131,7 +155,7 @@ impl PeerClient {
             return Err(bad(format!("{} bytes, expected {}", body.len(), b.len)));
         }
         match want {
-            Some(h) if blake3::hash(&body) == h => Ok(Some(body)),
+            Some(h) if blake3::hash(&body) == h => Ok(Answer::Block(body)),
             Some(_) => Err(bad("the bytes do not match their BLAKE3".into())),
             None => Err(bad(format!("no {BLOCK_HASH_HEADER} header"))),
         }

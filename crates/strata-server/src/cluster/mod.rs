@@ -8,6 +8,8 @@
 //!   order from the same view.
 //! - **Reads** ([`Cluster`] is the cache's [`PeerSource`]): a block this agent owns is read from the origin
 //!   here; another's is asked of its owner ([`client`]), then of the next owner, then read from the origin.
+//!   An owner still reading a block from a slow origin answers "busy" before the request's timeout and is
+//!   asked again (joining its fill), never taken for a dead one.
 //!   A peer that refuses the connection, times out, answers 5xx or sends bytes that fail their check is
 //!   **suspect** for a backoff (1 s doubling to 30 s, cleared by its next good answer) and skipped while it
 //!   is. Reads never fail because a peer did.
@@ -48,6 +50,8 @@ const VIEW_EVERY: Duration = Duration::from_secs(1);
 const SUSPECT_MAX: Duration = Duration::from_secs(30);
 /// Owners asked for a block (past the first failures) before the origin.
 const MAX_ASKS: usize = 2;
+/// Longest an owner that keeps answering "still reading" is waited for.
+const MAX_BUSY_WAIT: Duration = Duration::from_secs(120);
 
 /// `[cluster]` resolved for the shared cache.
 #[derive(Debug, Clone, PartialEq)]
@@ -157,6 +161,8 @@ pub struct PeerCounters {
     pub suspected: AtomicU64,
     /// Blocks a previous owner still held after a membership change.
     pub moved: AtomicU64,
+    /// "Still reading" answers of owners waiting on a slow origin (each was asked again).
+    pub busy: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -323,6 +329,8 @@ impl Cluster {
     }
 
     /// Ask `peer` for a block; errors are counted, and the kinds that say the peer is unwell make it suspect.
+    /// An owner still reading the block from a slow origin says so and is asked again (its fill goes on, and
+    /// each new request joins it), for up to [`MAX_BUSY_WAIT`].
     async fn ask(&self, peer: &str, block: &PeerBlock<'_>, fill: bool) -> Option<Bytes> {
         let sent = if fill {
             &self.counters.asked
@@ -330,13 +338,26 @@ impl Cluster {
             &self.counters.move_asks
         };
         sent.fetch_add(1, Ordering::Relaxed);
-        match self.client.block(peer, block, fill).await {
-            Ok(Some(b)) => {
+        let start = Instant::now();
+        let mut answer = self.client.block(peer, block, fill).await;
+        while matches!(answer, Ok(client::Answer::Busy)) && start.elapsed() < MAX_BUSY_WAIT {
+            self.counters.busy.fetch_add(1, Ordering::Relaxed);
+            answer = self.client.block(peer, block, fill).await;
+        }
+        match answer {
+            Ok(client::Answer::Block(b)) => {
                 self.trusted(peer);
                 Some(b)
             }
-            Ok(None) => {
+            Ok(client::Answer::NotHeld) => {
                 self.trusted(peer);
+                None
+            }
+            Ok(client::Answer::Busy) => {
+                tracing::warn!(
+                    peer,
+                    "peer still reading a block after the longest wait; reading it here"
+                );
                 None
             }
             Err(e) => {
@@ -405,6 +426,7 @@ impl Cluster {
             refused: ld(&c.refused),
             suspected: ld(&c.suspected),
             moved: ld(&c.moved),
+            busy: ld(&c.busy),
         }
     }
 }
@@ -503,6 +525,8 @@ pub struct ClusterStatus {
     pub suspected: u64,
     /// Blocks served by their owner in the previous view.
     pub moved: u64,
+    /// "Still reading" answers of owners waiting on a slow origin.
+    pub busy: u64,
 }
 
 /// The view before the last change.

@@ -24,7 +24,8 @@ use strata_catalog::{Principal, Role};
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta};
 
 use super::client::{
-    BLOCK_HASH_HEADER, CATALOG_HEADER, DATASET_HEADER, JOB_HEADER, PRINCIPAL_HEADER,
+    BLOCK_HASH_HEADER, BUSY_HEADER, CATALOG_HEADER, DATASET_HEADER, JOB_HEADER, PRINCIPAL_HEADER,
+    WAIT_HEADER,
 };
 use crate::Agent;
 use crate::access::Caller;
@@ -146,11 +147,26 @@ async fn block(
         attrs: None,
     };
     let fill = q.fill != Some(0);
-    match agent
+    // The asker's timeout is twice its wait: past the wait, answer "still reading" (the fill goes on, and the
+    // asker's next request joins it) rather than let a slow origin pass for a dead owner.
+    let wait = h(WAIT_HEADER)
+        .and_then(|w| w.parse::<u64>().ok())
+        .map_or(Duration::from_secs(5), Duration::from_millis)
+        .clamp(Duration::from_millis(50), Duration::from_secs(60));
+    let served = agent
         .cache()
-        .serve_peer(&ctx, &backend, meta, q.index, fill)
-        .await?
-    {
+        .serve_peer(&ctx, &backend, meta, q.index, fill);
+    let Ok(served) = tokio::time::timeout(wait, served).await else {
+        let e = Error::new(
+            ErrorKind::Unavailable,
+            "the block is still being read from the origin; ask again",
+        );
+        let mut r = ApiError(e).into_response();
+        r.headers_mut()
+            .insert(BUSY_HEADER, axum::http::HeaderValue::from_static("1"));
+        return Ok(r);
+    };
+    match served? {
         Some(b) => {
             let hash = blake3::hash(&b).to_hex().to_string();
             Ok(([(BLOCK_HASH_HEADER, hash)], Body::from(b)).into_response())
