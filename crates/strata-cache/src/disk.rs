@@ -91,6 +91,16 @@ pub(crate) struct DiskTier {
 struct State {
     policy: Policy,
     index: DigestMap<DiskEntry>,
+    /// Entries that are `ready` (files in place), as stats report them.
+    ready: usize,
+}
+
+impl State {
+    fn remove(&mut self, d: &Digest) {
+        if self.index.remove(d).is_some_and(|e| e.ready) {
+            self.ready -= 1;
+        }
+    }
 }
 
 fn hex(d: &Digest) -> String {
@@ -192,6 +202,7 @@ impl DiskTier {
         let hint = (capacity / block_size.max(1)).max(16) as usize;
         let mut policy = Policy::new(kind, capacity, pinned_cap, hint);
         let mut index = DigestMap::default();
+        let mut ready = 0;
         let mut found = Vec::new();
         for sub in fs::read_dir(&blocks)
             .map_err(|e| Error::from_io(e, format!("reading {}", blocks.display())))?
@@ -245,10 +256,15 @@ impl DiskTier {
                 continue;
             }
             index.insert(digest, DiskEntry { key, ready: true });
+            ready += 1;
         }
         Ok(Self {
             dir: dir.to_path_buf(),
-            state: Mutex::new(State { policy, index }),
+            state: Mutex::new(State {
+                policy,
+                index,
+                ready,
+            }),
             counters,
             direct: Arc::new(AtomicBool::new(true)),
         })
@@ -325,7 +341,7 @@ impl DiskTier {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
         }
         for v in &a.evicted {
-            st.index.remove(v);
+            st.remove(v);
         }
         drop(st);
         for v in &a.evicted {
@@ -365,7 +381,12 @@ impl DiskTier {
         }
         let mut st = self.state.lock();
         match st.index.get_mut(&d) {
-            Some(e) => e.ready = true,
+            Some(e) => {
+                if !e.ready {
+                    e.ready = true;
+                    st.ready += 1;
+                }
+            }
             None => {
                 // Evicted while being written: the file must not outlive its index entry.
                 drop(st);
@@ -390,7 +411,7 @@ impl DiskTier {
     pub fn drop_entry(&self, d: &Digest) {
         let mut st = self.state.lock();
         st.policy.remove(d);
-        st.index.remove(d);
+        st.remove(d);
         drop(st);
         let _ = fs::remove_file(block_path(&self.blocks(), d));
     }
@@ -423,14 +444,15 @@ impl DiskTier {
         }
     }
 
-    /// (capacity, used, pinned, entries)
+    /// (capacity, used, pinned, blocks): `used` counts the space reserved for blocks being written, `blocks`
+    /// only the files in place.
     pub fn usage(&self) -> (u64, u64, u64, usize) {
         let st = self.state.lock();
         (
             st.policy.capacity(),
             st.policy.used(),
             st.policy.pinned_bytes(),
-            st.policy.len(),
+            st.ready,
         )
     }
 
@@ -887,6 +909,42 @@ mod tests {
         assert_eq!(t.usage().1, 2000);
         assert!(t.contains(&key(3).digest()) && t.contains(&key(2).digest()));
         assert!(!t.contains(&key(0).digest()));
+    }
+
+    #[test]
+    fn blocks_count_only_files_in_place_not_writes_in_flight() {
+        // Stats said "blocks" for reservations too, so a reader (and a kill test) saw more blocks on disk
+        // than there were files.
+        let dir = tempfile::tempdir().unwrap();
+        let t = DiskTier::open(dir.path(), 1 << 20, 0, PolicyKind::Lru, 1024).unwrap();
+        put(&t, 0, &[1u8; 1000]);
+        let (k, d) = (key(1), key(1).digest());
+        t.record_request(&d);
+        assert!(t.reserve(&k, d, 1000, false, true).admitted);
+        let (_, used, _, blocks) = t.usage();
+        assert_eq!(blocks, 1, "a reserved block is not a block on disk yet");
+        assert_eq!(used, 2000, "capacity counts the reservation");
+        let mut f = t.begin(&k, &d, 1000).unwrap();
+        f.append(&[2u8; 1000]).unwrap();
+        t.finish(f).unwrap();
+        assert_eq!(t.usage().3, 2);
+        // a failed write, an eviction and a drop keep the count right
+        let (k2, d2) = (key(2), key(2).digest());
+        t.record_request(&d2);
+        assert!(t.reserve(&k2, d2, 1000, false, true).admitted);
+        t.fail(&d2, &Error::internal("injected"));
+        assert_eq!(t.usage().3, 2);
+        t.drop_entry(&key(0).digest());
+        assert_eq!(t.usage().3, 1);
+        for i in 3..6 {
+            put(&t, i, &[3u8; 400_000]);
+        }
+        let files: usize = fs::read_dir(dir.path().join("blocks"))
+            .unwrap()
+            .flatten()
+            .map(|s| fs::read_dir(s.path()).unwrap().count())
+            .sum();
+        assert_eq!(t.usage().3, files, "the count is the files in place");
     }
 
     #[test]

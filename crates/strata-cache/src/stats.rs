@@ -8,11 +8,11 @@ use crate::state::*;
 pub struct TierStats {
     /// Capacity in bytes.
     pub capacity_bytes: u64,
-    /// Bytes held.
+    /// Bytes held, with (on disk) the space reserved for blocks being written.
     pub used_bytes: u64,
     /// Bytes held by pinned blocks.
     pub pinned_bytes: u64,
-    /// Blocks held.
+    /// Blocks held (on disk: complete files in place, not writes in flight).
     pub blocks: u64,
     /// Lookups served by this tier.
     pub hits: u64,
