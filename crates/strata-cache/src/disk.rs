@@ -278,6 +278,11 @@ impl DiskTier {
         self.state.lock().index.contains_key(d)
     }
 
+    /// Whether the block's file is in place (not only reserved).
+    pub fn is_ready(&self, d: &Digest) -> bool {
+        self.state.lock().index.get(d).is_some_and(|e| e.ready)
+    }
+
     /// Record a request (for the frequency sketch and LRU order).
     pub fn record_request(&self, d: &Digest) {
         self.state.lock().policy.record_request(d);

@@ -125,7 +125,7 @@ pub use peer::{PeerBlock, PeerSource};
 pub use policy::PolicyKind;
 pub use state::{BlockCache, PinSpec};
 pub use stats::{CacheStats, DiskFaults, JobIo, TierStats};
-pub use warm::{PinReport, WarmProgress};
+pub use warm::{Held, PinReport, WarmProgress};
 
 impl BlockCache {
     /// Open the cache: validates the configuration, opens (and re-indexes) the disk tier, reloads pins and

@@ -206,6 +206,14 @@ impl BlockCache {
         }
     }
 
+    /// Whether the last tier (disk, else RAM) holds the block complete, not merely reserved for a write.
+    pub(crate) fn holds_ready(&self, d: &Digest) -> bool {
+        match &self.inner.disk {
+            Some(disk) => disk.is_ready(d),
+            None => self.inner.ram.lock().map.contains_key(d),
+        }
+    }
+
     /// Whether the disk tier holds the block and the RAM tier does not (no policy side effects).
     pub(crate) fn disk_only(&self, d: &Digest) -> bool {
         self.inner.disk.as_ref().is_some_and(|t| t.contains(d))

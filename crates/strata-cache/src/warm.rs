@@ -31,6 +31,23 @@ pub struct WarmProgress {
     pub errors: Vec<String>,
 }
 
+/// What [`BlockCache::held`] counted.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Held {
+    /// Objects counted.
+    pub objects_total: u64,
+    /// Objects every block of which is held (an empty object always is).
+    pub objects_held: u64,
+    /// Blocks counted.
+    pub blocks_total: u64,
+    /// Blocks held.
+    pub blocks_held: u64,
+    /// Bytes counted.
+    pub bytes_total: u64,
+    /// Bytes of the blocks held.
+    pub bytes_held: u64,
+}
+
 impl BlockCache {
     /// Prefetch every object under `prefix` into the cache, `concurrency` blocks at a time (at least 1).
     /// Blocks already cached are skipped. Errors of single objects are counted and reported, not fatal.
@@ -54,6 +71,21 @@ impl BlockCache {
                 None => break,
             }
         }
+        self.warm_objects(ctx, backend, objects, concurrency, progress)
+            .await
+    }
+
+    /// Prefetch these exact object versions into the cache (as [`Self::warm`] does a prefix's): fills are
+    /// pinned to each one's ETag, so an object that changed since `objects` were listed fails (and is
+    /// counted), never caching another version under this one's name.
+    pub async fn warm_objects(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        objects: Vec<ObjectMeta>,
+        concurrency: usize,
+        progress: impl Fn(&WarmProgress),
+    ) -> Result<WarmProgress> {
         let bs = self.inner.cfg.block_size.bytes();
         let mut p = WarmProgress {
             objects: objects.len() as u64,
@@ -129,6 +161,34 @@ impl BlockCache {
             progress(&p);
         }
         Ok(p)
+    }
+
+    /// How much of these object versions the cache holds in its last tier (disk, else RAM), counted block by
+    /// block with no side effects: what a claim's `ready` verdict is made of.
+    pub fn held(&self, backend: &Backend, objects: &[ObjectMeta]) -> Held {
+        let bs = self.inner.cfg.block_size.bytes();
+        let mut h = Held::default();
+        for meta in objects {
+            let obj = ObjState::new(backend, meta.clone());
+            let nblocks = meta.size.div_ceil(bs);
+            let mut all = true;
+            for i in 0..nblocks {
+                h.blocks_total += 1;
+                let len = (meta.size - i * bs).min(bs);
+                h.bytes_total += len;
+                if self.holds_ready(&obj.digest(i)) {
+                    h.blocks_held += 1;
+                    h.bytes_held += len;
+                } else {
+                    all = false;
+                }
+            }
+            h.objects_total += 1;
+            if all {
+                h.objects_held += 1;
+            }
+        }
+        h
     }
 
     /// Pin `prefix` of `backend` (a canonical backend id): its cached blocks are not evicted, and blocks cached

@@ -25,6 +25,7 @@ use strata_types::{Error, ErrorKind, Result};
 
 pub mod access;
 pub mod buckets;
+pub mod claims;
 pub mod inventory;
 pub mod lifecycle;
 pub mod members;

@@ -53,6 +53,14 @@ enum Command {
     /// to the object store, delete.
     #[command(subcommand)]
     Ckpt(CkptCommand),
+    /// Claims: a job declares its datasets, checkpoint and scratch; the agent admits them against quota,
+    /// pins their versions, stages them and says when they are ready; release frees them.
+    Claim {
+        #[command(subcommand)]
+        cmd: admin::claim::ClaimCommand,
+        #[command(flatten)]
+        out: admin::Out,
+    },
     /// Teams and their members.
     Team {
         #[command(subcommand)]
@@ -443,6 +451,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Forecast { out } => admin::forecast::run(out).await,
         Command::Audit { team, limit, out } => admin::audit::run(team, limit, out).await,
         Command::Scratch { cmd: c, out } => admin::scratch::run(c, out).await,
+        Command::Claim { cmd: c, out } => admin::claim::run(c, out).await,
         Command::Ckpt(c) => ckpt(c).await,
         Command::Dataset(DatasetCommand::Index {
             dataset,

@@ -317,7 +317,7 @@ pub struct PinRequest {
 pub const CACHE_SCOPE: &str = "cache";
 
 /// The inventory key of a pinned prefix on the `cache` scope.
-fn pin_key(backend: &strata_object::Backend, prefix: &str) -> String {
+pub(crate) fn pin_key(backend: &strata_object::Backend, prefix: &str) -> String {
     format!("{}/{prefix}", backend.id())
 }
 

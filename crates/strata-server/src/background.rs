@@ -175,6 +175,9 @@ pub fn spawn_background(
         drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut flush = tokio::time::interval(Duration::from_secs(5));
         let mut minute = tokio::time::interval(Duration::from_secs(60));
+        // Claims' TTLs are checked often (a claim's shortest TTL is 10 s), and their accounting sampled.
+        let mut claims = tokio::time::interval(Duration::from_secs(5));
+        claims.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sample = tokio::time::interval(sample_every);
         let abort_after = Duration::from_secs(agent.config().catalog.abort_uploads_after_secs);
         let mut uploads = tokio::time::interval(
@@ -202,6 +205,14 @@ pub fn spawn_background(
                     }
                     if let Err(e) = expire_scratch(&agent).await {
                         tracing::warn!(error = %e, "expiring scratch");
+                    }
+
+                }
+                _ = claims.tick() => {
+                    match crate::claims::expire(&agent).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(released = n, "released claims past their TTL"),
+                        Err(e) => tracing::warn!(error = %e, "expiring claims"),
                     }
                 }
                 _ = uploads.tick(), if !abort_after.is_zero() => {

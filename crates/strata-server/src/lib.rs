@@ -13,6 +13,7 @@
 pub mod access;
 pub mod api;
 pub mod background;
+pub mod claims;
 pub mod cluster;
 pub mod config;
 pub mod control;
@@ -67,6 +68,14 @@ pub struct Agent {
     cluster: Option<Arc<cluster::Cluster>>,
     catalog_members: Option<Arc<cluster::members::CatalogMembers>>,
     peer_principals: PrincipalCache,
+    /// This agent's stable id (`<data-dir>/agent-id`).
+    id: String,
+    /// Claims being staged here, each with its cancellation (a child of `claim_stop`).
+    pub(crate) claim_tasks: Mutex<HashMap<String, tokio_util::sync::CancellationToken>>,
+    /// Cancelled when the agent stops: every staging task ends.
+    pub(crate) claim_stop: tokio_util::sync::CancellationToken,
+    /// The API's address once bound (`http://host:port`).
+    pub(crate) api_url: std::sync::OnceLock<String>,
     _lock: std::fs::File,
 }
 
@@ -126,10 +135,11 @@ impl Agent {
             });
         }
         let cache = BlockCache::open(config.cache.clone(), telemetry.clone())?;
+        let id = agent_id(&config.data_dir)?;
         let catalog = strata_catalog::Catalog::open(&config.catalog_url)
             .await
             .map_err(|e| e.context("opening the catalog"))?
-            .with_holder(&agent_id(&config.data_dir)?)
+            .with_holder(&id)
             .with_key(catalog_key(&config)?)
             .await
             .map_err(|e| e.context("the catalog key"))?;
@@ -185,6 +195,10 @@ impl Agent {
             cluster,
             catalog_members,
             peer_principals: Mutex::new(HashMap::new()),
+            id,
+            claim_tasks: Mutex::new(HashMap::new()),
+            claim_stop: tokio_util::sync::CancellationToken::new(),
+            api_url: std::sync::OnceLock::new(),
             config,
             telemetry,
             cache,
@@ -214,6 +228,11 @@ impl Agent {
             .iter()
             .map(|b| (b.name.clone(), b.backend.clone()))
             .collect()
+    }
+
+    /// This agent's stable id (`<data-dir>/agent-id`): what its reservations and claims are held by.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     /// The resolved configuration.
@@ -375,7 +394,7 @@ impl Agent {
     }
 
     /// The configured backend's name (ad hoc: none), the backend and the key of `location`.
-    fn locate(&self, location: &str) -> Result<(Option<String>, Backend, String)> {
+    pub(crate) fn locate(&self, location: &str) -> Result<(Option<String>, Backend, String)> {
         if location.contains('\0') {
             return Err(Error::invalid_input("location contains a NUL byte"));
         }
@@ -460,6 +479,7 @@ pub async fn serve(
     let addr: SocketAddr = listener
         .local_addr()
         .map_err(|e| Error::from_io(e, "reading the API address"))?;
+    let _ = agent.api_url.set(format!("http://{addr}"));
     let addr_file = api_addr_file(&agent.config.data_dir);
     std::fs::write(&addr_file, format!("http://{addr}\n"))
         .map_err(|e| Error::from_io(e, format!("writing {}", addr_file.display())))?;
@@ -506,6 +526,14 @@ pub async fn serve(
         )));
     }
     let background = background::spawn_background(agent.clone(), stop.clone());
+    match claims::resume(&agent).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            claims = n,
+            "staging again the claims this agent was staging"
+        ),
+        Err(e) => tracing::warn!(error = %e, "resuming the staging of claims"),
+    }
     let mut cluster_tasks = Vec::new();
     if let Some(c) = &agent.cluster {
         cluster_tasks.push(tokio::spawn(c.clone().watch(stop.clone())));
@@ -539,6 +567,7 @@ pub async fn serve(
     }
     tracing::info!("shutting down: finishing in-flight requests");
     stop.cancel();
+    agent.claim_stop.cancel();
     if tokio::time::timeout(grace, &mut handle).await.is_err() {
         tracing::warn!(
             ?grace,

@@ -28,6 +28,7 @@ pub fn table() -> Vec<Route> {
     t.extend(crate::peer::routes());
     t.extend(crate::cluster::routes::routes());
     t.extend(crate::control::routes());
+    t.extend(crate::claims::routes());
     t
 }
 

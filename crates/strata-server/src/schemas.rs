@@ -89,6 +89,17 @@ pub fn request_body(method: &str, path: &str) -> Option<Value> {
         ),
         ("POST", "/v1/cleanup/plans/{id}/restore") => object(&[], json!({"key_prefix": opt_str()})),
         ("POST", "/v1/cleanup/purge") => object(&[], json!({"grace_secs": opt_int()})),
+        ("POST", "/v1/claims") | ("POST", "/v1/claims/validate") => {
+            // The document as published at /v1/claims/schema, less what OpenAPI 3.0 has no place for.
+            let mut v = strata_claim::schema();
+            if let Some(o) = v.as_object_mut() {
+                o.remove("$schema");
+                o.remove("$id");
+            }
+            v
+        }
+        ("POST", "/v1/claims/{id}/heartbeat") => object(&[], json!({})),
+        ("POST", "/v1/claims/{id}/release") => object(&[], json!({"reason": opt_str()})),
         ("POST", "/v1/scratch") => object(
             &["team", "bytes", "ttl_secs"],
             json!({"team": {"type": "string"}, "bytes": {"type": "integer"},
@@ -142,6 +153,11 @@ pub fn query(method: &str, path: &str) -> Vec<(&'static str, bool, Value)> {
             ]
         }
         ("GET", "/v1/tokens") => vec![("team", false, s())],
+        ("GET", "/v1/claims") => vec![
+            ("team", false, s()),
+            ("job", false, s()),
+            ("released", false, json!({"type": "boolean"})),
+        ],
         ("GET", "/v1/audit") => vec![("team", false, s()), ("limit", false, int())],
         ("GET", "/v1/usage") => vec![(
             "by",

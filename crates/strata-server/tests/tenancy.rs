@@ -54,6 +54,7 @@ struct World {
     protection: String,
     plan: String,
     scratch: String,
+    claim: String,
     reservation: String,
     /// A second one, for the release route (commit uses up the first).
     reservation2: String,
@@ -182,6 +183,27 @@ async fn setup(e: &Env) -> World {
         .as_str()
         .unwrap()
         .to_string();
+    let claim = ok(
+        app,
+        Method::POST,
+        "/v1/claims",
+        &bm,
+        Some(claim_body("job-b")),
+    )
+    .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Staged before the matrix runs, so its state holds still while refused calls are checked.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let c = ok(app, Method::GET, &format!("/v1/claims/{claim}"), &bm, None).await;
+        if c["state"] == "ready" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "team B's claim: {c}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let mut reservations = Vec::new();
     for _ in 0..2 {
         reservations.push(
@@ -228,10 +250,17 @@ async fn setup(e: &Env) -> World {
         protection,
         plan,
         scratch,
+        claim,
         reservation,
         reservation2,
         b_local,
     }
+}
+
+/// A claim of team B's data.
+fn claim_body(job: &str) -> Value {
+    json!({"version": 1, "job": job, "team": "team-b",
+           "datasets": [{"name": "b", "location": "default/team-b/"}]})
 }
 
 /// The request that aims `method path` at team B's resources: its concrete path (with query) and body. A route
@@ -246,6 +275,8 @@ fn request(w: &World, method: &str, path: &str) -> (String, Option<Value>) {
             w.plan.clone()
         } else if p.starts_with("/v1/scratch") {
             w.scratch.clone()
+        } else if p.starts_with("/v1/claims") {
+            w.claim.clone()
         } else if p.starts_with("/v1/tokens") {
             w.victim.clone()
         } else if p.ends_with("/release") {
@@ -321,6 +352,9 @@ fn request(w: &World, method: &str, path: &str) -> (String, Option<Value>) {
         }
         ("POST", "/v1/cleanup/purge") => Some(json!({"grace_secs": 0})),
         ("POST", "/v1/scratch") => Some(json!({"team": "team-b", "bytes": 1, "ttl_secs": 60})),
+        ("POST", "/v1/claims") | ("POST", "/v1/claims/validate") => Some(claim_body("job-b2")),
+        ("POST", "/v1/claims/{id}/heartbeat") => Some(json!({})),
+        ("POST", "/v1/claims/{id}/release") => Some(json!({"reason": "tenancy test"})),
         ("PUT", "/v1/peer/ckpt/{run}/{step}/{file}") => {
             return (
                 concrete,
@@ -465,6 +499,7 @@ async fn every_route_and_every_caller_against_another_teams_resources() {
                         &w.protection,
                         &w.plan,
                         &w.scratch,
+                        &w.claim,
                         &w.victim,
                         &w.reservation,
                         &w.reservation2,
@@ -534,6 +569,29 @@ async fn b_state(e: &Env, w: &World) -> Value {
     )
     .await;
     out.insert("replica".into(), json!([s, replica]));
+    let claims = ok(
+        &e.app,
+        Method::GET,
+        "/v1/claims?released=true",
+        &w.tokens["b-reader"],
+        None,
+    )
+    .await;
+    let claims: Vec<Value> = claims
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            json!([
+                c["id"],
+                c["state"],
+                c["reason"],
+                c["heartbeat_at"],
+                c["released_at"]
+            ])
+        })
+        .collect();
+    out.insert("claims".into(), json!(claims));
     let obj = std::fs::read(e.dir.path().join("d/objects/team-b/secret.bin")).unwrap();
     out.insert("object".into(), json!(String::from_utf8_lossy(&obj)));
     Value::Object(out)

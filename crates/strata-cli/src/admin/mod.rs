@@ -1,8 +1,9 @@
-//! Operator commands: teams, tokens, quotas, usage, prefixes, policies, protections, clean-up, forecasts,
+//! Operator commands: claims, teams, tokens, quotas, usage, prefixes, policies, protections, clean-up, forecasts,
 //! scratch and the audit log. Each is a client of the agent's control API; tables by default, `--json` for
 //! scripts.
 
 pub mod audit;
+pub mod claim;
 pub mod cleanup;
 pub mod forecast;
 pub mod policy;

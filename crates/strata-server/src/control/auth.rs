@@ -40,14 +40,28 @@ pub async fn bootstrap_admin(
     Ok(())
 }
 
-/// Middleware: every request but `/healthz` and `/openapi.json` must carry a valid bearer token.
+/// The paths of the routes the table declares public ([`crate::http::Access::Public`]; none takes a parameter).
+fn public_paths() -> &'static std::collections::HashSet<&'static str> {
+    static PUBLIC: std::sync::OnceLock<std::collections::HashSet<&'static str>> =
+        std::sync::OnceLock::new();
+    PUBLIC.get_or_init(|| {
+        crate::routes::table()
+            .into_iter()
+            .filter(|(d, _)| d.rule == crate::http::Access::Public)
+            .map(|(d, _)| d.path)
+            .collect()
+    })
+}
+
+/// Middleware: every request but `/healthz` and the public routes of the table (`/openapi.json`, the claim
+/// schema) must carry a valid bearer token.
 pub async fn require_token(
     State(agent): State<Arc<Agent>>,
     mut req: Request,
     next: Next,
 ) -> Response {
     let path = req.uri().path();
-    if path == "/healthz" || path == "/openapi.json" {
+    if path == "/healthz" || public_paths().contains(path) {
         return next.run(req).await;
     }
     // Another agent of the cluster: only the peer routes take its credential, and on them it stands in for a

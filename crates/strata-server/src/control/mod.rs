@@ -32,7 +32,7 @@ use strata_catalog::Role;
 
 pub use auth::{bootstrap_admin, require_token};
 pub use forecasts::compute_forecasts;
-pub(crate) use scratch::release_scratch;
+pub(crate) use scratch::{allocate_scratch, release_scratch, scratch_path};
 pub use state::{AccessLog, ForecastLine};
 /// Where a generated administrator token is written (where clients look for it too).
 pub use strata_client::token::admin_token_file;

@@ -6,6 +6,11 @@ pub(super) fn scratch_dir(a: &Agent) -> std::path::PathBuf {
     a.config().data_dir.join("scratch")
 }
 
+/// Where the scratch allocation `id` lives while it is held.
+pub(crate) fn scratch_path(a: &Agent, id: &str) -> std::path::PathBuf {
+    scratch_dir(a).join(id)
+}
+
 pub(super) async fn list_scratch(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
@@ -36,30 +41,8 @@ pub(super) async fn alloc_scratch(
         )));
     }
     a.catalog().team(&req.team).await?;
-    let cat = a.catalog();
-    // Quota before bytes: the allocation is admitted, then charged in full.
-    let res = cat.reserve(&req.team, "scratch", req.bytes, 1, 600).await?;
-    let now = cat.now();
-    let id = format!("scr_{now}_{:08x}", rand::random::<u32>());
-    let path = scratch_dir(&a).join(&id);
-    if let Err(e) = std::fs::create_dir_all(&path) {
-        cat.release_reservation(&res).await?;
-        return Err(ApiError(Error::from_io(
-            e,
-            format!("creating {}", path.display()),
-        )));
-    }
-    cat.commit_reservation(&res, req.bytes, 1).await?;
-    let s = Scratch {
-        id: id.clone(),
-        team: req.team.clone(),
-        bytes: req.bytes,
-        path: path.display().to_string(),
-        expires_at: now + req.ttl_secs,
-        created_at: now,
-        released_at: None,
-    };
-    cat.insert_scratch(&s).await?;
+    let s = allocate_scratch(&a, &req.team, req.bytes, req.ttl_secs).await?;
+    let (cat, id) = (a.catalog(), s.id.clone());
     cat.audit(
         &p.id,
         Some(&req.team),
@@ -69,6 +52,38 @@ pub(super) async fn alloc_scratch(
     )
     .await?;
     ok(s)
+}
+
+/// Allocate scratch for `team`: admitted against its `scratch` quota, then charged in full; a directory under
+/// the agent's data dir, released when `ttl_secs` pass.
+pub(crate) async fn allocate_scratch(
+    a: &Agent,
+    team: &str,
+    bytes: i64,
+    ttl_secs: i64,
+) -> Result<Scratch> {
+    let cat = a.catalog();
+    // Quota before bytes: the allocation is admitted, then charged in full.
+    let res = cat.reserve(team, "scratch", bytes, 1, 600).await?;
+    let now = cat.now();
+    let id = format!("scr_{now}_{:08x}", rand::random::<u32>());
+    let path = scratch_dir(a).join(&id);
+    if let Err(e) = std::fs::create_dir_all(&path) {
+        cat.release_reservation(&res).await?;
+        return Err(Error::from_io(e, format!("creating {}", path.display())));
+    }
+    cat.commit_reservation(&res, bytes, 1).await?;
+    let s = Scratch {
+        id,
+        team: team.to_string(),
+        bytes,
+        path: path.display().to_string(),
+        expires_at: now + ttl_secs,
+        created_at: now,
+        released_at: None,
+    };
+    cat.insert_scratch(&s).await?;
+    Ok(s)
 }
 
 pub(super) async fn free_scratch(

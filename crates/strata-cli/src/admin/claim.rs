@@ -1,0 +1,320 @@
+//! `strata claim`: a job's declared data. `validate` needs no agent; the rest are clients of the control API.
+//! The Slurm burst-buffer script and the prolog/epilog scripts (`contrib/slurm/`) call these commands.
+
+use super::*;
+
+#[derive(Debug, Subcommand)]
+pub enum ClaimCommand {
+    /// Check a claim file (YAML or JSON; `-` for stdin) without an agent: every problem, each naming its field.
+    Validate {
+        /// The claim file.
+        file: String,
+    },
+    /// Submit a claim: admitted against the team's quotas, its datasets' versions pinned, staging started.
+    /// Prints the claim's id.
+    Submit {
+        /// The claim file (YAML or JSON; `-` for stdin).
+        file: String,
+        /// Set the claim's job (overrides the file's `job`), e.g. the Slurm job id.
+        #[arg(long)]
+        job: Option<String>,
+        /// Wait until the claim is ready (exit 0) or failed (exit 1), printing progress.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Wait until a claim is ready (exit 0) or failed or released (exit 1), printing progress on stderr; exit 3
+    /// on timeout.
+    Wait {
+        /// The claim's id.
+        id: String,
+        /// Give up after this long (3600, 90s, 15m, 12h); exit 3.
+        #[arg(long)]
+        timeout: Option<String>,
+    },
+    /// One claim: state, reason, progress, accounting.
+    Status {
+        /// The claim's id.
+        id: String,
+    },
+    /// Claims of your teams.
+    Ls {
+        /// Only this team.
+        #[arg(long)]
+        team: Option<String>,
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
+        /// Include released claims.
+        #[arg(long)]
+        all: bool,
+    },
+    /// The environment a claim gives its job, as `export NAME=value` lines for a shell to source.
+    Env {
+        /// The claim's id.
+        id: String,
+    },
+    /// The job is alive: the claim's TTL starts again.
+    Heartbeat {
+        /// The claim's id.
+        id: String,
+    },
+    /// Release a claim (idempotent): staging stops, pins and scratch are freed, accounting is final.
+    Release {
+        /// The claim's id.
+        id: String,
+        /// Why (kept with the claim and in the audit log).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Print the claim document's JSON Schema.
+    Schema,
+}
+
+fn read_file(file: &str) -> Result<String> {
+    if file == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .context("reading the claim from stdin")?;
+        Ok(s)
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("reading {file}"))
+    }
+}
+
+pub async fn run(c: ClaimCommand, out: Out) -> Result<()> {
+    match c {
+        ClaimCommand::Validate { file } => {
+            let spec = strata_claim::ClaimSpec::parse(&read_file(&file)?)?;
+            let v = serde_json::to_value(&spec)?;
+            return emit(&out, &v, |_| {
+                println!(
+                    "valid: job {} of team {}, {} dataset(s){}{}",
+                    spec.job,
+                    spec.team,
+                    spec.datasets.len(),
+                    if spec.checkpoint.is_some() {
+                        ", a checkpoint"
+                    } else {
+                        ""
+                    },
+                    if spec.scratch.is_some() {
+                        ", scratch"
+                    } else {
+                        ""
+                    }
+                )
+            });
+        }
+        ClaimCommand::Schema => {
+            println!("{}", serde_json::to_string_pretty(&strata_claim::schema())?);
+            return Ok(());
+        }
+        _ => {}
+    }
+    let api = Api::new(&out.api)?;
+    match c {
+        ClaimCommand::Validate { .. } | ClaimCommand::Schema => unreachable!("handled above"),
+        ClaimCommand::Submit { file, job, wait } => {
+            let mut spec = strata_claim::ClaimSpec::parse(&read_file(&file)?)?;
+            if let Some(j) = job {
+                spec.job = j;
+                spec.check()?;
+            }
+            let v = api.post("/v1/claims", serde_json::to_value(&spec)?).await?;
+            let id = text(&v["id"]);
+            if !wait {
+                return emit(&out, &v, |v| {
+                    println!("{}", text(&v["id"]));
+                    eprintln!(
+                        "claim {} of job {}: {}",
+                        text(&v["id"]),
+                        text(&v["job"]),
+                        text(&v["state"])
+                    );
+                });
+            }
+            eprintln!("claim {id}");
+            wait_for(&api, &out, &id, None).await
+        }
+        ClaimCommand::Wait { id, timeout } => {
+            let t = timeout.map(|t| parse_secs(&t)).transpose()?;
+            wait_for(&api, &out, &id, t).await
+        }
+        ClaimCommand::Status { id } => {
+            let v = api.get(&format!("/v1/claims/{}", enc(&id))).await?;
+            emit(&out, &v, print_claim)
+        }
+        ClaimCommand::Ls { team, job, all } => {
+            let mut q = vec![];
+            if let Some(t) = &team {
+                q.push(format!("team={}", enc(t)));
+            }
+            if let Some(j) = &job {
+                q.push(format!("job={}", enc(j)));
+            }
+            if all {
+                q.push("released=true".into());
+            }
+            let path = if q.is_empty() {
+                "/v1/claims".to_string()
+            } else {
+                format!("/v1/claims?{}", q.join("&"))
+            };
+            let v = api.get(&path).await?;
+            emit(&out, &v, |v| {
+                table(
+                    &["id", "team", "job", "state", "progress", "reason"],
+                    arr(v)
+                        .iter()
+                        .map(|c| {
+                            vec![
+                                text(&c["id"]),
+                                text(&c["team"]),
+                                text(&c["job"]),
+                                text(&c["state"]),
+                                progress(&c["progress"]),
+                                text(&c["reason"]),
+                            ]
+                        })
+                        .collect(),
+                )
+            })
+        }
+        ClaimCommand::Env { id } => {
+            let v = api.get(&format!("/v1/claims/{}", enc(&id))).await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&v["env"])?);
+                return Ok(());
+            }
+            for (k, val) in v["env"].as_object().into_iter().flatten() {
+                println!("export {k}={}", shell_quote(val.as_str().unwrap_or("")));
+            }
+            Ok(())
+        }
+        ClaimCommand::Heartbeat { id } => {
+            let v = api
+                .post(&format!("/v1/claims/{}/heartbeat", enc(&id)), json!({}))
+                .await?;
+            emit(&out, &v, |v| {
+                println!("{}: {}", text(&v["id"]), text(&v["state"]))
+            })
+        }
+        ClaimCommand::Release { id, reason } => {
+            let body = match reason {
+                Some(r) => json!({"reason": r}),
+                None => json!({}),
+            };
+            let v = api
+                .post(&format!("/v1/claims/{}/release", enc(&id)), body)
+                .await?;
+            emit(&out, &v, |v| {
+                if v["released_now"].as_bool() == Some(true) {
+                    println!("released {}", text(&v["id"]));
+                } else {
+                    println!(
+                        "{} was already released ({})",
+                        text(&v["id"]),
+                        text(&v["reason"])
+                    );
+                }
+                print_usage(&v["usage"]);
+            })
+        }
+    }
+}
+
+/// Poll a claim until it settles. Ready: exit 0; failed or released: exit 1; timeout: exit 3 (other errors,
+/// such as an unreachable agent, exit 2 as every command's do).
+async fn wait_for(api: &Api, out: &Out, id: &str, timeout: Option<i64>) -> Result<()> {
+    let start = std::time::Instant::now();
+    let path = format!("/v1/claims/{}", enc(id));
+    let mut last = String::new();
+    loop {
+        let v = api.get(&path).await?;
+        let state = text(&v["state"]);
+        let line = format!("{state}: {}", progress(&v["progress"]));
+        if line != last {
+            eprintln!("{line}");
+            last = line;
+        }
+        match state.as_str() {
+            "ready" => return emit(out, &v, |v| println!("{}", text(&v["id"]))),
+            "failed" | "released" => {
+                eprintln!("claim {id} {state}: {}", text(&v["reason"]));
+                std::process::exit(1);
+            }
+            _ => {}
+        }
+        if let Some(t) = timeout
+            && start.elapsed().as_secs() as i64 >= t
+        {
+            eprintln!("claim {id} still {state} after {t} s");
+            std::process::exit(3);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+fn progress(p: &Value) -> String {
+    let n = |k: &str| p[k].as_u64().unwrap_or(0);
+    let (done, total) = (n("bytes_done"), n("bytes_total"));
+    let pct = if total == 0 {
+        100.0
+    } else {
+        done as f64 * 100.0 / total as f64
+    };
+    let mut s = format!(
+        "{}/{} objects, {} of {} ({pct:.1}%), {}/{} blocks",
+        n("objects_done"),
+        n("objects_total"),
+        indicatif::HumanBytes(done),
+        indicatif::HumanBytes(total),
+        n("blocks_held"),
+        n("blocks_total")
+    );
+    if let Some(r) = p["rate_bytes_per_sec"].as_f64().filter(|r| *r > 0.0) {
+        s.push_str(&format!(", {}/s", indicatif::HumanBytes(r as u64)));
+    }
+    if let Some(eta) = p["eta_secs"].as_u64() {
+        s.push_str(&format!(", ETA {eta} s"));
+    }
+    s
+}
+
+fn print_claim(v: &Value) {
+    println!("claim    {}", text(&v["id"]));
+    println!("job      {} (team {})", text(&v["job"]), text(&v["team"]));
+    println!("state    {}", text(&v["state"]));
+    if !text(&v["reason"]).is_empty() && v["reason"] != "" {
+        println!("reason   {}", text(&v["reason"]));
+    }
+    println!("progress {}", progress(&v["progress"]));
+    for d in arr(&v["datasets"]) {
+        println!(
+            "dataset  {} {} ({}): {} objects, {}",
+            text(&d["name"]),
+            text(&d["location"]),
+            text(&d["mode"]),
+            text(&d["objects"]),
+            bytes(&d["bytes"])
+        );
+    }
+    print_usage(&v["usage"]);
+}
+
+fn print_usage(u: &Value) {
+    println!(
+        "usage    staged {} (already cached {}), origin {}, from peers {}, scratch peak {}, checkpoints {}",
+        bytes(&u["staged_bytes"]),
+        bytes(&u["staged_cached_bytes"]),
+        bytes(&u["origin_bytes"]),
+        bytes(&u["peer_bytes"]),
+        bytes(&u["scratch_peak_bytes"]),
+        bytes(&u["checkpoint_bytes"])
+    );
+}
+
+/// `'...'` with embedded quotes escaped, for `export` lines.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}

@@ -1,0 +1,392 @@
+//! Claims on the control API: a job declares its data ([`strata_claim::ClaimSpec`]) and the agent admits,
+//! stages and releases it. `admit` (validation, versions pinned, quota first, protections, pins), `stage`
+//! (staging with progress and a verdict, resumed after a restart), `release` (idempotent; TTL expiry). The
+//! Slurm and Kubernetes integrations drive these routes; docs/claims.md says what each state means.
+
+mod admit;
+mod release;
+mod stage;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Extension, Path as UrlPath, Query, State};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use strata_catalog::claims::ClaimRecord;
+use strata_catalog::{Principal, Role};
+use strata_claim::{ClaimSpec, ClaimState, ClaimStatus, JobUsage};
+use strata_types::{Error, ErrorKind, Result};
+
+use crate::Agent;
+use crate::http::{Access, ApiResult, Plane, Route, RouteDoc};
+
+pub use admit::{MAX_OBJECTS, env_name};
+pub(crate) use release::expire;
+pub(crate) use stage::resume;
+
+type Json = axum::Json<serde_json::Value>;
+
+fn ok<T: serde::Serialize>(v: T) -> ApiResult<Json> {
+    serde_json::to_value(v)
+        .map(axum::Json)
+        .map_err(|e| Error::internal(e.to_string()).into())
+}
+
+macro_rules! r {
+    ($m:literal, $p:literal, $s:literal, $a:literal, $rule:expr, $plane:expr, $h:expr) => {
+        (
+            RouteDoc {
+                method: $m,
+                path: $p,
+                summary: $s,
+                access: $a,
+                rule: $rule,
+                plane: $plane,
+            },
+            $h,
+        )
+    };
+}
+
+/// The claim routes.
+pub fn routes() -> Vec<Route> {
+    vec![
+        r!(
+            "GET",
+            "/v1/claims/schema",
+            "The claim document's JSON Schema",
+            "anyone",
+            Access::Public,
+            Plane::Public,
+            get(schema)
+        ),
+        r!(
+            "POST",
+            "/v1/claims/validate",
+            "Check a claim (JSON) without submitting it: every problem, each naming its field",
+            "any principal",
+            Access::Any,
+            Plane::Control,
+            post(validate)
+        ),
+        r!(
+            "POST",
+            "/v1/claims",
+            "Submit a claim (JSON): admitted against quota, versions pinned, staging started",
+            "member of the claim's team (and reader of each dataset)",
+            Access::Team(Role::Member),
+            Plane::Control,
+            post(submit)
+        ),
+        r!(
+            "GET",
+            "/v1/claims",
+            "Claims of the caller's teams: ?team=&job=&released=",
+            "any principal (sees its teams' claims; admins all)",
+            Access::Any,
+            Plane::Control,
+            get(list)
+        ),
+        r!(
+            "GET",
+            "/v1/claims/{id}",
+            "One claim: state, reason, progress, environment, accounting",
+            "reader of the claim's team",
+            Access::Owner(Role::Reader),
+            Plane::Control,
+            get(one)
+        ),
+        r!(
+            "POST",
+            "/v1/claims/{id}/heartbeat",
+            "The job is alive: the claim's TTL starts again",
+            "member of the claim's team",
+            Access::Owner(Role::Member),
+            Plane::Control,
+            post(heartbeat)
+        ),
+        r!(
+            "POST",
+            "/v1/claims/{id}/release",
+            "Release a claim (idempotent): pins and scratch freed, accounting final; {\"reason\"}",
+            "member of the claim's team",
+            Access::Owner(Role::Member),
+            Plane::Control,
+            post(release_route)
+        ),
+    ]
+}
+
+async fn schema() -> Json {
+    axum::Json(strata_claim::schema())
+}
+
+async fn validate(Extension(_p): Extension<Principal>, b: Bytes) -> ApiResult<Json> {
+    let spec = ClaimSpec::from_json(&b)?;
+    // Only the verdict: the document is the caller's own.
+    ok(serde_json::json!({
+        "valid": true,
+        "datasets": spec.datasets.len(),
+        "checkpoint": spec.checkpoint.is_some(),
+        "scratch": spec.scratch.is_some(),
+    }))
+}
+
+async fn submit(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Extension<Principal>,
+    b: Bytes,
+) -> ApiResult<Json> {
+    let spec = ClaimSpec::from_json(&b)?;
+    let id = admit::admit(&a, &p, spec).await?;
+    stage::spawn(&a, &id);
+    ok(status(&a, &a.catalog().claim(&id).await?).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    team: Option<String>,
+    job: Option<String>,
+    #[serde(default)]
+    released: bool,
+}
+
+async fn list(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Extension<Principal>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json> {
+    let mut out = Vec::new();
+    for c in a
+        .catalog()
+        .list_claims(p.visible_teams().as_deref(), q.released)
+        .await?
+    {
+        if q.team.as_ref().is_some_and(|t| *t != c.team)
+            || q.job.as_ref().is_some_and(|j| *j != c.job)
+        {
+            continue;
+        }
+        out.push(status(&a, &c).await?);
+    }
+    ok(out)
+}
+
+/// A claim the caller may see with `need`; others' claims do not exist to it.
+async fn visible(a: &Agent, p: &Principal, id: &str, need: Role) -> Result<ClaimRecord> {
+    let hidden = || Error::new(ErrorKind::NotFound, format!("no claim {id:?}"));
+    let c = a.catalog().claim(id).await.map_err(|_| hidden())?;
+    if !p.can(&c.team, Role::Reader) {
+        return Err(hidden());
+    }
+    p.require(&c.team, need)?;
+    Ok(c)
+}
+
+async fn one(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Extension<Principal>,
+    UrlPath(id): UrlPath<String>,
+) -> ApiResult<Json> {
+    let c = visible(&a, &p, &id, Role::Reader).await?;
+    ok(status(&a, &c).await?)
+}
+
+async fn heartbeat(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Extension<Principal>,
+    UrlPath(id): UrlPath<String>,
+) -> ApiResult<Json> {
+    let c = visible(&a, &p, &id, Role::Member).await?;
+    if !a.catalog().heartbeat_claim(&id).await? {
+        return Err(Error::new(
+            ErrorKind::PreconditionFailed,
+            format!("claim {id} is released: {}", c.reason),
+        )
+        .into());
+    }
+    if let Ok(spec) = serde_json::from_str::<ClaimSpec>(&c.spec) {
+        let until = a.catalog().now() + spec.ttl() as i64;
+        a.catalog().extend_claim_protections(&id, until).await?;
+    }
+    ok(status(&a, &a.catalog().claim(&id).await?).await?)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReleaseBody {
+    reason: Option<String>,
+}
+
+async fn release_route(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Extension<Principal>,
+    UrlPath(id): UrlPath<String>,
+    b: Bytes,
+) -> ApiResult<Json> {
+    visible(&a, &p, &id, Role::Member).await?;
+    let body: ReleaseBody = if b.is_empty() {
+        ReleaseBody::default()
+    } else {
+        serde_json::from_slice(&b)
+            .map_err(|e| Error::invalid_input(format!("request body: {e}")))?
+    };
+    let reason = body.reason.unwrap_or_else(|| "released".into());
+    if reason.len() > 1024 {
+        return Err(Error::invalid_input("reason: at most 1024 bytes").into());
+    }
+    let released = release::release(&a, &id, &reason, &p.id).await?;
+    let mut v = serde_json::to_value(status(&a, &a.catalog().claim(&id).await?).await?)
+        .map_err(|e| Error::internal(e.to_string()))?;
+    v["released_now"] = released.into();
+    Ok(axum::Json(v))
+}
+
+/// This agent as a claim's stager.
+pub(crate) fn agent_id(a: &Agent) -> String {
+    a.id().to_string()
+}
+
+/// The agent's API as the job reaches it.
+fn agent_url(a: &Agent) -> String {
+    match &a.cluster {
+        Some(c) => c.me().to_string(),
+        None => a
+            .api_url
+            .get()
+            .cloned()
+            .unwrap_or_else(|| format!("http://{}", a.config().api_listen)),
+    }
+}
+
+/// A claim as the API reports it (live accounting for a live claim staged here).
+pub(crate) async fn status(a: &Agent, c: &ClaimRecord) -> Result<ClaimStatus> {
+    let bad = |what: &str, e: serde_json::Error| {
+        Error::internal(format!("claim {}: stored {what}: {e}", c.id))
+    };
+    let spec: ClaimSpec = serde_json::from_str(&c.spec).map_err(|e| bad("spec", e))?;
+    let state = ClaimState::parse(&c.state)
+        .ok_or_else(|| Error::internal(format!("claim {}: state {:?}", c.id, c.state)))?;
+    let scratch_path = c
+        .scratch_id
+        .as_ref()
+        .map(|sid| crate::control::scratch_path(a, sid).display().to_string());
+    let usage = if c.released_at.is_none() {
+        usage(a, c, &spec).await
+    } else {
+        serde_json::from_str(&c.usage).map_err(|e| bad("usage", e))?
+    };
+    let mut env = BTreeMap::new();
+    env.insert("STRATA_AGENT".into(), agent_url(a));
+    env.insert("STRATA_CLAIM".into(), c.id.clone());
+    env.insert("STRATA_JOB".into(), c.job.clone());
+    env.insert("STRATA_TEAM".into(), c.team.clone());
+    for d in &spec.datasets {
+        env.insert(
+            format!("STRATA_DATASET_{}", env_name(&d.name)),
+            d.location.clone(),
+        );
+        if let Some(m) = &d.mount {
+            env.insert(format!("STRATA_MOUNT_{}", env_name(&d.name)), m.clone());
+        }
+    }
+    if let Some(ck) = &spec.checkpoint {
+        env.insert("STRATA_CKPT".into(), ck.location.clone());
+        if let Some(k) = ck.keep_last {
+            env.insert("STRATA_CKPT_KEEP_LAST".into(), k.to_string());
+        }
+    }
+    if let Some(p) = &scratch_path {
+        env.insert("STRATA_SCRATCH".into(), p.clone());
+    }
+    Ok(ClaimStatus {
+        id: c.id.clone(),
+        job: c.job.clone(),
+        team: c.team.clone(),
+        principal: c.principal.clone(),
+        state,
+        reason: c.reason.clone(),
+        progress: serde_json::from_str(&c.progress).unwrap_or_default(),
+        datasets: serde_json::from_str(&c.datasets).map_err(|e| bad("datasets", e))?,
+        scratch_path,
+        env,
+        usage,
+        spec,
+        created_at: c.created_at,
+        deadline_at: c.deadline_at,
+        ready_at: c.ready_at,
+        heartbeat_at: c.heartbeat_at,
+        released_at: c.released_at,
+    })
+}
+
+/// A live claim's accounting now: what staging recorded, the job's cache I/O on this agent, its scratch's
+/// size (the peak so far kept) and the bytes under its checkpoint location.
+pub(crate) async fn usage(a: &Agent, c: &ClaimRecord, spec: &ClaimSpec) -> JobUsage {
+    let mut u: JobUsage = serde_json::from_str(&c.usage).unwrap_or_default();
+    // Staging's share is its progress, which only the staging task writes.
+    let p: strata_claim::Progress = serde_json::from_str(&c.progress).unwrap_or_default();
+    u.staged_cached_bytes = p.cached_bytes;
+    u.staged_bytes = p.bytes_done.saturating_sub(p.cached_bytes);
+    if c.agent == a.id() {
+        let (mut origin, mut peer) = (0, 0);
+        for j in a.cache().stats().by_job {
+            if j.job.as_deref() == Some(c.job.as_str()) {
+                origin += j.origin_bytes;
+                peer += j.peer_bytes;
+            }
+        }
+        // The cache's counters start again with the agent; the catalog keeps the most seen.
+        u.origin_bytes = u.origin_bytes.max(origin);
+        u.peer_bytes = u.peer_bytes.max(peer);
+        if let Some(sid) = &c.scratch_id {
+            let dir = crate::control::scratch_path(a, sid);
+            let used = tokio::task::spawn_blocking(move || dir_bytes(&dir))
+                .await
+                .unwrap_or(0);
+            u.scratch_peak_bytes = u.scratch_peak_bytes.max(used);
+        }
+    }
+    if let Some(ck) = &spec.checkpoint
+        && let Ok((name, _, prefix)) = a.locate(&ck.location)
+    {
+        let name = name.unwrap_or_default();
+        if let Ok(objs) = a.catalog().objects_under(&name, &prefix).await {
+            u.checkpoint_bytes = objs.iter().map(|o| o.size.max(0) as u64).sum();
+        }
+    }
+    if c.released_at.is_none()
+        && let Ok(doc) = admit::json(&u)
+    {
+        let _ = a.catalog().set_claim_usage(&c.id, &doc).await;
+    }
+    u
+}
+
+/// Bytes of the files under `dir` (a scratch directory), links not followed.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = 0usize;
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            seen += 1;
+            if seen > 1_000_000 {
+                return total;
+            }
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() {
+                total += m.len();
+            }
+        }
+    }
+    total
+}

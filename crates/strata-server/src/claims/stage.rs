@@ -1,0 +1,213 @@
+//! Staging a claim: every block of every staged dataset version into the cache, with progress in the catalog
+//! once a second, then the verdict. `ready` is a count, not the end of a loop: every block of the snapshot
+//! must be held complete by the cache's last tier, or the claim fails with what is missing and why. A claim
+//! still staging at its deadline fails; a release cancels its staging; a claim this agent was staging when it
+//! stopped is staged again when it starts ([`resume`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use strata_claim::{ClaimSpec, ClaimState, Mode, Progress};
+use strata_types::{ErrorKind, IoContext, ObjectMeta, Result};
+
+use crate::Agent;
+
+/// Blocks fetched at once by one claim's staging.
+const CONCURRENCY: usize = 16;
+/// How often progress is written to the catalog.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// Start staging claim `id` in the background (no-op if it is already staging here).
+pub(crate) fn spawn(a: &Arc<Agent>, id: &str) {
+    let token = a.claim_stop.child_token();
+    {
+        let mut tasks = a.claim_tasks.lock();
+        if tasks.contains_key(id) {
+            return;
+        }
+        tasks.insert(id.to_string(), token.clone());
+    }
+    let (a, id) = (a.clone(), id.to_string());
+    tokio::spawn(async move {
+        tokio::select! {
+            r = run(&a, &id) => {
+                if let Err(e) = r {
+                    tracing::warn!(claim = %id, error = %e, "staging stopped");
+                    let reason = format!("staging stopped: {e}");
+                    let _ = a.catalog().set_claim_state(&id, "failed", &reason, "{}").await;
+                }
+            }
+            _ = token.cancelled() => {}
+        }
+        a.claim_tasks.lock().remove(&id);
+    });
+}
+
+/// Stage again the claims this agent was staging when it stopped.
+pub(crate) async fn resume(a: &Arc<Agent>) -> Result<usize> {
+    let me = super::agent_id(a);
+    let mut n = 0;
+    for c in a.catalog().list_claims(None, false).await? {
+        if c.agent == me && matches!(c.state.as_str(), "pending" | "staging") {
+            spawn(a, &c.id);
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// One staged dataset: its backend and the versions to stage.
+struct Part {
+    name: String,
+    backend: strata_object::Backend,
+    objects: Vec<ObjectMeta>,
+}
+
+async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
+    let cat = a.catalog();
+    let rec = cat.claim(id).await?;
+    let spec: ClaimSpec = serde_json::from_str(&rec.spec)
+        .map_err(|e| strata_types::Error::internal(format!("claim {id}: stored spec: {e}")))?;
+    let objects = cat.claim_objects(id).await?;
+    let mut parts = Vec::new();
+    for d in spec.datasets.iter().filter(|d| d.mode != Mode::Stream) {
+        let (backend, _) = a.resolve(&d.location)?;
+        let objects = objects
+            .iter()
+            .filter(|o| o.dataset == d.name)
+            .map(|o| ObjectMeta {
+                key: o.key.clone(),
+                size: o.size as u64,
+                etag: o.etag.clone(),
+                version: o.version.clone(),
+                last_modified_unix: o.modified_at,
+                attrs: None,
+            })
+            .collect();
+        parts.push(Part {
+            name: d.name.clone(),
+            backend,
+            objects,
+        });
+    }
+    let mut start = count(a, &parts);
+    start.cached_bytes = start.bytes_done;
+    let start_bytes = start.bytes_done;
+    let doc = super::admit::json(&start)?;
+    let progress = Arc::new(Mutex::new(start));
+    if !cat.set_claim_state(id, "staging", "", &doc).await? {
+        return Ok(()); // released (or failed) meanwhile
+    }
+    let deadline = tokio::time::Instant::now()
+        + Duration::from_secs(rec.deadline_at.saturating_sub(cat.now()).max(0) as u64);
+    let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let cached = start_bytes;
+    let done_before = Mutex::new(0u64);
+    let work = async {
+        for p in &parts {
+            let ctx = IoContext {
+                team: Some(rec.team.as_str().into()),
+                job: Some(rec.job.as_str().into()),
+                dataset: Some(p.name.as_str().into()),
+                principal: Some(rec.principal.as_str().into()),
+            };
+            let before = *done_before.lock();
+            let r = a
+                .cache()
+                .warm_objects(&ctx, &p.backend, p.objects.clone(), CONCURRENCY, |w| {
+                    progress.lock().bytes_done = before + w.done_bytes;
+                })
+                .await?;
+            *done_before.lock() += r.done_bytes;
+            let mut errs = errors.lock();
+            for e in r.errors {
+                if errs.len() < 10 {
+                    errs.push(format!("{}: {e}", p.name));
+                }
+            }
+        }
+        Ok::<(), strata_types::Error>(())
+    };
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut last_bytes, mut last_at) = (progress.lock().bytes_done, std::time::Instant::now());
+    let outcome = loop {
+        tokio::select! {
+            r = &mut work => break Some(r),
+            _ = tokio::time::sleep_until(deadline) => break None,
+            _ = tick.tick() => {
+                let doc = {
+                    let mut p = progress.lock();
+                    let dt = last_at.elapsed().as_secs_f64();
+                    if dt > 0.0 {
+                        p.rate_bytes_per_sec = (p.bytes_done.saturating_sub(last_bytes)) as f64 / dt;
+                    }
+                    (last_bytes, last_at) = (p.bytes_done, std::time::Instant::now());
+                    p.eta_secs = (p.rate_bytes_per_sec > 0.0).then(|| {
+                        (p.bytes_total.saturating_sub(p.bytes_done) as f64 / p.rate_bytes_per_sec).ceil() as u64
+                    });
+                    super::admit::json(&*p)?
+                };
+                if !cat.set_claim_state(id, "staging", "", &doc).await? {
+                    return Ok(()); // released meanwhile
+                }
+            }
+        }
+    };
+    // The verdict: a count of what is held now.
+    let mut p = count(a, &parts);
+    let errors = std::mem::take(&mut *errors.lock());
+    let (state, reason) = match outcome {
+        Some(Err(e)) if e.kind() == ErrorKind::Cancelled => return Ok(()),
+        Some(Err(e)) => (ClaimState::Failed, format!("staging failed: {e}")),
+        None => (
+            ClaimState::Failed,
+            format!(
+                "not staged by the deadline ({} s after submission): {}",
+                spec.stage_deadline(),
+                p.summary()
+            ),
+        ),
+        Some(Ok(())) if p.blocks_held == p.blocks_total => (ClaimState::Ready, String::new()),
+        Some(Ok(())) => {
+            let why = if errors.is_empty() {
+                "blocks did not stay in the cache (is it smaller than the claim, or full of pins?)"
+                    .to_string()
+            } else {
+                errors.join("; ")
+            };
+            (
+                ClaimState::Failed,
+                format!(
+                    "{} of {} blocks not in the cache after staging: {why}",
+                    p.blocks_total - p.blocks_held,
+                    p.blocks_total
+                ),
+            )
+        }
+    };
+    p.rate_bytes_per_sec = 0.0;
+    p.eta_secs = None;
+    p.cached_bytes = cached.min(p.bytes_done);
+    cat.set_claim_state(id, state.as_str(), &reason, &super::admit::json(&p)?)
+        .await?;
+    tracing::info!(claim = %id, state = state.as_str(), %reason, "staging done");
+    Ok(())
+}
+
+/// Progress as a count of what the cache holds.
+fn count(a: &Agent, parts: &[Part]) -> Progress {
+    let mut p = Progress::default();
+    for part in parts {
+        let h = a.cache().held(&part.backend, &part.objects);
+        p.objects_total += h.objects_total;
+        p.objects_done += h.objects_held;
+        p.blocks_total += h.blocks_total;
+        p.blocks_held += h.blocks_held;
+        p.bytes_total += h.bytes_total;
+        p.bytes_done += h.bytes_held;
+    }
+    p
+}

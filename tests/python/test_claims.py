@@ -1,0 +1,427 @@
+"""Claims end to end: `strata serve` in front of a real S3 server (moto), driven by the `strata claim` CLI and
+the control API as a job (and a hostile neighbour) would.
+
+Covered: a claim staged to `ready` with counts equal to its snapshot (and the job's reads then served from the
+cache, byte-exact); validation errors naming the field (CLI and API); quota refused before anything is staged;
+an empty or missing dataset refused; a claim larger than the cache failing with a reason instead of saying
+ready; two claims of one dataset sharing its blocks; pins and scratch held for the claim's life and freed by a
+release that is idempotent; TTL expiry; another team's principals seeing nothing and a reader unable to
+release; staging resumed by an agent restarted mid-way.
+"""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, client
+
+MIB = 1024 * 1024
+BUCKET = "claims-origin"
+
+
+class Agent:
+    """One `strata serve` with an S3 backend `origin` on moto, a small cache, and the test's admin token."""
+
+    def __init__(self, origin, ram="16MiB", disk="256MiB"):
+        self.dir = tempfile.mkdtemp(prefix="strata-claims-")
+        self.data = os.path.join(self.dir, "data")
+        self.cfg = os.path.join(self.dir, "strata.toml")
+        with open(self.cfg, "w") as f:
+            f.write(f"""
+[cache]
+block_size = "1MiB"
+ram_capacity = "{ram}"
+disk_capacity = "{disk}"
+
+[retry]
+max_retries = 1
+initial_backoff = 10
+max_backoff = 50
+
+[[backends]]
+name = "origin"
+url = "s3://{BUCKET}"
+[backends.options]
+endpoint = "{origin}"
+access_key_id = "{ORIGIN_KEY}"
+secret_access_key = "{ORIGIN_SECRET}"
+""")
+        self.proc = None
+        self.start()
+
+    def start(self):
+        addr = os.path.join(self.data, "api.addr")
+        if os.path.exists(addr):
+            os.remove(addr)
+        self.proc = subprocess.Popen(
+            [STRATA, "serve", "--config", self.cfg, "--data-dir", self.data, "--api-listen", "127.0.0.1:0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, STRATA_LOG="warn"))
+        deadline = time.time() + 30
+        while not (os.path.exists(addr) and open(addr).read().strip()):
+            if self.proc.poll() is not None:
+                raise RuntimeError("strata serve exited: " + self.proc.stderr.read().decode())
+            assert time.time() < deadline, "strata serve did not start"
+            time.sleep(0.05)
+        self.api = open(addr).read().strip()
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def call(self, method, path, body=None, token=ADMIN_TOKEN):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.api + path, data=data, method=method)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req) as r:
+                raw = r.read()
+                return r.status, (json.loads(raw) if raw and r.headers.get_content_type() == "application/json" else raw)
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                return e.code, json.loads(raw)
+            except ValueError:
+                return e.code, raw
+
+    def ok(self, method, path, body=None, token=ADMIN_TOKEN):
+        s, v = self.call(method, path, body, token)
+        assert s == 200, f"{method} {path}: {s} {v}"
+        return v
+
+    def cli(self, *args, check=True, input=None):
+        r = subprocess.run([STRATA, *args, "--api", self.api], capture_output=True, text=True, input=input,
+                           env=dict(os.environ, STRATA_TOKEN=ADMIN_TOKEN), timeout=300)
+        if check:
+            assert r.returncode == 0, f"strata {' '.join(args)}: {r.returncode}\n{r.stdout}\n{r.stderr}"
+        return r
+
+    def cache(self):
+        return self.ok("GET", "/v1/cache")
+
+    def wait_settled(self, cid, timeout=120):
+        deadline = time.time() + timeout
+        while True:
+            c = self.ok("GET", f"/v1/claims/{cid}")
+            if c["state"] in ("ready", "failed", "released"):
+                return c
+            assert time.time() < deadline, f"claim still {c['state']}: {c['progress']}"
+            time.sleep(0.2)
+
+    def token(self, team, role, name):
+        """A bearer token of a new principal with `role` in `team` (created if needed)."""
+        self.call("POST", "/v1/teams", {"name": team})
+        v = self.ok("POST", "/v1/tokens", {"name": name, "kind": "token", "team": team, "role": role})
+        return v["token"]
+
+
+@pytest.fixture(scope="module")
+def s3(origin):
+    c = client(origin, ORIGIN_KEY, ORIGIN_SECRET)
+    try:
+        c.create_bucket(Bucket=BUCKET)
+    except c.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    return c
+
+
+@pytest.fixture()
+def agent(origin, s3):
+    a = Agent(origin)
+    a.call("POST", "/v1/teams", {"name": "vision"})
+    yield a
+    a.close()
+
+
+def put_dataset(s3, prefix, sizes):
+    """Objects of the given sizes under `prefix` (ugly names included); returns {key: sha256}."""
+    names = ["plain.bin", "with space.bin", "plus+sign.bin", "per%cent.bin", "ünï/日本.bin", "deep/er/x.bin"]
+    out = {}
+    for i, size in enumerate(sizes):
+        key = f"{prefix}{i:03d}-{names[i % len(names)]}"
+        body = hashlib.sha256(f"{key}".encode()).digest() * (size // 32) + b"x" * (size % 32)
+        s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+        out[key] = hashlib.sha256(body).hexdigest()
+    return out
+
+
+def write_claim(tmp_path, text, name="claim.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def claim_yaml(job, location, mode="stage", extra=""):
+    return f"""
+version: 1
+job: {job}
+team: vision
+datasets:
+  - name: train
+    location: {location}
+    mode: {mode}
+{extra}"""
+
+
+def test_a_claim_is_ready_only_when_every_block_is_cached_and_the_job_then_reads_from_the_cache(agent, s3, tmp_path):
+    objs = put_dataset(s3, "ds-ready/", [3 * MIB + 7, MIB, 17, 0, 2 * MIB, 5 * MIB + 1])
+    f = write_claim(tmp_path, claim_yaml("job-ready", "origin/ds-ready/"))
+    r = agent.cli("claim", "submit", f, "--wait")
+    cid = r.stdout.strip().splitlines()[-1]
+    assert "ready" in r.stderr, r.stderr
+    c = agent.ok("GET", f"/v1/claims/{cid}")
+    p = c["progress"]
+    assert c["state"] == "ready" and c["ready_at"] is not None
+    assert p["objects_total"] == len(objs) == p["objects_done"]
+    blocks = sum(max(1, -(-s // MIB)) if s else 0 for s in [3 * MIB + 7, MIB, 17, 0, 2 * MIB, 5 * MIB + 1])
+    assert p["blocks_total"] == blocks == p["blocks_held"], p
+    assert p["bytes_done"] == p["bytes_total"] == sum([3 * MIB + 7, MIB, 17, 0, 2 * MIB, 5 * MIB + 1])
+    assert c["datasets"][0]["objects"] == len(objs)
+    assert c["env"]["STRATA_DATASET_TRAIN"] == "origin/ds-ready/"
+    assert c["env"]["STRATA_CLAIM"] == cid and c["env"]["STRATA_JOB"] == "job-ready"
+    assert c["env"]["STRATA_AGENT"] == agent.api
+    assert c["usage"]["staged_bytes"] == p["bytes_total"]
+    # the job's reads: every byte right, none from the origin
+    before = agent.cache()
+    for key, digest in objs.items():
+        s, body = agent.call("GET", "/v1/read?location=" + urllib.request.quote(f"origin/{key}", safe=""))
+        assert s == 200, (key, s, body)
+        assert hashlib.sha256(body if isinstance(body, bytes) else json.dumps(body).encode()).hexdigest() == digest, key
+    after = agent.cache()
+    assert after["fill_requests"] == before["fill_requests"], "a staged dataset is read without the origin"
+    # `strata claim env` gives a shell what the job needs
+    env = agent.cli("claim", "env", cid).stdout
+    assert f"export STRATA_CLAIM='{cid}'" in env and "export STRATA_DATASET_TRAIN='origin/ds-ready/'" in env
+    # release: idempotent, and never deletes the dataset
+    r1 = agent.cli("claim", "release", cid, "--reason", "job ended")
+    assert f"released {cid}" in r1.stdout
+    r2 = agent.cli("claim", "release", cid)
+    assert "already released (job ended)" in r2.stdout
+    assert agent.ok("GET", f"/v1/claims/{cid}")["state"] == "released"
+    assert len(s3.list_objects_v2(Bucket=BUCKET, Prefix="ds-ready/")["Contents"]) == len(objs)
+
+
+def test_validation_names_the_field_on_the_cli_and_the_api(agent, tmp_path):
+    bad = claim_yaml("job-bad", "origin/x/", mode="stge")
+    r = agent.cli("claim", "validate", write_claim(tmp_path, bad), check=False)
+    assert r.returncode != 0 and "datasets[0].mode" in r.stderr and "stge" in r.stderr, r.stderr
+    r = agent.cli("claim", "validate", write_claim(tmp_path, claim_yaml("job ok", "origin/x/")), check=False)
+    assert r.returncode != 0 and "job:" in r.stderr, r.stderr
+    r = agent.cli("claim", "validate", "-", input=claim_yaml("job-ok", "origin/x/"))
+    assert "valid: job job-ok of team vision, 1 dataset(s)" in r.stdout
+    for body, field in [
+        ({"version": 1, "job": "j", "team": "vision", "datasets": [{"name": "a", "location": "origin/x/",
+                                                                    "mode": "stge"}]}, "datasets[0].mode"),
+        ({"version": 1, "job": "j", "team": "vision", "datasets": [{"name": "A", "location": "origin/x/"}]},
+         "datasets[0].name"),
+        ({"version": 1, "job": "j", "team": "vision", "scratch": {"size": "0", "ttl_secs": 10}}, "scratch.size"),
+        ({"version": 1, "job": "j", "team": "vision", "surprise": 1}, "surprise"),
+        ({"version": 2, "job": "j", "team": "vision", "scratch": {"size": 1, "ttl_secs": 1}}, "version"),
+    ]:
+        for path in ("/v1/claims/validate", "/v1/claims"):
+            s, v = agent.call("POST", path, body)
+            assert s == 400 and v["error"] == "invalid_input" and field in v["message"], (path, body, s, v)
+    s, v = agent.call("POST", "/v1/claims/validate", {"version": 1, "job": "j", "team": "vision",
+                                                      "scratch": {"size": "1GiB", "ttl_secs": 60}})
+    assert s == 200 and v["valid"] is True
+    schema = agent.ok("GET", "/v1/claims/schema", token=None)
+    assert schema["properties"]["datasets"]["items"]["properties"]["mode"]["enum"] == ["stage", "pin", "stream"]
+    assert agent.ok("GET", "/v1/claims") == [], "nothing was admitted"
+
+
+def test_quota_is_refused_before_anything_is_staged(agent, s3):
+    put_dataset(s3, "ds-quota/", [2 * MIB, 2 * MIB])
+    agent.ok("PUT", "/v1/quotas/vision/scratch", {"hard_bytes": 10 * MIB})
+    agent.ok("PUT", "/v1/quotas/vision/cache", {"hard_bytes": MIB})
+    before = agent.cache()["fill_requests"]
+    s, v = agent.call("POST", "/v1/claims", {"version": 1, "job": "job-q1", "team": "vision",
+                                             "datasets": [{"name": "train", "location": "origin/ds-quota/"}],
+                                             "scratch": {"size": "1GiB", "ttl_secs": 600}})
+    assert s == 429 and v["error"] == "resource_exhausted" and "scratch.size" in v["message"], (s, v)
+    s, v = agent.call("POST", "/v1/claims", {"version": 1, "job": "job-q2", "team": "vision",
+                                             "datasets": [{"name": "train", "location": "origin/ds-quota/",
+                                                           "mode": "pin"}]})
+    assert s == 429 and "datasets[0] (pin)" in v["message"], (s, v)
+    time.sleep(0.5)
+    assert agent.cache()["fill_requests"] == before, "nothing staged for a refused claim"
+    assert agent.ok("GET", "/v1/claims") == []
+    done = agent.ok("GET", "/v1/claims?released=true")
+    assert {c["job"] for c in done} == {"job-q1", "job-q2"}
+    assert all(c["reason"].startswith("not admitted:") for c in done), done
+    q = {r["scope"]: r for r in agent.ok("GET", "/v1/quotas/vision")}
+    assert q["scratch"]["used_bytes"] == 0 and q["scratch"]["reserved_bytes"] == 0, q["scratch"]
+    assert q["cache"]["used_bytes"] == 0 and q["cache"]["reserved_bytes"] == 0, q["cache"]
+    assert agent.ok("GET", "/v1/protections") == [], "no protection outlives a refused claim"
+    # a second live claim of one job is refused too
+    ok = {"version": 1, "job": "job-q3", "team": "vision", "datasets": [{"name": "t", "location": "origin/ds-quota/"}]}
+    agent.ok("POST", "/v1/claims", ok)
+    s, v = agent.call("POST", "/v1/claims", ok)
+    assert s == 409 and "already has a live claim for job job-q3" in v["message"], (s, v)
+
+
+def test_missing_and_empty_datasets_are_refused_with_the_field(agent, s3):
+    for loc, want in [("origin/no-such-prefix/", "no objects under"), ("origin/no-such-object.bin", "no object"),
+                      ("nosuchbackend/x/", "datasets[0].location")]:
+        s, v = agent.call("POST", "/v1/claims", {"version": 1, "job": "job-m", "team": "vision",
+                                                 "datasets": [{"name": "train", "location": loc}]})
+        assert s in (400, 404) and "datasets[0].location" in v["message"] and want in v["message"], (loc, s, v)
+
+
+def test_a_claim_larger_than_the_cache_fails_with_a_reason_instead_of_saying_ready(origin, s3):
+    put_dataset(s3, "ds-big/", [3 * MIB] * 6)
+    a = Agent(origin, ram="2MiB", disk="8MiB")
+    try:
+        a.call("POST", "/v1/teams", {"name": "vision"})
+        c = a.ok("POST", "/v1/claims", {"version": 1, "job": "job-big", "team": "vision",
+                                        "datasets": [{"name": "train", "location": "origin/ds-big/"}]})
+        c = a.wait_settled(c["id"])
+        assert c["state"] == "failed", c
+        p = c["progress"]
+        assert p["blocks_held"] < p["blocks_total"] == 18, p
+        assert "blocks not in the cache after staging" in c["reason"], c["reason"]
+        r = a.cli("claim", "wait", c["id"], check=False)
+        assert r.returncode == 1 and "failed" in r.stderr, r.stderr
+    finally:
+        a.close()
+
+
+def test_two_claims_of_one_dataset_share_its_blocks(agent, s3):
+    put_dataset(s3, "ds-shared/", [2 * MIB, 3 * MIB])
+    body = lambda job: {"version": 1, "job": job, "team": "vision",
+                        "datasets": [{"name": "train", "location": "origin/ds-shared/"}]}
+    a = agent.wait_settled(agent.ok("POST", "/v1/claims", body("job-s1"))["id"])
+    fills = agent.cache()["fill_requests"]
+    b = agent.wait_settled(agent.ok("POST", "/v1/claims", body("job-s2"))["id"])
+    assert a["state"] == b["state"] == "ready"
+    assert agent.cache()["fill_requests"] == fills, "the second claim read nothing from the origin"
+    assert b["usage"]["staged_bytes"] == 0 and b["usage"]["staged_cached_bytes"] == 5 * MIB, b["usage"]
+
+
+def test_pins_and_scratch_are_held_for_the_claim_and_freed_by_release(agent, s3):
+    put_dataset(s3, "ds-pin/", [2 * MIB, MIB])
+    c = agent.ok("POST", "/v1/claims", {"version": 1, "job": "job-p", "team": "vision",
+                                        "datasets": [{"name": "train", "location": "origin/ds-pin/", "mode": "pin"}],
+                                        "scratch": {"size": "64MiB", "ttl_secs": 3600},
+                                        "checkpoint": {"location": "origin/ckpt/job-p/", "keep_last": 2}})
+    c = agent.wait_settled(c["id"])
+    assert c["state"] == "ready", c
+    assert any(p["prefix"] == "ds-pin/" for p in agent.cache()["pins"]), agent.cache()["pins"]
+    q = {r["scope"]: r for r in agent.ok("GET", "/v1/quotas/vision")}
+    assert q["cache"]["used_bytes"] == 3 * MIB and q["scratch"]["used_bytes"] == 64 * MIB, q
+    prots = agent.ok("GET", "/v1/protections")
+    assert [(p["kind"], p["prefix"], p["job"]) for p in prots] == [("claim", "ds-pin/", c["id"])], prots
+    scratch = c["env"]["STRATA_SCRATCH"]
+    assert os.path.isdir(scratch) and c["env"]["STRATA_CKPT"] == "origin/ckpt/job-p/"
+    assert c["env"]["STRATA_CKPT_KEEP_LAST"] == "2"
+    with open(os.path.join(scratch, "tmp.bin"), "wb") as f:
+        f.write(b"s" * 300_000)
+    r = agent.ok("POST", f"/v1/claims/{c['id']}/release", {"reason": "done"})
+    assert r["released_now"] is True and r["state"] == "released"
+    assert r["usage"]["scratch_peak_bytes"] >= 300_000, r["usage"]
+    assert not os.path.exists(scratch), "scratch goes to the trash"
+    assert os.path.exists(os.path.join(agent.data, "scratch-trash", os.path.basename(scratch), "tmp.bin"))
+    assert not any(p["prefix"] == "ds-pin/" for p in agent.cache()["pins"])
+    q = {r["scope"]: r for r in agent.ok("GET", "/v1/quotas/vision")}
+    assert q["cache"]["used_bytes"] == 0 and q["scratch"]["used_bytes"] == 0, q
+    assert agent.ok("GET", "/v1/protections") == []
+    again = agent.ok("POST", f"/v1/claims/{c['id']}/release", {})
+    assert again["released_now"] is False and again["reason"] == "done"
+    q2 = {r["scope"]: r for r in agent.ok("GET", "/v1/quotas/vision")}
+    assert q2 == q, "a second release changes nothing"
+
+
+def test_a_pin_another_claim_holds_stays_pinned(agent, s3):
+    put_dataset(s3, "ds-pin2/", [MIB])
+    body = lambda job: {"version": 1, "job": job, "team": "vision",
+                        "datasets": [{"name": "train", "location": "origin/ds-pin2/", "mode": "pin"}]}
+    a = agent.wait_settled(agent.ok("POST", "/v1/claims", body("job-pa"))["id"])
+    b = agent.wait_settled(agent.ok("POST", "/v1/claims", body("job-pb"))["id"])
+    agent.ok("POST", f"/v1/claims/{a['id']}/release", {})
+    assert any(p["prefix"] == "ds-pin2/" for p in agent.cache()["pins"]), "still pinned for job-pb"
+    agent.ok("POST", f"/v1/claims/{b['id']}/release", {})
+    assert not any(p["prefix"] == "ds-pin2/" for p in agent.cache()["pins"])
+
+
+def test_a_claim_without_heartbeats_is_released_after_its_ttl(agent, s3):
+    put_dataset(s3, "ds-ttl/", [MIB])
+    c = agent.ok("POST", "/v1/claims", {"version": 1, "job": "job-ttl", "team": "vision", "ttl_secs": 10,
+                                        "datasets": [{"name": "train", "location": "origin/ds-ttl/"}],
+                                        "scratch": {"size": "1MiB", "ttl_secs": 3600}})
+    h = agent.wait_settled(c["id"])
+    assert h["state"] == "ready"
+    time.sleep(6)
+    hb = agent.cli("claim", "heartbeat", c["id"])
+    assert "ready" in hb.stdout
+    time.sleep(6)
+    assert agent.ok("GET", f"/v1/claims/{c['id']}")["state"] == "ready", "the heartbeat renewed it"
+    deadline = time.time() + 30
+    while agent.ok("GET", f"/v1/claims/{c['id']}")["state"] != "released":
+        assert time.time() < deadline, "not released after its TTL"
+        time.sleep(0.5)
+    r = agent.ok("GET", f"/v1/claims/{c['id']}")
+    assert "no heartbeat for 10 s" in r["reason"], r
+    q = {x["scope"]: x for x in agent.ok("GET", "/v1/quotas/vision")}
+    assert q["scratch"]["used_bytes"] == 0
+    s, v = agent.call("POST", f"/v1/claims/{c['id']}/heartbeat", {})
+    assert s == 412 and "released" in v["message"], (s, v)
+
+
+def test_other_teams_see_nothing_and_readers_cannot_release(agent, s3):
+    put_dataset(s3, "ds-tenancy/", [MIB])
+    c = agent.ok("POST", "/v1/claims", {"version": 1, "job": "job-t", "team": "vision",
+                                        "datasets": [{"name": "train", "location": "origin/ds-tenancy/"}]})
+    other = agent.token("audio", "team_admin", "audio-admin")
+    reader = agent.token("vision", "reader", "vision-reader")
+    member = agent.token("vision", "member", "vision-member")
+    for method, path, body in [("GET", f"/v1/claims/{c['id']}", None),
+                               ("POST", f"/v1/claims/{c['id']}/release", {}),
+                               ("POST", f"/v1/claims/{c['id']}/heartbeat", {})]:
+        s, v = agent.call(method, path, body, token=other)
+        assert s == 404, (method, path, s, v)
+        s, v = agent.call(method, path, body, token="forged-token")
+        assert s == 401, (method, path, s, v)
+    assert agent.ok("GET", "/v1/claims", token=other) == []
+    s, v = agent.call("POST", "/v1/claims", {"version": 1, "job": "job-t2", "team": "vision",
+                                             "datasets": [{"name": "train", "location": "origin/ds-tenancy/"}]},
+                      token=other)
+    assert s == 403, (s, v)
+    assert agent.ok("GET", f"/v1/claims/{c['id']}", token=reader)["job"] == "job-t"
+    s, v = agent.call("POST", f"/v1/claims/{c['id']}/release", {}, token=reader)
+    assert s == 403, (s, v)
+    assert agent.ok("POST", f"/v1/claims/{c['id']}/release", {}, token=member)["released_now"] is True
+
+
+def test_staging_resumes_after_the_agent_is_killed(origin, s3):
+    put_dataset(s3, "ds-resume/", [4 * MIB] * 8)
+    a = Agent(origin)
+    try:
+        a.call("POST", "/v1/teams", {"name": "vision"})
+        c = a.ok("POST", "/v1/claims", {"version": 1, "job": "job-r", "team": "vision",
+                                        "datasets": [{"name": "train", "location": "origin/ds-resume/"}]})
+        deadline = time.time() + 60
+        while a.cache()["disk"]["blocks"] < 3:
+            assert time.time() < deadline
+            time.sleep(0.02)
+        a.kill()
+        a.start()
+        c = a.wait_settled(c["id"])
+        assert c["state"] == "ready", c
+        assert c["progress"]["blocks_held"] == c["progress"]["blocks_total"] == 32
+    finally:
+        a.close()
