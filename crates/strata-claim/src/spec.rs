@@ -20,6 +20,9 @@ pub struct ClaimSpec {
     /// Format version: 1.
     pub version: u32,
     /// The job's id (a Slurm job id, `namespace/name` on Kubernetes): 1 to 128 of `A-Z a-z 0-9 . _ : / -`.
+    /// May be left out of a file when whoever submits it sets it (`strata claim submit --job`, the Slurm
+    /// integration).
+    #[serde(default)]
     pub job: String,
     /// The team the claim is charged to.
     pub team: String,
@@ -141,15 +144,21 @@ fn path_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> FieldEr
 impl ClaimSpec {
     /// Parse a claim from YAML (JSON is YAML too) and validate it. Every error names its field.
     pub fn parse(text: &str) -> Result<Self> {
+        let spec = Self::parse_unchecked(text)?;
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// Parse a claim from YAML without the rules of [`Self::validate`] (for a caller that fills in fields,
+    /// such as the job, before checking it). Type errors still name their field.
+    pub fn parse_unchecked(text: &str) -> Result<Self> {
         let de = serde_norway::Deserializer::from_str(text);
-        let spec: ClaimSpec = serde_path_to_error::deserialize(de).map_err(|e| {
+        serde_path_to_error::deserialize(de).map_err(|e| {
             let mut fe = path_error(e);
             // The YAML error says where in the text; the path says which field.
             fe.message = fe.message.replace(" at line", ", at line");
             invalid(&[fe])
-        })?;
-        spec.check()?;
-        Ok(spec)
+        })
     }
 
     /// Parse a claim from JSON (the API's body) and validate it.

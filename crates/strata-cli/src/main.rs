@@ -2,6 +2,7 @@
 
 mod admin;
 mod cluster;
+mod doctor;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -46,6 +47,9 @@ enum Command {
     /// Check configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Check a site's setup for an integration and say what is wrong.
+    #[command(subcommand)]
+    Doctor(DoctorCommand),
     /// Datasets for the streaming loader (the `strata` Python package).
     #[command(subcommand)]
     Dataset(DatasetCommand),
@@ -301,6 +305,20 @@ struct ApiArgs {
 }
 
 #[derive(Debug, Subcommand)]
+enum DoctorCommand {
+    /// Slurm: the burst-buffer plugin (burst_buffer/lua) and Strata's burst_buffer.lua next to slurm.conf,
+    /// the backfill scheduler stage-in needs, the script's strata binary, the agent and its token, and that
+    /// jobs are submitted by users (Slurm refuses burst buffers to root). Exit 1 when a check fails.
+    Slurm {
+        /// Print the checks as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum ClusterCommand {
     /// Members of the shared cache as the local agent sees them (address, weight, share of blocks, up or
     /// suspect), and its peer counters: origin bytes, bytes from and to peers, peer errors.
@@ -437,6 +455,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Cache(c) => cache(c).await,
         Command::Cluster(ClusterCommand::Status { json, api }) => cluster::status(&api, json).await,
+        Command::Doctor(DoctorCommand::Slurm { json, api }) => doctor::slurm(&api, json).await,
         Command::Team { cmd: c, out } => admin::team::run(c, out).await,
         Command::Token { cmd: c, out } => admin::token::run(c, out).await,
         Command::Quota { cmd: c, out } => admin::quota::run(c, out).await,

@@ -165,7 +165,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             this is still read, alone (a cache or window smaller than a shard never deadlocks).
         prefetch_samples: samples fetched concurrently per consumer.
         skip_corrupt: skip samples that fail to decode (counted in ``stats()["skipped"]``) instead of raising.
-        job: job id recorded with the I/O (default ``SLURM_JOB_ID``).
+        job: job id recorded with the I/O (default ``STRATA_JOB``, which a claim gives its job, else
+            ``SLURM_JOB_ID``).
         zero_copy: binary fields come as :class:`strata.Buffer` (read-only, shares Strata's memory: the buffer
             protocol, ``len``, ``bytes()``, ``decode()``, indexing and slicing, ``==``; it pickles as ``bytes``)
             instead of ``bytes``, and numpy fields share it too where aligned. It saves one copy of every sample
@@ -241,7 +242,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             prefetch_bytes=prefetch_bytes,
             prefetch_samples=prefetch_samples,
             skip_corrupt=skip_corrupt,
-            job=job if job is not None else os.environ.get("SLURM_JOB_ID"),
+            job=job if job is not None else (os.environ.get("STRATA_JOB") or os.environ.get("SLURM_JOB_ID")),
             shared_memory_bytes=max(0, int(shared_memory_bytes)),
         )
         self.shuffle_window = self._native.window

@@ -9,6 +9,9 @@ pub enum ClaimCommand {
     Validate {
         /// The claim file.
         file: String,
+        /// Set the claim's job (overrides the file's `job`).
+        #[arg(long)]
+        job: Option<String>,
     },
     /// Submit a claim: admitted against the team's quotas, its datasets' versions pinned, staging started.
     /// Prints the claim's id.
@@ -81,10 +84,20 @@ fn read_file(file: &str) -> Result<String> {
     }
 }
 
+/// A claim file, with its job set from `--job` when given, checked.
+fn load(file: &str, job: Option<String>) -> Result<strata_claim::ClaimSpec> {
+    let mut spec = strata_claim::ClaimSpec::parse_unchecked(&read_file(file)?)?;
+    if let Some(j) = job {
+        spec.job = j;
+    }
+    spec.check()?;
+    Ok(spec)
+}
+
 pub async fn run(c: ClaimCommand, out: Out) -> Result<()> {
     match c {
-        ClaimCommand::Validate { file } => {
-            let spec = strata_claim::ClaimSpec::parse(&read_file(&file)?)?;
+        ClaimCommand::Validate { file, job } => {
+            let spec = load(&file, job)?;
             let v = serde_json::to_value(&spec)?;
             return emit(&out, &v, |_| {
                 println!(
@@ -115,11 +128,7 @@ pub async fn run(c: ClaimCommand, out: Out) -> Result<()> {
     match c {
         ClaimCommand::Validate { .. } | ClaimCommand::Schema => unreachable!("handled above"),
         ClaimCommand::Submit { file, job, wait } => {
-            let mut spec = strata_claim::ClaimSpec::parse(&read_file(&file)?)?;
-            if let Some(j) = job {
-                spec.job = j;
-                spec.check()?;
-            }
+            let spec = load(&file, job)?;
             let v = api.post("/v1/claims", serde_json::to_value(&spec)?).await?;
             let id = text(&v["id"]);
             if !wait {
