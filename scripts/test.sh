@@ -16,6 +16,9 @@
 #   (tests/python/test_rclone.py; STRATA_REQUIRE_RCLONE=1 makes its absence a failure, not a skip); curl
 #   (its --aws-sigv4) for requests no SDK sends (a chunked PUT without a length); iproute2: the shared-cache
 #   tests put agents in network namespaces on a bridge and partition one (STRATA_REQUIRE_NETNS=1).
+# - Slurm and munge (Debian's slurm-wlm, installed with apt if missing): the Slurm tests start a real
+#   single-node cluster with the burst-buffer Lua plugin (tests/python/slurm.py; STRATA_REQUIRE_SLURM=1 makes
+#   its absence a failure, not a skip).
 # - cargo fmt --check, cargo clippy -D warnings (also of strata-object with its `gcp` and `azure` features), the
 #   conformance suite on those two backends against the emulators, and the whole workspace's tests; then the
 #   `strata` Python package is built from python/ (maturin, same target dir) and
@@ -81,6 +84,12 @@ fi
 export STRATA_REQUIRE_RCLONE=1
 # The shared-cache tests put agents in network namespaces of their own (tests/python/test_shared_cache_netns.py).
 export STRATA_REQUIRE_NETNS=1
+
+say "Slurm and munge for the Slurm tests"
+if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+fi
+export STRATA_REQUIRE_SLURM=1
 echo "rclone $(rclone version | awk 'NR == 1 {print $2}')"
 
 # One clean build: incremental state would only take disk (3.4 GiB of it on a clean clone).
