@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""`strata cache warm` vs `s5cmd cp` of the same prefix from the same S3 server, side by side in one run.
+"""`strata cache warm` (or a claim's staging, `--via claim`) vs `s5cmd cp` of the same prefix from the same S3
+server, side by side in one run.
 
 Both fetch every byte of a prefix from a real S3-protocol server (moto, on loopback) and write it to local
 disk: s5cmd as files, Strata as checksummed cache blocks. Rounds alternate the order; the script prints the
 median time of each, their throughput ratio (target: Strata >= 0.9x s5cmd), and the peak RSS of `strata serve`
 against its bound (RAM tier + in-flight budget + 100 MiB).
 
-    python3 bench/warm_vs_s5cmd.py [--total-mib 2048] [--object-mib 64] [--rounds 3]
+    python3 bench/warm_vs_s5cmd.py [--total-mib 2048] [--object-mib 64] [--rounds 3] [--via warm|claim]
+
+With `--via claim`, Strata's side is a claim of the prefix submitted with `strata claim submit --wait`: admission
+(listing, versions pinned), staging, and the counted `ready` verdict, timed from submission to ready (target:
+>= 1x s5cmd).
 
 Needs .venv (scripts/test.sh makes it) and a release build (cargo build --release -p strata-cli).
 """
@@ -97,7 +102,7 @@ def start_serve(cfg, data_dir, env=None, addr="api.addr", prefix=()):
     return proc, open(addr_file).read().strip()
 
 
-def run_strata(endpoint, work, rnd):
+def run_strata(endpoint, work, rnd, via="warm"):
     data_dir = os.path.join(work, f"strata-{rnd}")
     cfg = os.path.join(work, "strata.toml")
     with open(cfg, "w") as f:
@@ -118,12 +123,29 @@ secret_access_key = "bench"
     serve, api = start_serve(cfg, data_dir, prefix=CLIENT_PIN)
     t0 = time.perf_counter()
     token = open(os.path.join(data_dir, "admin-token")).read().strip()
-    out = subprocess.run([STRATA, "cache", "warm", "origin/data/", "--quiet", "--concurrency", "16", "--api", api],
-                         capture_output=True, text=True, env=dict(os.environ, STRATA_TOKEN=token))
-    if out.returncode != 0:
-        sys.exit(f"strata cache warm failed ({out.returncode}): {out.stderr}")
-    dt = time.perf_counter() - t0
-    summary = json.loads(out.stdout)
+    env = dict(os.environ, STRATA_TOKEN=token)
+    if via == "claim":
+        subprocess.run([STRATA, "team", "create", "bench", "--api", api], env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        claim = os.path.join(work, "claim.yaml")
+        with open(claim, "w") as f:
+            f.write("version: 1\nteam: bench\ndatasets:\n  - {name: data, location: origin/data/}\n")
+        t0 = time.perf_counter()
+        out = subprocess.run([STRATA, "claim", "submit", claim, "--job", f"bench-{rnd}", "--wait", "--json",
+                              "--api", api], capture_output=True, text=True, env=env)
+        dt = time.perf_counter() - t0
+        if out.returncode != 0:
+            sys.exit(f"strata claim submit failed ({out.returncode}): {out.stderr}")
+        p = json.loads(out.stdout)["progress"]
+        assert p["blocks_held"] == p["blocks_total"], p
+        summary = {"done_bytes": p["bytes_done"], "failed_blocks": p["blocks_total"] - p["blocks_held"]}
+    else:
+        out = subprocess.run([STRATA, "cache", "warm", "origin/data/", "--quiet", "--concurrency", "16", "--api",
+                              api], capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            sys.exit(f"strata cache warm failed ({out.returncode}): {out.stderr}")
+        dt = time.perf_counter() - t0
+        summary = json.loads(out.stdout)
     rss = peak_rss_mib(serve.pid)
     cpu = cpu_seconds(serve.pid)
     serve.terminate()
@@ -140,6 +162,8 @@ def main():
     ap.add_argument("--split-cpus", action="store_true",
                     help="run the origin on CPU 1 and the client under test on CPU 0 (taskset), so the origin "
                          "stands in for a separate machine instead of competing for the client's cores")
+    ap.add_argument("--via", choices=["warm", "claim"], default="warm",
+                    help="Strata's side: `strata cache warm`, or a claim's staging (submit to ready)")
     a = ap.parse_args()
     if not os.path.exists(STRATA):
         sys.exit("build first: cargo build --release -p strata-cli")
@@ -182,7 +206,7 @@ def main():
                     cpu["s5cmd"].append((t_cpu2.children_user - t_cpu.children_user) + (t_cpu2.children_system - t_cpu.children_system))
                     shutil.rmtree(dst, ignore_errors=True)
                 else:
-                    dt, summary, peak, serve_cpu = run_strata(endpoint, work, r)
+                    dt, summary, peak, serve_cpu = run_strata(endpoint, work, r, a.via)
                     cpu["strata"].append(serve_cpu)
                     assert summary["done_bytes"] == total << 20 and summary["failed_blocks"] == 0, summary
                     st_times.append(dt)
@@ -194,7 +218,7 @@ def main():
         ms, mt = statistics.median(s5_times), statistics.median(st_times)
         bound = RAM_MIB + INFLIGHT_MIB + 100
         result = {
-            "split_cpus": a.split_cpus, "total_mib": total, "object_mib": a.object_mib, "rounds": a.rounds,
+            "via": a.via, "split_cpus": a.split_cpus, "total_mib": total, "object_mib": a.object_mib, "rounds": a.rounds,
             "s5cmd_median_s": round(ms, 3), "strata_median_s": round(mt, 3),
             "s5cmd_mib_s": round(total / ms, 1), "strata_mib_s": round(total / mt, 1),
             "ratio_strata_over_s5cmd": round(ms / mt, 3),
@@ -203,11 +227,12 @@ def main():
         }
         print(f"page cache dropped before each phase: {dropped}")
         print(f"\nmedian: s5cmd {ms:.2f} s ({total / ms:.0f} MiB/s), strata warm {mt:.2f} s ({total / mt:.0f} MiB/s)")
-        print(f"ratio strata/s5cmd throughput = {ms / mt:.2f}x (target >= 0.9x)")
+        print(f"ratio strata ({a.via})/s5cmd throughput = {ms / mt:.2f}x (target >= "
+              f"{'1.0' if a.via == 'claim' else '0.9'}x)")
         print(f"strata serve peak RSS {max(rss):.0f} MiB; bound RAM tier {RAM_MIB} + in-flight {INFLIGHT_MIB} + 100 = {bound} MiB"
               f" -> {'within' if max(rss) <= bound else 'OVER'}")
         os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
-        name = "warm_vs_s5cmd_split.json" if a.split_cpus else "warm_vs_s5cmd.json"
+        name = f"{a.via}_vs_s5cmd{'_split' if a.split_cpus else ''}.json"
         with open(os.path.join(ROOT, "bench", "out", name), "w") as f:
             json.dump(result, f, indent=2)
     finally:
