@@ -2,11 +2,7 @@
 # Strata for Slurm sites without burst buffers: EpilogSlurmctld (runs on the controller after the job ends,
 # cancelled jobs included). Releases the job's claim (idempotent) and records its accounting in the job's
 # AdminComment. A release that cannot reach the agent is left to the claim's TTL.
-STRATA_BIN=${STRATA_BIN:-/usr/local/bin/strata}
-STRATA_STATE_DIR=${STRATA_STATE_DIR:-/var/spool/strata-slurm}
-TOKEN_FILE=${STRATA_TOKEN_FILE:-/etc/strata/slurm.token}
-[ -r "$TOKEN_FILE" ] && STRATA_TOKEN=$(head -n1 "$TOKEN_FILE") && export STRATA_TOKEN
-export STRATA_API=${STRATA_API:-http://127.0.0.1:7070} STRATA_LOG=${STRATA_LOG:-error}
+. "$(dirname "$0")/strata-env.sh"
 f="$STRATA_STATE_DIR/$SLURM_JOB_ID.claim"
 [ -r "$f" ] || exit 0
 id=$(head -n1 "$f")

@@ -11,11 +11,7 @@
 # kept in $STRATA_STATE_DIR for task_prolog.sh (the job's environment) and epilog.sh (release). Settings as for
 # burst_buffer.lua: STRATA_BIN, STRATA_API, STRATA_TOKEN_FILE, STRATA_STATE_DIR.
 set -eu
-STRATA_BIN=${STRATA_BIN:-/usr/local/bin/strata}
-STRATA_STATE_DIR=${STRATA_STATE_DIR:-/var/spool/strata-slurm}
-TOKEN_FILE=${STRATA_TOKEN_FILE:-/etc/strata/slurm.token}
-[ -r "$TOKEN_FILE" ] && STRATA_TOKEN=$(head -n1 "$TOKEN_FILE") && export STRATA_TOKEN
-export STRATA_API=${STRATA_API:-http://127.0.0.1:7070} STRATA_LOG=${STRATA_LOG:-error}
+. "$(dirname "$0")/strata-env.sh"
 
 claim=$(printf '%s' "${SLURM_JOB_COMMENT:-}" | sed -n 's/.*strata:claim=\([^ ]*\).*/\1/p')
 [ -n "$claim" ] || exit 0   # not a Strata job
