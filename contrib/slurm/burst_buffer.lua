@@ -16,9 +16,11 @@ or inline, the claim's YAML on `#STRATA` lines after it:
 and Strata stages it before the job starts:
 
   job_process  the claim is validated (`strata claim validate`): a bad claim is refused at submission with the
-               field that is wrong.
-  setup        the claim is submitted for the job (`--job <Slurm job id>`), as the site's Strata principal,
-               after checking that the job's user is in the Unix group named like the claim's team.
+               field that is wrong. A named claim file must be readable by every user (Slurm 22.05 does not
+               say who submits at this point, and the file is read with the script's rights).
+  setup        the claim (a named file read with the job user's rights) is submitted for the job (`--job <Slurm
+               job id>`), as the site's Strata principal, after checking that the job's user is in the Unix
+               group named like the claim's team.
   data_in      waits until the claim is ready; the job stays pending (Reason=BurstBufferStageIn) and its
                Comment shows the staging progress. A claim that fails fails the stage-in: the job is held
                with the claim's reason (Reason, SystemComment, Comment), then cancelled after
@@ -146,12 +148,19 @@ local function mkdirs(path)
 end
 
 -- The claim document of a job as a file the CLI reads (inline claims are written to the state dir).
-local function claim_file(job_id, d)
-	if d.path ~= nil then
-		return d.path
-	end
+-- The claim document of a job as a file in the state dir: inline claims as written, a named file read with
+-- the job user's own rights (the script runs as SlurmUser, which can read files the user cannot).
+local function claim_file(job_id, uid, gid, d)
 	mkdirs(STRATA_STATE_DIR)
 	local path = STRATA_STATE_DIR .. "/" .. tostring(job_id) .. ".yaml"
+	if d.path ~= nil then
+		local ok, out = run("setpriv --reuid=" .. q(uid) .. " --regid=" .. q(gid) .. " --init-groups cat -- "
+			.. q(d.path) .. " > " .. q(path))
+		if not ok then
+			return nil, "cannot read the claim file " .. d.path .. " as the job's user: " .. last_line(out)
+		end
+		return path
+	end
 	local f = io.open(path, "w")
 	f:write(d.inline)
 	f:close()
@@ -187,6 +196,12 @@ function slurm_bb_job_process(job_script, uid, gid, job_info)
 	end
 	local cmd
 	if d.path ~= nil then
+		-- Slurm 22.05 does not say who submits here, so a named file must be one every user may read (its
+		-- contents could otherwise reach the submitter through the error); setup reads it as the user.
+		local readable = run("runuser -u nobody -- test -r " .. q(d.path))
+		if not readable then
+			return slurm.ERROR, "strata: claim file " .. d.path .. " is not readable by every user (or does not exist)"
+		end
 		cmd = STRATA_BIN .. " claim validate --job pending " .. q(d.path)
 	else
 		-- The inline claim through stdin: no file is written while slurmctld holds its locks.
@@ -241,7 +256,10 @@ function slurm_bb_setup(job_id, uid, gid, pool, bb_size, job_script)
 		end
 		return slurm.SUCCESS
 	end
-	local file = claim_file(job_id, d)
+	local file, ferr = claim_file(job_id, uid, gid, d)
+	if file == nil then
+		return fail(job_id, "strata: " .. ferr)
+	end
 	local ok, out = run(STRATA_BIN .. " claim validate --job " .. q(job_id) .. " " .. q(file) .. " --json")
 	if not ok then
 		return fail(job_id, "strata: " .. last_line(out))

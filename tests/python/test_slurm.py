@@ -8,7 +8,7 @@ accounting (the claim and its staging in the job's AdminComment, set before the 
 updates to a finished job); an inline claim; scancel during staging and during the run releases everything;
 a claim that cannot be had (empty dataset, quota, a user outside the team's group, a dataset larger than the
 cache) keeps the job pending with a readable reason, then fails it; a bad claim is refused at sbatch naming the
-field; `strata doctor slurm` on this site and with the agent gone.
+field, and a claim file the user cannot read is refused without its contents reaching the user; `strata doctor slurm` on this site and with the agent gone.
 
 Needs root and Slurm (installed with apt when missing); skipped otherwise unless STRATA_REQUIRE_SLURM=1.
 """
@@ -267,6 +267,15 @@ def test_a_bad_claim_is_refused_at_sbatch_naming_the_field(site):
     assert r.returncode != 0 and "datasets[0].mode" in r.stderr and "stge" in r.stderr, r.stderr
     r = site["slurm"].sbatch("#!/bin/bash\n#BB_LUA strata\ntrue\n", check=False)
     assert r.returncode != 0 and "name a claim" in r.stderr, r.stderr
+
+
+def test_a_claim_file_the_user_cannot_read_is_refused_without_showing_it(site):
+    # The script runs as SlurmUser: naming a file only it can read must not leak the file through the error.
+    secret = claim_file(site, "root-only.yaml", "root-only-secret-line: 42\n")
+    os.chmod(secret, 0o600)
+    r = site["slurm"].sbatch(f"#!/bin/bash\n#BB_LUA strata claim={secret}\ntrue\n", check=False)
+    assert r.returncode != 0 and "not readable by every user" in r.stderr, r.stderr
+    assert "root-only-secret-line" not in r.stderr, r.stderr
 
 
 def test_doctor_slurm(site):
