@@ -6,7 +6,7 @@ cache, byte-exact); validation errors naming the field (CLI and API); quota refu
 an empty or missing dataset refused; a claim larger than the cache failing with a reason instead of saying
 ready; two claims of one dataset sharing its blocks; pins and scratch held for the claim's life and freed by a
 release that is idempotent; TTL expiry; another team's principals seeing nothing and a reader unable to
-release; staging resumed by an agent restarted mid-way.
+release; a claim reaching for another team's owned data (to read or to checkpoint into) refused; staging resumed by an agent restarted mid-way.
 """
 import hashlib
 import json
@@ -425,3 +425,22 @@ def test_staging_resumes_after_the_agent_is_killed(origin, s3):
         assert c["progress"]["blocks_held"] == c["progress"]["blocks_total"] == 32
     finally:
         a.close()
+
+
+def test_a_claim_cannot_reach_another_teams_data(agent, s3):
+    put_dataset(s3, "audio-owned/", [MIB])
+    agent.call("POST", "/v1/teams", {"name": "audio"})
+    agent.ok("PUT", "/v1/prefixes", {"backend": "origin", "prefix": "audio-owned/", "team": "audio"})
+    member = agent.token("vision", "member", "vision-member-2")
+    for ds, field in [({"name": "train", "location": "origin/audio-owned/"}, "datasets[0].location"),
+                      ({"name": "train", "location": "origin/audio-owned/x.bin"}, "datasets[0].location")]:
+        s, v = agent.call("POST", "/v1/claims", {"version": 1, "job": "job-x", "team": "vision", "datasets": [ds]},
+                          token=member)
+        assert s in (403, 404) and field in v["message"], (ds, s, v)
+    # nor write checkpoints there
+    put_dataset(s3, "vision-ok/", [MIB])
+    s, v = agent.call("POST", "/v1/claims", {"version": 1, "job": "job-x", "team": "vision",
+                                             "datasets": [{"name": "train", "location": "origin/vision-ok/"}],
+                                             "checkpoint": {"location": "origin/audio-owned/ckpt/"}}, token=member)
+    assert s == 403 and "checkpoint.location" in v["message"], (s, v)
+    assert agent.ok("GET", "/v1/claims") == [], "nothing admitted"
