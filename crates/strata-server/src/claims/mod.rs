@@ -195,11 +195,26 @@ async fn one(
     ok(status(&a, &c).await?)
 }
 
+/// Body of a heartbeat: nothing (an empty body or `{}`).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct HeartbeatBody {}
+
+/// An optional JSON body: empty is the default; unknown fields are refused.
+fn optional_body<T: serde::de::DeserializeOwned + Default>(b: &Bytes) -> Result<T> {
+    if b.is_empty() {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(b).map_err(|e| Error::invalid_input(format!("request body: {e}")))
+}
+
 async fn heartbeat(
     State(a): State<Arc<Agent>>,
     Extension(p): Extension<Principal>,
     UrlPath(id): UrlPath<String>,
+    b: Bytes,
 ) -> ApiResult<Json> {
+    let HeartbeatBody {} = optional_body(&b)?;
     let c = visible(&a, &p, &id, Role::Member).await?;
     if !a.catalog().heartbeat_claim(&id).await? {
         return Err(Error::new(
@@ -227,13 +242,8 @@ async fn release_route(
     UrlPath(id): UrlPath<String>,
     b: Bytes,
 ) -> ApiResult<Json> {
+    let body: ReleaseBody = optional_body(&b)?;
     visible(&a, &p, &id, Role::Member).await?;
-    let body: ReleaseBody = if b.is_empty() {
-        ReleaseBody::default()
-    } else {
-        serde_json::from_slice(&b)
-            .map_err(|e| Error::invalid_input(format!("request body: {e}")))?
-    };
     let reason = body.reason.unwrap_or_else(|| "released".into());
     if reason.len() > 1024 {
         return Err(Error::invalid_input("reason: at most 1024 bytes").into());
