@@ -19,6 +19,8 @@
 # - Slurm and munge (Debian's slurm-wlm, installed with apt if missing): the Slurm tests start a real
 #   single-node cluster with the burst-buffer Lua plugin (tests/python/slurm.py; STRATA_REQUIRE_SLURM=1 makes
 #   its absence a failure, not a skip).
+# - fuse3 and s3fs (Debian's, installed with apt if missing): the mount tests make real FUSE mounts
+#   (tests/python/test_mount.py; STRATA_REQUIRE_FUSE=1); s3fs is the mount benchmark's baseline.
 # - cargo fmt --check, cargo clippy -D warnings (also of strata-object with its `gcp` and `azure` features), the
 #   conformance suite on those two backends against the emulators, and the whole workspace's tests; then the
 #   `strata` Python package is built from python/ (maturin, same target dir) and
@@ -90,6 +92,13 @@ if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
   apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
 fi
 export STRATA_REQUIRE_SLURM=1
+
+say "FUSE (fuse3) for the mount tests, s3fs for the mount benchmark's baseline"
+if ! command -v fusermount3 >/dev/null || ! command -v s3fs >/dev/null; then
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 s3fs >/dev/null
+fi
+# The mount tests make real mounts on /dev/fuse (tests/python/test_mount.py).
+export STRATA_REQUIRE_FUSE=1
 echo "rclone $(rclone version | awk 'NR == 1 {print $2}')"
 
 # One clean build: incremental state would only take disk (3.4 GiB of it on a clean clone).

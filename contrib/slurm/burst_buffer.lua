@@ -26,7 +26,7 @@ and Strata stages it before the job starts:
                with the claim's reason (Reason, SystemComment, Comment), then cancelled after
                STRATA_FAIL_GRACE_SECS, which releases the claim.
   paths        exports the claim's environment to the job (STRATA_AGENT, STRATA_CLAIM, STRATA_DATASET_<NAME>,
-               STRATA_SCRATCH, ...), as data_in saved it.
+               STRATA_MOUNT_<NAME>, STRATA_SCRATCH, ...), as data_in saved it.
   pre_run      records the claim and its staging in the job's AdminComment (`strata:{...}`; Slurm 22.05
                refuses updates to a job that has finished, so the final accounting stays with the claim:
                `strata claim ls --job <id> --all`).

@@ -147,7 +147,7 @@ secret_access_key = "{ORIGIN_SECRET}"
                 pass
         self.proc = subprocess.Popen(
             [STRATA, "serve", "--config", self.cfg, "--data-dir", self.data,
-             "--api-listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"],
+             "--api-listen", getattr(self, "api_listen", "127.0.0.1:0"), "--s3-listen", "127.0.0.1:0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, STRATA_LOG="warn"),
             preexec_fn=None if self.umask is None else (lambda: os.umask(self.umask)))
         addr = os.path.join(self.data, "s3.addr")

@@ -444,3 +444,161 @@ def test_a_claim_cannot_reach_another_teams_data(agent, s3):
                                              "checkpoint": {"location": "origin/audio-owned/ckpt/"}}, token=member)
     assert s == 403 and "checkpoint.location" in v["message"], (s, v)
     assert agent.ok("GET", "/v1/claims") == [], "nothing admitted"
+
+
+def _fuse_or_skip():
+    ok = os.path.exists("/dev/fuse") and shutil.which("fusermount3") and os.geteuid() == 0
+    if not ok:
+        if os.environ.get("STRATA_REQUIRE_FUSE") == "1":
+            pytest.fail("STRATA_REQUIRE_FUSE=1 but /dev/fuse, fusermount3 or root is missing")
+        pytest.skip("claim mounts need /dev/fuse and root")
+
+
+def _ensure_group_member(group, user):
+    """A Unix group named like the team, and a user in it (the job's user)."""
+    if subprocess.run(["getent", "group", group], capture_output=True).returncode != 0:
+        subprocess.run(["groupadd", group], check=True)
+    if subprocess.run(["id", user], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "-M", "-N", "-G", group, user], check=True)
+
+
+def _ensure_outsider(user):
+    """A user of the node in no team's group."""
+    if subprocess.run(["id", user], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "-M", "-N", user], check=True)
+
+
+def _mounted(path):
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+def _read_as(user, path):
+    return subprocess.run(["runuser", "-u", user, "--", "cat", path], capture_output=True)
+
+
+def test_a_claims_mount_serves_its_admitted_versions_to_its_team_only_and_goes_at_release(agent, s3):
+    _fuse_or_skip()
+    _ensure_group_member("vision", "strata-vision")
+    objs = put_dataset(s3, "ds-mount/", [3 * MIB + 5, 17, 0, MIB, 2 * MIB, 100])
+    base = tempfile.mkdtemp(prefix="strata-claim-mnt-")
+    os.chmod(base, 0o755)
+    mnt = os.path.join(base, "job", "train")
+    try:
+        c = agent.ok("POST", "/v1/claims", {"version": 1, "job": "job-mnt", "team": "vision",
+                                            "datasets": [{"name": "train", "location": "origin/ds-mount/",
+                                                          "mount": mnt}]})
+        c = agent.wait_settled(c["id"])
+        assert c["state"] == "ready", c["reason"]
+        assert c["env"]["STRATA_MOUNT_TRAIN"] == mnt
+        assert _mounted(mnt), "Ready means mounted"
+        # every admitted version, byte-exact, through the mount; the last one is left unread for later
+        keys = sorted(objs)
+        for key in keys[:-1]:
+            path = os.path.join(mnt, key[len("ds-mount/"):])
+            with open(path, "rb") as f:
+                assert hashlib.sha256(f.read()).hexdigest() == objs[key], key
+        st = os.stat(mnt)
+        assert st.st_mode & 0o777 == 0o550 and st.st_uid == 0
+        # the team's users read it; other users of the node do not
+        first = os.path.join(mnt, keys[0][len("ds-mount/"):])
+        r = _read_as("strata-vision", first)
+        assert r.returncode == 0 and hashlib.sha256(r.stdout).hexdigest() == objs[keys[0]], r.stderr
+        _ensure_outsider("strata-outsider")
+        r = _read_as("strata-outsider", first)
+        assert r.returncode != 0 and b"Permission denied" in r.stderr, r
+        # the mount serves the versions the claim admitted: an object changed since reads as ESTALE, never as
+        # other bytes
+        s3.put_object(Bucket=BUCKET, Key=keys[-1], Body=b"changed after admission")
+        with pytest.raises(OSError) as e:
+            with open(os.path.join(mnt, keys[-1][len("ds-mount/"):]), "rb") as f:
+                f.read()
+        assert e.value.errno == 116, e.value  # ESTALE
+        # release unmounts, and the dataset stays
+        agent.ok("POST", f"/v1/claims/{c['id']}/release", {"reason": "job ended"})
+        deadline = time.time() + 10
+        while _mounted(mnt):
+            assert time.time() < deadline, "still mounted after release"
+            time.sleep(0.1)
+        assert os.listdir(mnt) == []
+        assert len(s3.list_objects_v2(Bucket=BUCKET, Prefix="ds-mount/")["Contents"]) == len(objs)
+        # a second release changes nothing
+        assert agent.ok("POST", f"/v1/claims/{c['id']}/release", {})["released_now"] is False
+    finally:
+        if _mounted(mnt):
+            subprocess.run(["umount", "-l", mnt])
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_mount_that_would_hide_something_or_has_no_team_group_is_refused_with_the_field(agent, s3):
+    _fuse_or_skip()
+    _ensure_group_member("vision", "strata-vision")
+    put_dataset(s3, "ds-mount-bad/", [MIB])
+    base = tempfile.mkdtemp(prefix="strata-claim-mnt-")
+    try:
+        full = os.path.join(base, "full")
+        os.makedirs(full)
+        open(os.path.join(full, "mine.txt"), "w").close()
+        agent.call("POST", "/v1/teams", {"name": "no-unix-group"})
+        for team, mount, location, status, words in [
+            ("vision", full, "origin/ds-mount-bad/", 400, "not empty"),
+            ("vision", "/strata", "origin/ds-mount-bad/", 400, "two levels below /"),
+            ("vision", "/proc/strata", "origin/ds-mount-bad/", 400, None),
+            ("vision", os.path.join(base, "one"), "origin/ds-mount-bad/000-plain.bin", 400, "prefix"),
+            ("no-unix-group", os.path.join(base, "x", "y"), "origin/ds-mount-bad/", 501, "Unix group"),
+        ]:
+            s, v = agent.call("POST", "/v1/claims", {"version": 1, "job": f"job-bad-{team}", "team": team,
+                                                     "datasets": [{"name": "train", "location": location,
+                                                                   "mount": mount}]})
+            assert s == status and "datasets[0].mount" in v["message"], (mount, s, v)
+            if words:
+                assert words in v["message"], (mount, v)
+        assert open(os.path.join(full, "mine.txt")).read() == ""
+        assert not os.path.exists(os.path.join(base, "x")), "nothing is created for a refused claim"
+        assert agent.ok("GET", "/v1/claims") == [], "nothing admitted"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_loaders_io_stall_is_in_the_claims_accounting_counted_once(agent, s3, s3_env, monkeypatch):
+    strata = pytest.importorskip("strata")
+    wds = pytest.importorskip("webdataset")
+    d = tempfile.mkdtemp(prefix="strata-stall-ds-")
+    try:
+        with wds.ShardWriter(os.path.join(d, "shard-%05d.tar"), maxcount=50, verbose=0) as sink:
+            for i in range(200):
+                sink.write({"__key__": f"s{i:05d}", "bin": os.urandom(2000 + i)})
+        for f in sorted(os.listdir(d)):
+            s3.upload_file(os.path.join(d, f), BUCKET, f"ds-stall/{f}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    c = agent.ok("POST", "/v1/claims", {"version": 1, "job": "job-stall", "team": "vision",
+                                        "datasets": [{"name": "train", "location": "origin/ds-stall/",
+                                                      "mode": "stream"}]})
+    assert agent.wait_settled(c["id"])["state"] == "ready"
+    # The job's environment, as `strata claim env` gives it.
+    monkeypatch.setenv("STRATA_CLAIM", c["id"])
+    monkeypatch.setenv("STRATA_AGENT", agent.api)
+    monkeypatch.setenv("STRATA_TOKEN", ADMIN_TOKEN)
+    ds = strata.StreamingDataset("s3://claims-origin/ds-stall", agent=agent.api, cache="agent", shuffle=False)
+    assert len(list(ds)) == 200
+    stall = ds.stats()["stall_seconds"]
+    assert stall > 0, "a cold read through the agent waits for its first sample"
+    u = agent.ok("GET", f"/v1/claims/{c['id']}")["usage"]
+    assert abs(u["stall_secs"] - stall) < 0.002, (u, stall)
+    # A reporter sends its running total: the same total again (a retry) counts once, a second reporter adds.
+    for _ in range(2):
+        agent.ok("POST", f"/v1/claims/{c['id']}/heartbeat", {"stall_secs": 1.5, "reporter": "other:1"})
+    u = agent.ok("GET", f"/v1/claims/{c['id']}")["usage"]
+    assert abs(u["stall_secs"] - (stall + 1.5)) < 0.002, (u, stall)
+    # A report is its reporter's total or nothing: half of one, a negative or infinite total are refused.
+    for body in ({"stall_secs": 1.0}, {"reporter": "x"}, {"stall_secs": -1, "reporter": "x"},
+                 {"stall_secs": "1e999", "reporter": "x"}, {"stall_secs": 1, "reporter": ""}):
+        s, v = agent.call("POST", f"/v1/claims/{c['id']}/heartbeat", body)
+        assert s == 400, (body, s, v)
+    # After release the accounting is final and reports are refused.
+    agent.ok("POST", f"/v1/claims/{c['id']}/release", {})
+    final = agent.ok("GET", f"/v1/claims/{c['id']}")["usage"]["stall_secs"]
+    assert abs(final - (stall + 1.5)) < 0.002
+    s, v = agent.call("POST", f"/v1/claims/{c['id']}/heartbeat", {"stall_secs": 9.0, "reporter": "other:1"})
+    assert s == 412, (s, v)

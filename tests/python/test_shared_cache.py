@@ -188,8 +188,10 @@ class Agent:
     """One `strata serve` of a cluster, with its own data dir, API and gateway ports; restartable."""
 
     def __init__(self, root, name, backend_endpoint, bucket, cluster, api_host="127.0.0.1", api_port=None,
-                 extra="", env=None, disk="128MiB", me=None):
+                 extra="", env=None, disk="128MiB", me=None, wrap=()):
         self.name = name
+        # wrap: a command the agent runs under (`unshare --mount ...`: a node of its own for mounts).
+        self.wrap = list(wrap)
         # self.me: its member id as the others reach it (its advertised address when that is not its API).
         self.dir = os.path.join(root, name)
         os.makedirs(self.dir, exist_ok=True)
@@ -244,7 +246,7 @@ region = "us-east-1"
         if self.logf:
             self.logf.close()
         self.logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([STRATA, "serve", "--config", self.cfg], stdout=self.logf,
+        self.proc = subprocess.Popen([*self.wrap, STRATA, "serve", "--config", self.cfg], stdout=self.logf,
                                      stderr=subprocess.STDOUT, env=self.env)
         if wait:
             self.wait_ready()
@@ -747,7 +749,7 @@ def test_corrupted_peer_answers_are_dropped_and_read_from_the_origin(origin, buc
 
     def mutate(method, path, status, headers, body):
         if path.startswith("/v1/peer/blocks") and status == 200 and body:
-            damaged.append(path)
+            damaged.append((path, len(body)))
             if fault == "flip":
                 b = bytearray(body)
                 b[len(b) // 2] ^= 0x5A
@@ -784,7 +786,11 @@ def test_corrupted_peer_answers_are_dropped_and_read_from_the_origin(origin, buc
     # blocks it served.
     assert sa["cache"]["origin_bytes"] == size, sa
     assert sb["cache"]["served_to_peers"] == len(damaged), sb
-    assert sb["cache"]["origin_bytes"] == sb["cache"]["served_to_peers_bytes"], sb
+    assert sb["cache"]["served_to_peers_bytes"] == sum(n for _, n in damaged), sb
+    # A block asked again (each request names the block; a new owner asks the one before it after a view
+    # change) is served from B's cache the second time: B's origin reads are the distinct blocks it served.
+    distinct = dict(damaged)
+    assert sb["cache"]["origin_bytes"] == sum(distinct.values()), (sb, sa, len(damaged), len(distinct))
     gets = object_gets(origin_proxy, name)
     assert sum(b1 - b0 for r in gets.values() for b0, b1 in r) == size + sb["cache"]["origin_bytes"]
     for k, v in objects.items():
@@ -941,10 +947,10 @@ CATALOG_CLUSTER = 'cache = "catalog"\nheartbeat_secs = 1\nmember_ttl_secs = 3'
 CAPS = {"agent0": 96 * MIB, "agent1": 160 * MIB, "agent2": 128 * MIB}
 
 
-def catalog_agent(c, endpoint, bucket, url):
+def catalog_agent(c, endpoint, bucket, url, **kw):
     name = f"agent{len(c.agents)}"
     return c.add(endpoint, bucket, CATALOG_CLUSTER, extra=f'[catalog]\nurl = "{url}"',
-                 disk=f"{CAPS[name] // MIB}MiB", env={"STRATA_CATALOG_KEY": CATALOG_KEY})
+                 disk=f"{CAPS[name] // MIB}MiB", env={"STRATA_CATALOG_KEY": CATALOG_KEY}, **kw)
 
 
 def view_of(agent):
@@ -1156,3 +1162,216 @@ def test_catalog_agents_started_at_once_on_a_fresh_catalog_all_start(bucket, clu
             poll("three members", lambda: sees(agents, agents), timeout=15)
         finally:
             c.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 8. A claim staged over the cluster: each member stages the blocks it owns
+
+
+def post_json(agent, path, body, token=ADMIN_TOKEN, headers=None):
+    req = urllib.request.Request(f"{agent.api}{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, raw
+
+
+def submit_claim(agent, job, location):
+    post_json(agent, "/v1/teams", {"name": "vision"})
+    s, c = post_json(agent, "/v1/claims", {"version": 1, "job": job, "team": "vision",
+                                           "datasets": [{"name": "train", "location": location}]})
+    assert s == 200, c
+    return c["id"]
+
+
+def settled(agent, cid, timeout=120):
+    return poll(f"claim {cid} settled", lambda: (lambda c: c if c["state"] in ("ready", "failed") else None)(
+        agent.get_json(f"/v1/claims/{cid}")), timeout=timeout)
+
+
+def blocks_of(objects):
+    return sum(-(-len(v) // BLOCK) for v in objects.values())
+
+
+def test_a_claim_is_staged_by_each_member_for_the_blocks_it_owns(origin, bucket, cluster):
+    name, s3 = bucket
+    objects = make_objects(80, 24, lo=1 * MIB, hi=2 * MIB, prefix="stage/", keys=[
+        f"{i:02d}-{n}" for i, n in enumerate(["plain.bin", "with space.bin", "plus+sign.bin", "per%cent.bin",
+                                              "ünï/日本.bin", "deep/er/x.bin"] * 4)])
+    upload(s3, name, objects)
+    proxy = cluster.proxy(origin.removeprefix("http://"))
+    a, b, c = static_cluster(cluster, 3, proxy.url, name)
+    poll("three members", lambda: all(len(x.cluster()["members"]) == 3 for x in (a, b, c)), timeout=15)
+
+    cid = submit_claim(a, "job-spread", "default/stage/")
+    got = settled(a, cid)
+    p = got["progress"]
+    assert got["state"] == "ready", (got, cluster.logs())
+    size = sum(len(v) for v in objects.values())
+    assert p["blocks_total"] == p["blocks_held"] == blocks_of(objects), p
+    assert p["bytes_total"] == p["bytes_done"] == size and p["objects_done"] == p["objects_total"] == 24, p
+    # Each block was read from the origin once, by its owner: every member read its share, and no block went
+    # from a member to the agent that took the claim.
+    gets = object_gets(proxy, name)
+    assert_each_byte_fetched_once_in(gets, objects)
+    cache = {x.name: x.cluster()["cache"] for x in (a, b, c)}
+    assert all(cc["origin_bytes"] > 0 for cc in cache.values()), cache
+    assert sum(cc["origin_bytes"] for cc in cache.values()) == size, cache
+    assert all(cc["peer_blocks"] == 0 and cc["served_to_peers"] == 0 for cc in cache.values()), (cache, cluster.logs())
+    assert cache[a.name]["origin_bytes"] < size * 0.6, cache
+    # The job then reads every byte, on every node, without the origin.
+    for x in (a, b, c):
+        failed, bad = check_bodies(read_all([(x, k, None) for k in objects], workers=8), objects)
+        assert not failed and not bad, (failed[:2], bad[:2])
+    assert object_gets(proxy, name) == gets
+
+
+def test_a_member_dead_during_staging_leaves_its_share_to_the_agent_that_took_the_claim(origin, bucket, cluster):
+    name, s3 = bucket
+    objects = make_objects(81, 16, lo=1 * MIB, hi=2 * MIB, prefix="stage-kill/")
+    upload(s3, name, objects)
+    # A slow origin (every member reads through the same one: a backend's id names its endpoint): the
+    # members' first reads still wait when B is killed.
+    proxy = cluster.proxy(origin.removeprefix("http://"),
+                          before=lambda m, path: time.sleep(3) if m == "GET" and "stage-kill" in path else None)
+    a, b, c = static_cluster(cluster, 3, proxy.url, name)
+    poll("three members", lambda: all(len(x.cluster()["members"]) == 3 for x in (a, b, c)), timeout=15)
+    cid = submit_claim(a, "job-kill", "default/stage-kill/")
+    time.sleep(1)  # B's first origin reads are still in their wait
+    assert a.get_json(f"/v1/claims/{cid}")["state"] == "staging"
+    b.kill()
+    got = settled(a, cid, timeout=180)
+    p = got["progress"]
+    assert got["state"] == "ready", (got, cluster.logs())
+    assert p["blocks_total"] == p["blocks_held"] == blocks_of(objects), p
+    assert "a member did not stage its share" in a.log(), a.log()
+    # The job reads every byte through the members left, none of them damaged.
+    for x in (a, c):
+        failed, bad = check_bodies(read_all([(x, k, None) for k in objects], workers=8), objects)
+        assert not failed and not bad, (failed[:2], bad[:2])
+
+
+def test_the_stage_route_takes_only_the_cluster_credential(origin, bucket, cluster):
+    name, s3 = bucket
+    objects = make_objects(82, 2, prefix="stage-auth/")
+    upload(s3, name, objects)
+    a, b = static_cluster(cluster, 2, origin, name)
+    job = {"backend": "x", "block_size": BLOCK, "objects": []}
+    # No credential, a token (even the administrator's), a forged cluster key: refused, nothing staged.
+    for token, headers in [(None, {}), (ADMIN_TOKEN, {}), (None, {"x-strata-cluster-key": "forged"})]:
+        s, v = post_json(b, "/v1/peer/stage", job, token=token, headers=headers)
+        assert s in (401, 403), (token, headers, s, v)
+    assert b.cluster()["cache"]["origin_bytes"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 9. A claim's mounts on every node of a multi-node job (agents sharing a PostgreSQL catalog, each in a mount
+#    namespace of its own: two nodes, one mount path)
+
+
+def _fuse_or_skip():
+    if not (os.path.exists("/dev/fuse") and shutil.which("fusermount3") and shutil.which("unshare")
+            and shutil.which("nsenter") and os.geteuid() == 0):
+        if os.environ.get("STRATA_REQUIRE_FUSE") == "1":
+            pytest.fail("STRATA_REQUIRE_FUSE=1 but /dev/fuse, fusermount3, unshare, nsenter or root is missing")
+        pytest.skip("claim mounts need /dev/fuse and root")
+
+
+def on_node(agent, *cmd):
+    """`cmd` in `agent`'s mount namespace (its node)."""
+    return subprocess.run(["nsenter", "--target", str(agent.proc.pid), "--mount", "--", *cmd], capture_output=True,
+                          timeout=60)
+
+
+def mounted_on(agent, path):
+    info = on_node(agent, "cat", "/proc/self/mountinfo").stdout.decode()
+    return any(line.split(" ")[4] == path for line in info.splitlines())
+
+
+def test_a_claim_is_mounted_on_every_node_that_attaches_and_unmounted_everywhere_at_release(
+        origin, bucket, cluster, pg_databases):
+    _fuse_or_skip()
+    if subprocess.run(["getent", "group", "vision"], capture_output=True).returncode != 0:
+        subprocess.run(["groupadd", "vision"], check=True)
+    name, s3 = bucket
+    objects = make_objects(90, 6, lo=100_000, hi=2 * MIB, prefix="attach/", keys=UGLY)
+    upload(s3, name, objects)
+    proxy = cluster.proxy(origin.removeprefix("http://"))
+    url = pg_databases()
+    node = ["unshare", "--mount", "--propagation", "private", "--"]
+    a, b = [catalog_agent(cluster, proxy.url, name, url, wrap=node) for _ in range(2)]
+    for x in (a, b):
+        x.start(wait=False)
+    for x in (a, b):
+        x.wait_ready()
+    poll("two members", lambda: sees([a, b], [a, b]), timeout=15)
+    where = tempfile.mkdtemp(prefix="strata-attach-", dir="/tmp")
+    path = os.path.join(where, "train")
+    try:
+        post_json(a, "/v1/teams", {"name": "vision"})
+        s, c = post_json(a, "/v1/claims", {"version": 1, "job": "job-nodes", "team": "vision",
+                                           "datasets": [{"name": "train", "location": "default/attach/",
+                                                         "mount": path}]})
+        assert s == 200, c
+        cid = c["id"]
+        got = settled(a, cid)
+        assert got["state"] == "ready", (got, cluster.logs())
+        assert mounted_on(a, path) and not mounted_on(b, path)
+        gets = object_gets(proxy, name)
+        # No token, a forged one: refused.
+        for token in (None, "forged-token"):
+            s, v = post_json(b, f"/v1/claims/{cid}/attach", {}, token=token)
+            assert s == 401, (s, v)
+        assert not mounted_on(b, path)
+        # The other node attaches: mounted there too, same path, the same bytes, from the cluster's cache.
+        s, v = post_json(b, f"/v1/claims/{cid}/attach", {})
+        assert s == 200, (s, v, b.log())
+        assert mounted_on(b, path)
+        s, v = post_json(b, f"/v1/claims/{cid}/attach", {})
+        assert s == 200, (s, v)  # again: nothing changes
+        for x in (a, b):
+            for k, body in objects.items():
+                r = on_node(x, "cat", os.path.join(path, k.removeprefix("attach/")))
+                assert r.returncode == 0 and r.stdout == body, (x.name, k, r.stderr)
+        assert object_gets(proxy, name) == gets, "the mounts read the staged blocks, not the origin"
+        # The node's own commands (a node prolog and epilog): detach, attach again.
+        cli = lambda *a: subprocess.run([STRATA, "claim", *a, "--api", b.api], capture_output=True, text=True,
+                                        timeout=120, env=dict(os.environ, STRATA_TOKEN=ADMIN_TOKEN))
+        r = cli("detach", cid)
+        assert r.returncode == 0 and "unmounted here" in r.stdout, r.stderr
+        assert not mounted_on(b, path) and mounted_on(a, path)
+        r = cli("attach", "--job", "job-nodes")
+        assert r.returncode == 0 and f"train {path}" in r.stdout, (r.stdout, r.stderr)
+        r = cli("attach", "--job", "no-such-job")
+        assert r.returncode != 0 and "no live claim" in r.stderr, (r.stdout, r.stderr)
+        assert mounted_on(b, path)
+        # Released at the staging agent: unmounted there at once, and on the attached node within seconds.
+        s, v = post_json(a, f"/v1/claims/{cid}/release", {"reason": "job done"})
+        assert s == 200, v
+        assert not mounted_on(a, path)
+        poll("the attached node's mount to go", lambda: not mounted_on(b, path), timeout=20)
+        poll("its state to go", lambda: not [n for n in os.listdir(os.path.join(b.data, "mounts"))
+                                             if n.startswith(cid)], timeout=20)
+        s, v = post_json(b, f"/v1/claims/{cid}/attach", {})
+        assert s == 412 and "released" in v["message"], (s, v)
+    finally:
+        # Mount processes outlive their agent (by design): kill what a failure left, in both namespaces.
+        for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"mount" in cmd and (a.data.encode() in cmd or b.data.encode() in cmd):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        shutil.rmtree(where, ignore_errors=True)

@@ -168,6 +168,41 @@ scratch: {size: 8MiB, ttl_secs: 3600}
     assert agent.ok("GET", "/v1/protections") == []
 
 
+def test_a_jobs_mount_is_there_when_it_starts_is_read_byte_exact_and_goes_with_the_job(site):
+    if not os.path.exists("/dev/fuse"):
+        if os.environ.get("STRATA_REQUIRE_FUSE") == "1":
+            pytest.fail("STRATA_REQUIRE_FUSE=1 but /dev/fuse is missing")
+        pytest.skip("no /dev/fuse")
+    objs = put_dataset(site["s3"], "slurm-mnt/", [3 * MIB + 1, MIB, 17, 0, 2 * MIB])
+    mnt = os.path.join(site["claims"], "mnt-job", "train")
+    f = claim_file(site, "mounted.yaml", f"""version: 1
+team: vision
+datasets:
+  - {{name: train, location: origin/slurm-mnt/, mount: {mnt}}}
+""")
+    # The job (user nobody, group vision) reads every file through the mount with plain file I/O.
+    script = f"""#!/bin/bash
+#BB_LUA strata claim={f}
+echo "MOUNT $STRATA_MOUNT_TRAIN"
+echo "FILES $(find "$STRATA_MOUNT_TRAIN" -type f | wc -l)"
+cd "$STRATA_MOUNT_TRAIN" && find . -type f | sort | while read -r p; do
+  echo "READ $(printf '%s' "slurm-mnt/${{p#./}}" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))') $(sha256sum "$p" | cut -d' ' -f1)"
+done
+"""
+    slurm = site["slurm"]
+    j = slurm.sbatch(script, extra_args=submit_env())
+    slurm.wait(j, "COMPLETED", timeout=120)
+    out = slurm.output(j)
+    assert f"MOUNT {mnt}" in out, out
+    assert f"FILES {len(objs)}" in out, out
+    assert reads_of(out) == objs, out
+    c = job_claim(site, j)
+    assert c["reason"] == f"slurm job {j} ended", c
+    with open("/proc/mounts") as m:
+        assert not any(line.split()[1] == mnt for line in m), "the job's mount outlived its claim"
+    assert os.listdir(mnt) == []
+
+
 def test_an_inline_claim(site):
     objs = put_dataset(site["s3"], "slurm-inline/", [MIB, 5])
     script = reader_script("#BB_LUA strata\n#STRATA version: 1\n#STRATA team: vision\n#STRATA datasets:\n"

@@ -42,6 +42,11 @@ pub struct PeerBlock<'a> {
 pub trait PeerSource: Send + Sync + std::fmt::Debug {
     /// Whether the block is this agent's to fill from the origin (no I/O: placement over the current view).
     fn is_local(&self, key: &BlockKey) -> bool;
+    /// Whether this agent is the block's owner in the current view (no I/O), even while it would first ask
+    /// a previous owner for it ([`Self::is_local`] is false then): whose share of a staging the block is.
+    fn owns(&self, key: &BlockKey) -> bool {
+        self.is_local(key)
+    }
     /// The block from the agents that own it, in order, verified and exactly `block.len` bytes; `None` when
     /// this agent should read it from the origin (it comes first among the owners still trusted, or every
     /// owner ahead of it failed). Never fails a read: errors are the source's to count and remember.

@@ -25,6 +25,9 @@ pub struct WarmProgress {
     pub fetched_blocks: u64,
     /// Blocks that were already cached.
     pub cached_blocks: u64,
+    /// Bytes of the blocks that were already cached.
+    #[serde(default)]
+    pub cached_bytes: u64,
     /// Blocks that failed.
     pub failed_blocks: u64,
     /// The first errors (at most 10), as `key: message`.
@@ -86,15 +89,45 @@ impl BlockCache {
         concurrency: usize,
         progress: impl Fn(&WarmProgress),
     ) -> Result<WarmProgress> {
+        self.warm_some(ctx, backend, objects, concurrency, false, progress)
+            .await
+    }
+
+    /// As [`Self::warm_objects`], but only the blocks this agent owns in its cluster (every block when it
+    /// is in none): the other members warm theirs. Bytes and blocks counted are this agent's share.
+    pub async fn warm_owned(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        objects: Vec<ObjectMeta>,
+        concurrency: usize,
+        progress: impl Fn(&WarmProgress),
+    ) -> Result<WarmProgress> {
+        self.warm_some(ctx, backend, objects, concurrency, true, progress)
+            .await
+    }
+
+    /// Whether `key` is this agent's to hold: it owns it in its cluster, or it is in none.
+    fn owns(&self, key: &BlockKey) -> bool {
+        self.peers().is_none_or(|p| p.owns(key))
+    }
+
+    async fn warm_some(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        objects: Vec<ObjectMeta>,
+        concurrency: usize,
+        owned_only: bool,
+        progress: impl Fn(&WarmProgress),
+    ) -> Result<WarmProgress> {
         let bs = self.inner.cfg.block_size.bytes();
         let mut p = WarmProgress {
             objects: objects.len() as u64,
-            total_bytes: objects.iter().map(|o| o.size).sum(),
             ..Default::default()
         };
-        progress(&p);
-        // Work items are runs of consecutive uncached blocks, each fetched with one request of at most
-        // `max_request_size`.
+        // Work items are runs of consecutive uncached blocks (of this agent's, with `owned_only`), each
+        // fetched with one request of at most `max_request_size`.
         let run_max = self.run_blocks();
         let mut work = Vec::new();
         for meta in objects {
@@ -102,20 +135,26 @@ impl BlockCache {
             let nblocks = obj.meta.size.div_ceil(bs);
             let mut run_start: Option<u64> = None;
             for i in 0..=nblocks {
-                let held = i < nblocks && self.warm_holds(&obj.digest(i));
+                let mine =
+                    i < nblocks && (!owned_only || self.owns(&BlockKey::new(obj.id.clone(), i)));
+                if mine {
+                    p.total_bytes += (obj.meta.size - i * bs).min(bs);
+                }
+                let held = mine && self.warm_holds(&obj.digest(i));
                 if held {
                     p.cached_blocks += 1;
                     p.done_bytes += (obj.meta.size - i * bs).min(bs);
                 }
-                let end_run = i == nblocks || held || run_start.is_some_and(|s| i - s == run_max);
+                let end_run = !mine || held || run_start.is_some_and(|s| i - s == run_max);
                 if end_run && let Some(s) = run_start.take() {
                     work.push((obj.clone(), s, i - s));
                 }
-                if i < nblocks && !held && run_start.is_none() {
+                if mine && !held && run_start.is_none() {
                     run_start = Some(i);
                 }
             }
         }
+        p.cached_bytes = p.done_bytes;
         progress(&p);
         let cancel = self.inner.cancel.clone();
         let mut stream = futures::stream::iter(work)
@@ -166,6 +205,16 @@ impl BlockCache {
     /// How much of these object versions the cache holds in its last tier (disk, else RAM), counted block by
     /// block with no side effects: what a claim's `ready` verdict is made of.
     pub fn held(&self, backend: &Backend, objects: &[ObjectMeta]) -> Held {
+        self.held_some(backend, objects, false)
+    }
+
+    /// As [`Self::held`], counting only the blocks this agent owns in its cluster (every block when it is
+    /// in none); an object counts as held when every block of it this agent owns is.
+    pub fn held_owned(&self, backend: &Backend, objects: &[ObjectMeta]) -> Held {
+        self.held_some(backend, objects, true)
+    }
+
+    fn held_some(&self, backend: &Backend, objects: &[ObjectMeta], owned_only: bool) -> Held {
         let bs = self.inner.cfg.block_size.bytes();
         let mut h = Held::default();
         for meta in objects {
@@ -173,6 +222,9 @@ impl BlockCache {
             let nblocks = meta.size.div_ceil(bs);
             let mut all = true;
             for i in 0..nblocks {
+                if owned_only && !self.owns(&BlockKey::new(obj.id.clone(), i)) {
+                    continue;
+                }
                 h.blocks_total += 1;
                 let len = (meta.size - i * bs).min(bs);
                 h.bytes_total += len;

@@ -267,6 +267,56 @@ impl Catalog {
         Ok(n == 1)
     }
 
+    /// Record `reporter`'s running total of I/O stall for claim `id` (milliseconds; a smaller total than
+    /// one already recorded changes nothing, so repeats and retries count once). Returns false if the claim is
+    /// released or unknown.
+    pub async fn report_claim_stall(
+        &self,
+        id: &str,
+        reporter: &str,
+        stall_ms: i64,
+    ) -> Result<bool> {
+        let live = sqlx::query("SELECT 1 FROM claims WHERE id = $1 AND released_at IS NULL")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(db_err)?
+            .is_some();
+        if !live {
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO claim_reports (claim_id, reporter, stall_ms, reported_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (claim_id, reporter) DO UPDATE SET \
+             stall_ms = CASE WHEN excluded.stall_ms > claim_reports.stall_ms \
+                        THEN excluded.stall_ms ELSE claim_reports.stall_ms END, \
+             reported_at = excluded.reported_at",
+        )
+        .bind(id)
+        .bind(reporter)
+        .bind(stall_ms)
+        .bind(self.now())
+        .execute(self.pool())
+        .await
+        .map_err(db_err)?;
+        Ok(true)
+    }
+
+    /// The I/O stall reported for claim `id`, summed over its reporters (milliseconds).
+    pub async fn claim_stall_ms(&self, id: &str) -> Result<i64> {
+        let rows = sqlx::query("SELECT stall_ms FROM claim_reports WHERE claim_id = $1")
+            .bind(id)
+            .fetch_all(self.pool())
+            .await
+            .map_err(db_err)?;
+        let mut total = 0i64;
+        for r in rows {
+            let v: i64 = r.try_get("stall_ms").map_err(db_err)?;
+            total = total.saturating_add(v);
+        }
+        Ok(total)
+    }
+
     /// Mark a claim released with its final accounting and why. Returns false if it already was (a release
     /// is idempotent: the first one wins, the rest change nothing).
     pub async fn release_claim(&self, id: &str, reason: &str, usage: &str) -> Result<bool> {

@@ -761,3 +761,76 @@ async fn cluster_members_heartbeat_expire_and_leave() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claim_stall_reports_keep_each_reporters_largest_total_and_stop_at_release() {
+    each(async |cat, _clock| {
+        cat.create_team(SYSTEM, "team-s").await.unwrap();
+        let rec = strata_catalog::claims::ClaimRecord {
+            id: "claim_stall".into(),
+            team: "team-s".into(),
+            job: "j".into(),
+            principal: "p".into(),
+            agent: "a".into(),
+            spec: "{}".into(),
+            state: "ready".into(),
+            reason: String::new(),
+            progress: "{}".into(),
+            usage: "{}".into(),
+            datasets: "[]".into(),
+            scratch_id: None,
+            created_at: T0,
+            deadline_at: T0 + 60,
+            ready_at: Some(T0),
+            heartbeat_at: T0,
+            released_at: None,
+        };
+        cat.insert_claim(&rec, &[]).await.unwrap();
+        assert_eq!(cat.claim_stall_ms("claim_stall").await.unwrap(), 0);
+        assert!(
+            cat.report_claim_stall("claim_stall", "h:1:e0", 1500)
+                .await
+                .unwrap()
+        );
+        // A retry, or an older total arriving late, changes nothing.
+        assert!(
+            cat.report_claim_stall("claim_stall", "h:1:e0", 1500)
+                .await
+                .unwrap()
+        );
+        assert!(
+            cat.report_claim_stall("claim_stall", "h:1:e0", 700)
+                .await
+                .unwrap()
+        );
+        assert!(
+            cat.report_claim_stall("claim_stall", "h:2:e0", 250)
+                .await
+                .unwrap()
+        );
+        assert_eq!(cat.claim_stall_ms("claim_stall").await.unwrap(), 1750);
+        assert!(
+            cat.report_claim_stall("claim_stall", "h:1:e0", 2000)
+                .await
+                .unwrap()
+        );
+        assert_eq!(cat.claim_stall_ms("claim_stall").await.unwrap(), 2250);
+        assert!(
+            cat.release_claim("claim_stall", "done", "{}")
+                .await
+                .unwrap()
+        );
+        assert!(
+            !cat.report_claim_stall("claim_stall", "h:3:e0", 9000)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !cat.report_claim_stall("no-such-claim", "h:1", 1)
+                .await
+                .unwrap()
+        );
+        assert_eq!(cat.claim_stall_ms("claim_stall").await.unwrap(), 2250);
+    })
+    .await;
+}

@@ -3,6 +3,7 @@
 mod admin;
 mod cluster;
 mod doctor;
+mod mount;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -50,6 +51,20 @@ enum Command {
     /// Check a site's setup for an integration and say what is wrong.
     #[command(subcommand)]
     Doctor(DoctorCommand),
+    /// Mount a dataset version read-only as a file system (FUSE), read through the agent's cache.
+    ///
+    /// The location is listed once; the mount serves that version (every read pinned to the listed ETag: a
+    /// changed object reads as ESTALE, never as other bytes). Returns once mounted; a holder process keeps the
+    /// mount and restarts its server if it dies, without readers noticing. `umount DIR` (a user's mount:
+    /// `fusermount3 -u DIR`), or SIGTERM to the holder, unmounts. Root mounts with mount(2); other users
+    /// through the setuid fusermount3 (Debian's fuse3), on a directory they may write.
+    Mount(mount::MountArgs),
+    /// One server of a mount (started by the mount's holder).
+    #[command(name = "__mount-serve", hide = true)]
+    MountServe {
+        /// The mount's state directory.
+        state: PathBuf,
+    },
     /// Datasets for the streaming loader (the `strata` Python package).
     #[command(subcommand)]
     Dataset(DatasetCommand),
@@ -408,13 +423,12 @@ pub static MALLOC_CONF: &[u8; 90] =
 
 fn main() {
     let cli = Cli::parse();
-    let level = std::env::var("STRATA_LOG").unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    if let Command::MountServe { state } = &cli.command {
+        // fuser logs each request it has no answer for; the file system answers what it serves.
+        init_logging("info,fuser=error");
+        mount::serve(state);
+    }
+    init_logging("info");
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -429,6 +443,18 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(2);
     }
+}
+
+/// Logs on stderr at `STRATA_LOG` (an `EnvFilter`), else at `default`.
+fn init_logging(default: &str) {
+    let level = std::env::var("STRATA_LOG").unwrap_or_else(|_| default.into());
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -454,6 +480,8 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Cache(c) => cache(c).await,
+        Command::Mount(a) => mount::run(a).await,
+        Command::MountServe { .. } => unreachable!("served before the runtime starts"),
         Command::Cluster(ClusterCommand::Status { json, api }) => cluster::status(&api, json).await,
         Command::Doctor(DoctorCommand::Slurm { json, api }) => doctor::slurm(&api, json).await,
         Command::Team { cmd: c, out } => admin::team::run(c, out).await,

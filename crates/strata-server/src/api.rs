@@ -111,6 +111,15 @@ pub fn routes() -> Vec<Route> {
             get(read),
         ),
         r(
+            "GET",
+            "/v1/list",
+            "List the objects under a location, a page at a time: ?location=&after=&limit=",
+            "reader of every key under the location (any principal outside owned prefixes)",
+            Access::Location(Role::Reader),
+            Plane::Data,
+            get(list),
+        ),
+        r(
             "POST",
             "/v1/prefetch",
             "Start fetching an object (or its Range) into the cache: ?location=",
@@ -414,15 +423,108 @@ pub struct ReadQuery {
     pub location: String,
 }
 
-/// What a `?location=` request with these headers asks the cache for: the whole object, or its `Range`.
+/// What a `?location=` request with these headers asks the cache for: the whole object, or its `Range`; with
+/// `If-Match`, only the version of that ETag (a changed object is `precondition_failed`, never other bytes: a
+/// mount reads the version it listed).
 fn get_options(headers: &HeaderMap) -> ApiResult<strata_cache::GetOptions> {
-    let opts = strata_cache::GetOptions::default();
-    Ok(
-        match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
-            Some(h) => opts.range(strata_cache::ByteRange::parse(h)?),
-            None => opts,
-        },
-    )
+    let mut opts = strata_cache::GetOptions::default();
+    if let Some(h) = headers.get(header::RANGE) {
+        let h = h
+            .to_str()
+            .map_err(|_| Error::invalid_input("the Range header is not ASCII"))?;
+        opts = opts.range(strata_cache::ByteRange::parse(h)?);
+    }
+    if let Some(h) = headers.get(header::IF_MATCH) {
+        let h = h
+            .to_str()
+            .map_err(|_| Error::invalid_input("the If-Match header is not ASCII"))?
+            .trim();
+        opts.if_match = Some(if h == "*" {
+            strata_cache::ETagMatch::Any
+        } else if let Some(weak) = h.strip_prefix("W/") {
+            strata_cache::ETagMatch::Weak(weak.trim_matches('"').to_string())
+        } else {
+            strata_cache::ETagMatch::Strong(h.trim_matches('"').to_string())
+        });
+    }
+    Ok(opts)
+}
+
+/// `GET /v1/list` parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// The location whose objects are listed: a key prefix (`NAME/train/`), or `NAME` for the whole backend.
+    pub location: String,
+    /// Start after this name (the page before's `next`).
+    pub after: Option<String>,
+    /// Objects per page, 1 to 1000 (default 1000).
+    pub limit: Option<usize>,
+}
+
+/// One object of a listing. `name` is the key with the location's key prefix taken off, so `location` +
+/// `name` is the object's location.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ListedObject {
+    /// The key after the listed prefix.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The ETag (as the backend gives it), if it has one.
+    pub etag: Option<String>,
+    /// The version id, if the backend versions objects.
+    pub version: Option<String>,
+    /// Last modification, seconds since the Unix epoch.
+    pub last_modified_unix: i64,
+}
+
+/// A page of `GET /v1/list`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ListPage {
+    /// Objects in key order.
+    pub objects: Vec<ListedObject>,
+    /// Pass as `after` for the next page; absent on the last.
+    pub next: Option<String>,
+}
+
+/// A page of the objects under a location, straight from the backend (a mount takes its snapshot from these
+/// pages). The caller must read every key under the location.
+async fn list(
+    State(agent): State<Arc<Agent>>,
+    Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<ListPage>> {
+    let ctx = principal_context(&headers, &principal);
+    let caller = Caller::Principal(principal);
+    let (backend, prefix, _) = agent
+        .authorize(&caller, &q.location, Role::Reader, true)
+        .await?;
+    let limit = q.limit.unwrap_or(1000);
+    if !(1..=1000).contains(&limit) {
+        return Err(Error::invalid_input(format!("limit {limit}: between 1 and 1000")).into());
+    }
+    let after = q.after.map(|a| format!("{prefix}{a}"));
+    let page = backend
+        .list_page(&ctx, &prefix, after.as_deref(), limit)
+        .await?;
+    let objects = page
+        .objects
+        .into_iter()
+        .filter_map(|m| {
+            Some(ListedObject {
+                name: m.key.strip_prefix(&prefix)?.to_string(),
+                size: m.size,
+                etag: m.etag,
+                version: m.version,
+                last_modified_unix: m.last_modified_unix,
+            })
+        })
+        .collect();
+    let next = page
+        .next_start_after
+        .and_then(|n| n.strip_prefix(&prefix).map(str::to_string));
+    Ok(Json(ListPage { objects, next }))
 }
 
 /// An object's bytes, or its `Range`, through [`strata_cache::BlockCache::get`]: the body streams block by

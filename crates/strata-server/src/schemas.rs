@@ -98,8 +98,22 @@ pub fn request_body(method: &str, path: &str) -> Option<Value> {
             }
             v
         }
-        ("POST", "/v1/claims/{id}/heartbeat") => object(&[], json!({})),
+        ("POST", "/v1/claims/{id}/heartbeat") => object(
+            &[],
+            json!({"stall_secs": {"type": "number", "minimum": 0}, "reporter": opt_str()}),
+        ),
         ("POST", "/v1/claims/{id}/release") => object(&[], json!({"reason": opt_str()})),
+        ("POST", "/v1/peer/stage") => object(
+            &["backend", "block_size", "objects"],
+            json!({"backend": {"type": "string"}, "block_size": {"type": "integer", "minimum": 1},
+                   "objects": {"type": "array", "items": object(
+                       &["key", "size", "mtime"],
+                       json!({"key": {"type": "string"}, "size": {"type": "integer", "minimum": 0},
+                              "etag": opt_str(), "version": opt_str(), "mtime": {"type": "integer"}}))}}),
+        ),
+        ("POST", "/v1/claims/{id}/attach") | ("POST", "/v1/claims/{id}/detach") => {
+            object(&[], json!({}))
+        }
         ("POST", "/v1/scratch") => object(
             &["team", "bytes", "ttl_secs"],
             json!({"team": {"type": "string"}, "bytes": {"type": "integer"},
@@ -145,6 +159,15 @@ pub fn query(method: &str, path: &str) -> Vec<(&'static str, bool, Value)> {
     let int = || json!({"type": "integer", "minimum": 0});
     match (method, path) {
         ("GET", "/v1/read") | ("POST", "/v1/prefetch") => vec![("location", true, s())],
+        ("GET", "/v1/list") => vec![
+            ("location", true, s()),
+            ("after", false, s()),
+            (
+                "limit",
+                false,
+                json!({"type": "integer", "minimum": 1, "maximum": 1000}),
+            ),
+        ],
         ("GET", "/v1/ckpt/handoff") => {
             vec![
                 ("run", true, s()),
@@ -153,6 +176,15 @@ pub fn query(method: &str, path: &str) -> Vec<(&'static str, bool, Value)> {
             ]
         }
         ("GET", "/v1/tokens") => vec![("team", false, s())],
+        ("GET", "/v1/claims/{id}/objects") => vec![
+            ("dataset", true, s()),
+            ("after", false, s()),
+            (
+                "limit",
+                false,
+                json!({"type": "integer", "minimum": 1, "maximum": 1000}),
+            ),
+        ],
         ("GET", "/v1/claims") => vec![
             ("team", false, s()),
             ("job", false, s()),

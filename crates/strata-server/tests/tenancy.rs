@@ -307,6 +307,8 @@ fn request(w: &World, method: &str, path: &str) -> (String, Option<Value>) {
         ("GET", "/v1/tokens") => return ("/v1/tokens?team=team-b".into(), None),
         ("GET", "/v1/audit") => return ("/v1/audit?team=team-b".into(), None),
         ("GET", "/v1/read") => return ("/v1/read?location=default/team-b/secret.bin".into(), None),
+        ("GET", "/v1/list") => return ("/v1/list?location=default/team-b/".into(), None),
+        ("GET", "/v1/claims/{id}/objects") => return (format!("{concrete}?dataset=b"), None),
         ("POST", "/v1/prefetch") => {
             return (
                 "/v1/prefetch?location=default/team-b/secret.bin".into(),
@@ -355,6 +357,10 @@ fn request(w: &World, method: &str, path: &str) -> (String, Option<Value>) {
         ("POST", "/v1/claims") | ("POST", "/v1/claims/validate") => Some(claim_body("job-b2")),
         ("POST", "/v1/claims/{id}/heartbeat") => Some(json!({})),
         ("POST", "/v1/claims/{id}/release") => Some(json!({"reason": "tenancy test"})),
+        ("POST", "/v1/claims/{id}/attach") | ("POST", "/v1/claims/{id}/detach") => Some(json!({})),
+        ("POST", "/v1/peer/stage") => Some(json!({"backend": "default", "block_size": 1048576,
+                                                  "objects": [{"key": "team-b/secret.bin", "size": 1,
+                                                               "etag": null, "version": null, "mtime": 0}]})),
         ("PUT", "/v1/peer/ckpt/{run}/{step}/{file}") => {
             return (
                 concrete,

@@ -6,7 +6,7 @@ import os
 import warnings
 from typing import Any, Iterator, Optional
 
-from strata import _dist, _native
+from strata import _claim, _dist, _native
 
 try:  # torch is optional: without it the dataset is a plain iterable.
     import torch.utils.data as _tud
@@ -309,8 +309,14 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._iter = it
         in_process = workers == 1 and worker == 0
         shared_copies = it.shared_copies
+        self._iterations = getattr(self, "_iterations", 0) + 1
+        reporter = _claim.StallReporter(f"epoch{self.epoch}-worker{worker}-it{self._iterations}")
+        n = 0
         try:
             for sample in it:
+                n += 1
+                if reporter.enabled and n % 256 == 0:
+                    reporter.maybe(float(it.stats().get("stall_seconds", 0.0)))
                 if in_process:
                     self._consumed += 1
                 if shared_copies:
@@ -321,6 +327,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         finally:
             self._last_stats = dict(it.stats())
             it.close()
+            reporter.final(float(self._last_stats.get("stall_seconds", 0.0)))
 
     def stats(self) -> dict:
         """Counters of the current (or last) iteration in this process: samples, bytes, stall_seconds (time

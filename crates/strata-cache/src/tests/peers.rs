@@ -251,6 +251,61 @@ async fn warm_ups_use_the_peers_and_dead_peers_send_blocks_to_the_origin() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_warm_ups_split_a_staging_by_owner_and_ask_no_peer() {
+    let server = S3Server::start();
+    server.create_bucket("peers-owned").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let t = Telemetry::new();
+    let backend = s3_backend(&proxy.endpoint(), "peers-owned", t.clone());
+    let data = pattern(40 * 64 * 1024 + 3, 9);
+    put(&backend, "o/a.bin", &data).await;
+    let other = pattern(7 * 64 * 1024, 10);
+    put(&backend, "o/b.bin", &other).await;
+    let metas = vec![
+        backend.head(&ctx(), "o/a.bin").await.unwrap(),
+        backend.head(&ctx(), "o/b.bin").await.unwrap(),
+    ];
+    let cl = cluster(3, &t);
+    proxy.clear();
+    let mut shares = 0;
+    for c in &cl.caches {
+        let p = c
+            .warm_owned(&ctx(), &backend, metas.clone(), 4, |_| {})
+            .await
+            .unwrap();
+        assert!(p.errors.is_empty(), "{p:?}");
+        assert_eq!(p.done_bytes, p.total_bytes, "{p:?}");
+        let h = c.held_owned(&backend, &metas);
+        assert_eq!(h.blocks_held, h.blocks_total, "{h:?}");
+        assert_eq!(h.bytes_held, p.total_bytes, "{h:?}");
+        // Only its own share: the whole is not held by any one cache.
+        assert!(c.held(&backend, &metas).blocks_held < c.held(&backend, &metas).blocks_total);
+        shares += h.blocks_total;
+    }
+    assert_eq!(shares, 40 + 1 + 7, "the shares add up to every block");
+    // Each block read from the origin once, by its owner; no owner asked another.
+    assert_tiled(&proxy, "o/a.bin", data.len() as u64);
+    assert_tiled(&proxy, "o/b.bin", other.len() as u64);
+    for (c, r) in cl.caches.iter().zip(&cl.rings) {
+        assert_eq!(r.asked.load(Ordering::Relaxed), 0);
+        assert_eq!(c.stats().peer_blocks, 0);
+    }
+    // A second staging finds every share held and reads nothing.
+    proxy.clear();
+    for c in &cl.caches {
+        let p = c
+            .warm_owned(&ctx(), &backend, metas.clone(), 4, |_| {})
+            .await
+            .unwrap();
+        assert_eq!(p.cached_bytes, p.total_bytes, "{p:?}");
+    }
+    assert!(proxy.gets_of("o/a.bin").is_empty());
+    for c in &cl.caches {
+        c.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn origin_and_peer_bytes_are_counted_by_job_and_dataset() {
     let server = S3Server::start();
     server.create_bucket("peers-jobs").await;

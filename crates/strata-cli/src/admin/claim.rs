@@ -69,6 +69,25 @@ pub enum ClaimCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Mount a ready claim's datasets on this node too (run against the node's own agent, e.g. from a
+    /// multi-node job's node prolog; the agents share one catalog). Idempotent.
+    Attach {
+        /// The claim's id.
+        #[arg(required_unless_present = "job")]
+        id: Option<String>,
+        /// The live claim of this job instead (a node prolog knows its job, e.g. $SLURM_JOB_ID).
+        #[arg(long, conflicts_with = "id")]
+        job: Option<String>,
+    },
+    /// Unmount a claim's datasets from this node (idempotent; a release unmounts every node by itself).
+    Detach {
+        /// The claim's id.
+        #[arg(required_unless_present = "job")]
+        id: Option<String>,
+        /// The live claim of this job instead.
+        #[arg(long, conflicts_with = "id")]
+        job: Option<String>,
+    },
     /// Print the claim document's JSON Schema.
     Schema,
 }
@@ -81,6 +100,26 @@ fn read_file(file: &str) -> Result<String> {
         Ok(s)
     } else {
         std::fs::read_to_string(file).with_context(|| format!("reading {file}"))
+    }
+}
+
+/// The id of job `job`'s live claim (one per team and job; several teams' claims of one job name is ambiguous).
+async fn claim_of_job(api: &Api, job: &str) -> Result<String> {
+    let v = api.get(&format!("/v1/claims?job={}", enc(job))).await?;
+    let ids: Vec<&str> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["id"].as_str())
+        .collect();
+    match ids.as_slice() {
+        [one] => Ok(one.to_string()),
+        [] => anyhow::bail!("job {job} has no live claim this token can see"),
+        many => anyhow::bail!(
+            "job {job} has {} live claims ({}): name one",
+            many.len(),
+            many.join(", ")
+        ),
     }
 }
 
@@ -206,6 +245,29 @@ pub async fn run(c: ClaimCommand, out: Out) -> Result<()> {
                 .await?;
             emit(&out, &v, |v| {
                 println!("{}: {}", text(&v["id"]), text(&v["state"]))
+            })
+        }
+        c @ (ClaimCommand::Attach { .. } | ClaimCommand::Detach { .. }) => {
+            let (id, job, what, done) = match c {
+                ClaimCommand::Attach { id, job } => (id, job, "attach", "mounted here"),
+                ClaimCommand::Detach { id, job } => (id, job, "detach", "unmounted here"),
+                _ => unreachable!("matched above"),
+            };
+            let id = match (id, job) {
+                (Some(id), _) => id,
+                (None, Some(job)) => claim_of_job(&api, &job).await?,
+                (None, None) => anyhow::bail!("name the claim, or --job"),
+            };
+            let v = api
+                .post(&format!("/v1/claims/{}/{what}", enc(&id)), json!({}))
+                .await?;
+            emit(&out, &v, |v| {
+                println!("{}: {done}", text(&v["id"]));
+                for d in v["datasets"].as_array().into_iter().flatten() {
+                    if let Some(m) = d["mount"].as_str() {
+                        println!("  {} {m}", text(&d["name"]));
+                    }
+                }
             })
         }
         ClaimCommand::Release { id, reason } => {

@@ -89,15 +89,8 @@ pub(super) async fn admit(
     a.catalog().team(&spec.team).await?;
     let caller = Caller::Principal(principal.clone());
     for (i, d) in spec.datasets.iter().enumerate() {
-        if d.mount.is_some() {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "datasets[{i}].mount: this agent does not serve mounts yet; leave mount out and read \
-                     through the cache (STRATA_DATASET_{})",
-                    env_name(&d.name)
-                ),
-            ));
+        if let Some(m) = &d.mount {
+            super::mounts::check(&spec, &d.location, m, &format!("datasets[{i}].mount"))?;
         }
     }
     // Every location resolved, readable by the caller, and listed: the versions the claim pins.

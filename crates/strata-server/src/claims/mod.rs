@@ -4,6 +4,7 @@
 //! Slurm and Kubernetes integrations drive these routes; docs/claims.md says what each state means.
 
 mod admit;
+mod mounts;
 mod release;
 mod stage;
 
@@ -99,6 +100,15 @@ pub fn routes() -> Vec<Route> {
             get(one)
         ),
         r!(
+            "GET",
+            "/v1/claims/{id}/objects",
+            "The versions a claim admitted for one dataset, a page at a time (what its mount serves): ?dataset=&after=&limit=",
+            "reader of the claim's team",
+            Access::Owner(Role::Reader),
+            Plane::Control,
+            get(objects)
+        ),
+        r!(
             "POST",
             "/v1/claims/{id}/heartbeat",
             "The job is alive: the claim's TTL starts again",
@@ -115,6 +125,24 @@ pub fn routes() -> Vec<Route> {
             Access::Owner(Role::Member),
             Plane::Control,
             post(release_route)
+        ),
+        r!(
+            "POST",
+            "/v1/claims/{id}/attach",
+            "Mount a ready claim's datasets on this agent's node too (another node of a multi-node job; idempotent)",
+            "member of the claim's team",
+            Access::Owner(Role::Member),
+            Plane::Control,
+            post(attach)
+        ),
+        r!(
+            "POST",
+            "/v1/claims/{id}/detach",
+            "Unmount a claim's datasets from this agent's node (idempotent)",
+            "member of the claim's team",
+            Access::Owner(Role::Member),
+            Plane::Control,
+            post(detach)
         ),
     ]
 }
@@ -195,10 +223,77 @@ async fn one(
     ok(status(&a, &c).await?)
 }
 
-/// Body of a heartbeat: nothing (an empty body or `{}`).
+/// `GET /v1/claims/{id}/objects` parameters.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObjectsQuery {
+    dataset: String,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// A page of the objects one dataset of a claim admitted, named relative to the dataset's location (as
+/// `GET /v1/list` names them): `{location, objects, next}`.
+async fn objects(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Extension<Principal>,
+    UrlPath(id): UrlPath<String>,
+    axum::extract::Query(q): axum::extract::Query<ObjectsQuery>,
+) -> ApiResult<Json> {
+    let c = visible(&a, &p, &id, Role::Reader).await?;
+    let spec = stored_spec(&c)?;
+    let d = spec
+        .datasets
+        .iter()
+        .find(|d| d.name == q.dataset)
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("claim {id} has no dataset {:?}", q.dataset),
+            )
+        })?;
+    let limit = q.limit.unwrap_or(1000);
+    if !(1..=1000).contains(&limit) {
+        return Err(Error::invalid_input(format!("limit {limit}: between 1 and 1000")).into());
+    }
+    let (_, prefix) = a.resolve(&d.location)?;
+    let mut page: Vec<serde_json::Value> = Vec::new();
+    let mut next = None;
+    for o in a.catalog().claim_objects(&id).await? {
+        if o.dataset != d.name {
+            continue;
+        }
+        let Some(name) = o.key.strip_prefix(&prefix) else {
+            continue;
+        };
+        if q.after.as_deref().is_some_and(|after| name <= after) {
+            continue;
+        }
+        if page.len() == limit {
+            next = page
+                .last()
+                .and_then(|v| v["name"].as_str().map(str::to_string));
+            break;
+        }
+        page.push(serde_json::json!({
+            "name": name,
+            "size": o.size,
+            "etag": o.etag,
+            "version": o.version,
+            "last_modified_unix": o.modified_at,
+        }));
+    }
+    ok(serde_json::json!({"location": d.location, "objects": page, "next": next}))
+}
+
+/// Body of a heartbeat: nothing (an empty body or `{}`), or what a loader process reports with it: its running
+/// total of I/O stall (`stall_secs`) under a name of its own (`reporter`, such as `host:pid`).
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct HeartbeatBody {}
+struct HeartbeatBody {
+    stall_secs: Option<f64>,
+    reporter: Option<String>,
+}
 
 /// An optional JSON body: empty is the default; unknown fields are refused.
 fn optional_body<T: serde::de::DeserializeOwned + Default>(b: &Bytes) -> Result<T> {
@@ -214,7 +309,31 @@ async fn heartbeat(
     UrlPath(id): UrlPath<String>,
     b: Bytes,
 ) -> ApiResult<Json> {
-    let HeartbeatBody {} = optional_body(&b)?;
+    let body: HeartbeatBody = optional_body(&b)?;
+    let stall = match (body.stall_secs, body.reporter) {
+        (None, None) => None,
+        (Some(s), Some(r)) => {
+            if !s.is_finite() || !(0.0..=1e9).contains(&s) {
+                return Err(Error::invalid_input(format!(
+                    "stall_secs {s}: a number of seconds, 0 to 1e9"
+                ))
+                .into());
+            }
+            if r.is_empty() || r.len() > 200 || r.chars().any(char::is_control) {
+                return Err(Error::invalid_input(
+                    "reporter: 1 to 200 characters, no control characters",
+                )
+                .into());
+            }
+            Some(((s * 1000.0).round() as i64, r))
+        }
+        _ => {
+            return Err(Error::invalid_input(
+                "stall_secs and reporter go together (a reporter's running total)",
+            )
+            .into());
+        }
+    };
     let c = visible(&a, &p, &id, Role::Member).await?;
     if !a.catalog().heartbeat_claim(&id).await? {
         return Err(Error::new(
@@ -222,6 +341,9 @@ async fn heartbeat(
             format!("claim {id} is released: {}", c.reason),
         )
         .into());
+    }
+    if let Some((ms, reporter)) = stall {
+        a.catalog().report_claim_stall(&id, &reporter, ms).await?;
     }
     if let Ok(spec) = serde_json::from_str::<ClaimSpec>(&c.spec) {
         let until = a.catalog().now() + spec.ttl() as i64;
@@ -253,6 +375,64 @@ async fn release_route(
         .map_err(|e| Error::internal(e.to_string()))?;
     v["released_now"] = released.into();
     Ok(axum::Json(v))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct NoBody {}
+
+/// The document a claim was admitted with.
+pub(crate) fn stored_spec(c: &ClaimRecord) -> Result<ClaimSpec> {
+    serde_json::from_str(&c.spec)
+        .map_err(|e| Error::internal(format!("claim {}: stored spec: {e}", c.id)))
+}
+
+/// `POST /v1/claims/{id}/attach`: the claim's mounts on this node (the staging agent mounts them on its own;
+/// the other nodes of a multi-node job ask their agents, which read the claim from the catalog they share).
+async fn attach(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Extension<Principal>,
+    UrlPath(id): UrlPath<String>,
+    b: Bytes,
+) -> ApiResult<Json> {
+    here(&a, &p, &id, &b, true).await
+}
+
+/// `POST /v1/claims/{id}/detach`: the claim's mounts on this node taken down.
+async fn detach(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Extension<Principal>,
+    UrlPath(id): UrlPath<String>,
+    b: Bytes,
+) -> ApiResult<Json> {
+    here(&a, &p, &id, &b, false).await
+}
+
+/// The claim's mounts on this node made (`attach`: a ready claim only) or taken down.
+async fn here(a: &Agent, p: &Principal, id: &str, b: &Bytes, attach: bool) -> ApiResult<Json> {
+    let _: NoBody = optional_body(b)?;
+    let c = visible(a, p, id, Role::Member).await?;
+    let spec = stored_spec(&c)?;
+    if !attach {
+        mounts::unmount_all(id, &spec);
+    } else if c.state != "ready" {
+        let why = if c.reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", c.reason)
+        };
+        return Err(Error::new(
+            ErrorKind::PreconditionFailed,
+            format!(
+                "claim {id} is {}: its datasets are mounted once it is ready{why}",
+                c.state
+            ),
+        )
+        .into());
+    } else {
+        mounts::mount_all(a, id, &spec).await?;
+    }
+    ok(status(a, &c).await?)
 }
 
 /// This agent as a claim's stager.
@@ -359,6 +539,9 @@ pub(crate) async fn usage(a: &Agent, c: &ClaimRecord, spec: &ClaimSpec) -> JobUs
                 .unwrap_or(0);
             u.scratch_peak_bytes = u.scratch_peak_bytes.max(used);
         }
+    }
+    if let Ok(ms) = a.catalog().claim_stall_ms(&c.id).await {
+        u.stall_secs = u.stall_secs.max(ms as f64 / 1000.0);
     }
     if let Some(ck) = &spec.checkpoint
         && let Ok((name, _, prefix)) = a.locate(&ck.location)

@@ -1,5 +1,5 @@
 //! Releasing a claim: its staging stops, its pins and their quota charge go (a pin another live claim or an
-//! operator also holds stays), its scratch goes to the scratch trash, its datasets' protections are removed,
+//! operator also holds stays), its mounts are unmounted, its scratch goes to the scratch trash, its datasets' protections are removed,
 //! and its accounting is made final. Idempotent: a second release changes nothing and says so. Never deletes a
 //! dataset: nothing here writes to a backend.
 
@@ -20,8 +20,8 @@ pub(crate) async fn release(a: &Agent, id: &str, reason: &str, actor: &str) -> R
     if let Some(t) = a.claim_tasks.lock().get(id) {
         t.cancel();
     }
-    let spec: ClaimSpec = serde_json::from_str(&rec.spec)
-        .map_err(|e| strata_types::Error::internal(format!("claim {id}: stored spec: {e}")))?;
+    let spec = super::stored_spec(&rec)?;
+    super::mounts::unmount_all(id, &spec);
     // The accounting is taken while the scratch is still there to measure.
     let usage = super::usage(a, &rec, &spec).await;
     for d in spec.datasets.iter().filter(|d| d.mode == Mode::Pin) {
@@ -120,5 +120,6 @@ pub(crate) async fn expire(a: &Agent) -> Result<u64> {
             super::usage(a, &c, &spec).await;
         }
     }
+    super::mounts::detach_released(a).await?;
     Ok(n)
 }

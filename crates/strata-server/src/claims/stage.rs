@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use strata_claim::{ClaimSpec, ClaimState, Mode, Progress};
+use strata_cache::Held;
+use strata_claim::{ClaimState, Mode, Progress};
 use strata_types::{ErrorKind, IoContext, ObjectMeta, Result};
+
+use crate::cluster::stage::StageRequest;
 
 use crate::Agent;
 
@@ -62,13 +65,15 @@ struct Part {
     name: String,
     backend: strata_object::Backend,
     objects: Vec<ObjectMeta>,
+    /// Once the members of the cluster staged their shares: what they hold of them (this agent's share is
+    /// counted here). `None`: this agent holds (or stages) every block itself.
+    members_held: Mutex<Option<Held>>,
 }
 
 async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
     let cat = a.catalog();
     let rec = cat.claim(id).await?;
-    let spec: ClaimSpec = serde_json::from_str(&rec.spec)
-        .map_err(|e| strata_types::Error::internal(format!("claim {id}: stored spec: {e}")))?;
+    let spec = super::stored_spec(&rec)?;
     let objects = cat.claim_objects(id).await?;
     let mut parts = Vec::new();
     for d in spec.datasets.iter().filter(|d| d.mode != Mode::Stream) {
@@ -89,6 +94,7 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
             name: d.name.clone(),
             backend,
             objects,
+            members_held: Mutex::new(None),
         });
     }
     let mut start = count(a, &parts);
@@ -102,8 +108,15 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
     let deadline = tokio::time::Instant::now()
         + Duration::from_secs(rec.deadline_at.saturating_sub(cat.now()).max(0) as u64);
     let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let cached = start_bytes;
+    let note = |e: String| {
+        let mut errs = errors.lock();
+        if errs.len() < 10 {
+            errs.push(e);
+        }
+    };
+    let cached = Mutex::new(start_bytes);
     let done_before = Mutex::new(0u64);
+    let members = a.cluster().map(|c| c.others()).unwrap_or_default();
     let work = async {
         for p in &parts {
             let ctx = IoContext {
@@ -113,6 +126,24 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
                 principal: Some(rec.principal.as_str().into()),
             };
             let before = *done_before.lock();
+            if !members.is_empty() {
+                let spread = spread(a, &ctx, p, &members, |done| {
+                    progress.lock().bytes_done = before + done;
+                })
+                .await?;
+                for e in spread.errors {
+                    note(format!("{}: {e}", p.name));
+                }
+                if let Some(held) = spread.held {
+                    *done_before.lock() += held.bytes_held;
+                    *cached.lock() += spread.peers_cached;
+                    *p.members_held.lock() = Some(held);
+                    continue;
+                }
+                // A member failed, or the shares do not add up (the view changed meanwhile): this agent
+                // stages what is missing itself, the members' blocks from them and the rest from the origin.
+                tracing::warn!(claim = %id, dataset = %p.name, "staging the rest of a dataset here");
+            }
             let r = a
                 .cache()
                 .warm_objects(&ctx, &p.backend, p.objects.clone(), CONCURRENCY, |w| {
@@ -120,11 +151,8 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
                 })
                 .await?;
             *done_before.lock() += r.done_bytes;
-            let mut errs = errors.lock();
             for e in r.errors {
-                if errs.len() < 10 {
-                    errs.push(format!("{}: {e}", p.name));
-                }
+                note(format!("{}: {e}", p.name));
             }
         }
         Ok::<(), strata_types::Error>(())
@@ -188,20 +216,139 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
             )
         }
     };
+    // Ready only once the mounts the claim asks for answer.
+    let (state, reason) = match state {
+        ClaimState::Ready => match super::mounts::mount_all(a, id, &spec).await {
+            Ok(()) => (state, reason),
+            Err(e) => {
+                super::mounts::unmount_all(id, &spec);
+                (ClaimState::Failed, e.to_string())
+            }
+        },
+        _ => (state, reason),
+    };
     p.rate_bytes_per_sec = 0.0;
     p.eta_secs = None;
-    p.cached_bytes = cached.min(p.bytes_done);
-    cat.set_claim_state(id, state.as_str(), &reason, &super::admit::json(&p)?)
-        .await?;
+    p.cached_bytes = (*cached.lock()).min(p.bytes_done);
+    if !cat
+        .set_claim_state(id, state.as_str(), &reason, &super::admit::json(&p)?)
+        .await?
+    {
+        // Released while it was being mounted: nothing may stay mounted.
+        super::mounts::unmount_all(id, &spec);
+        return Ok(());
+    }
     tracing::info!(claim = %id, state = state.as_str(), %reason, "staging done");
     Ok(())
 }
 
-/// Progress as a count of what the cache holds.
+/// What a dataset's staging spread over the cluster came to.
+struct Spread {
+    /// What the cluster holds (this agent's share and the members'), when every member answered and the
+    /// shares add up to every block; `None` otherwise.
+    held: Option<Held>,
+    /// Bytes the members held before they staged.
+    peers_cached: u64,
+    /// The members' and this agent's errors.
+    errors: Vec<String>,
+}
+
+/// Stage `p` over the cluster: this agent warms the blocks it owns while each of `members` is asked to warm
+/// its own ([`crate::cluster::stage`]), so each block is read from the origin once, by its owner, and none
+/// travels here. `progress` gets the bytes held of the whole dataset so far.
+async fn spread(
+    a: &Agent,
+    ctx: &IoContext,
+    p: &Part,
+    members: &[String],
+    progress: impl Fn(u64),
+) -> Result<Spread> {
+    let Some(cluster) = a.cluster() else {
+        return Ok(Spread {
+            held: None,
+            peers_cached: 0,
+            errors: Vec::new(),
+        });
+    };
+    let req = StageRequest::new(
+        p.backend.id().to_string(),
+        a.cache().config().block_size.bytes(),
+        &p.objects,
+    );
+    // Bytes done: this agent's share first, then each member's.
+    let done = Mutex::new(vec![0u64; members.len() + 1]);
+    let report = |i: usize, n: u64| {
+        let sum = {
+            let mut d = done.lock();
+            d[i] = n;
+            d.iter().sum()
+        };
+        progress(sum);
+    };
+    let own = a
+        .cache()
+        .warm_owned(ctx, &p.backend, p.objects.clone(), CONCURRENCY, |w| {
+            report(0, w.done_bytes)
+        });
+    let asks = members.iter().enumerate().map(|(i, m)| {
+        let report = &report;
+        let req = &req;
+        async move {
+            let r = cluster
+                .client()
+                .stage(m, ctx, req, |pr| report(i + 1, pr.done_bytes))
+                .await;
+            (m, r)
+        }
+    });
+    let (own, answers) = futures::join!(own, futures::future::join_all(asks));
+    let own = own?;
+    let mut errors: Vec<String> = own.errors;
+    let mut held = a.cache().held_owned(&p.backend, &p.objects);
+    let mut peers_cached = 0;
+    let mut complete = true;
+    for (m, r) in answers {
+        match r {
+            Ok(d) => {
+                peers_cached += d.progress.cached_bytes;
+                held.blocks_held += d.held.blocks_held;
+                held.blocks_total += d.held.blocks_total;
+                held.bytes_held += d.held.bytes_held;
+                held.bytes_total += d.held.bytes_total;
+                errors.extend(d.errors.into_iter().map(|e| format!("{m}: {e}")));
+            }
+            Err(e) => {
+                tracing::warn!(member = %m, error = %e, "a member did not stage its share");
+                complete = false;
+            }
+        }
+    }
+    // Objects are counted whole here, from the blocks: every share adds up to every block, or the rest is
+    // staged on this agent.
+    let whole = a.cache().held(&p.backend, &p.objects);
+    let adds_up = held.blocks_total == whole.blocks_total && held.bytes_total == whole.bytes_total;
+    let all_held = held.blocks_held == held.blocks_total;
+    let held = (complete && adds_up).then_some(Held {
+        objects_total: whole.objects_total,
+        objects_held: if all_held { whole.objects_total } else { 0 },
+        ..held
+    });
+    Ok(Spread {
+        held,
+        peers_cached,
+        errors,
+    })
+}
+
+/// Progress as a count of what the cache (or, for a dataset staged over the cluster, the cluster) holds.
 fn count(a: &Agent, parts: &[Part]) -> Progress {
     let mut p = Progress::default();
     for part in parts {
-        let h = a.cache().held(&part.backend, &part.objects);
+        let h = match &*part.members_held.lock() {
+            // As counted once every member had staged its share.
+            Some(m) => m.clone(),
+            None => a.cache().held(&part.backend, &part.objects),
+        };
         p.objects_total += h.objects_total;
         p.objects_done += h.objects_held;
         p.blocks_total += h.blocks_total;

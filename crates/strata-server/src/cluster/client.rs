@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use strata_cache::PeerBlock;
 use strata_client::reqwest;
-use strata_types::{Error, ErrorKind, Result};
+use strata_types::{Error, ErrorKind, IoContext, Result};
 
 /// The header carrying the BLAKE3 (hex) of a served block.
 pub const BLOCK_HASH_HEADER: &str = "x-strata-blake3";
@@ -81,6 +81,105 @@ impl PeerClient {
         })
     }
 
+    /// `req` with the cluster credential, this agent's catalog and the read context `ctx` in its headers.
+    fn for_ctx(
+        &self,
+        mut req: reqwest::RequestBuilder,
+        ctx: &IoContext,
+    ) -> reqwest::RequestBuilder {
+        req = req
+            .header(strata_client::CLUSTER_KEY_HEADER, &self.secret)
+            .header(CATALOG_HEADER, &self.catalog);
+        if let Some(t) = &ctx.team {
+            req = req.header(strata_client::CLUSTER_TEAM_HEADER, t.as_ref());
+        }
+        if let Some(p) = &ctx.principal {
+            req = req.header(PRINCIPAL_HEADER, p.as_ref());
+        }
+        if let Some(j) = &ctx.job {
+            req = req.header(JOB_HEADER, j.as_ref());
+        }
+        if let Some(d) = &ctx.dataset {
+            req = req.header(DATASET_HEADER, d.as_ref());
+        }
+        req
+    }
+
+    /// Ask `peer` to stage its share of `job` (`POST /v1/peer/stage`), calling `progress` with each progress
+    /// line it sends; the last line's verdict, or the error it (or the connection) ended with. A peer silent
+    /// for [`super::stage::SILENCE`] is taken for gone.
+    pub async fn stage(
+        &self,
+        peer: &str,
+        ctx: &IoContext,
+        job: &super::stage::StageRequest,
+        mut progress: impl FnMut(&super::stage::StageProgress),
+    ) -> Result<super::stage::StageDone> {
+        use super::stage::{SILENCE, StageLine};
+        let what = "stage request";
+        let resp = self
+            .for_ctx(self.http.post(format!("{peer}/v1/peer/stage")), ctx)
+            .json(job)
+            // The request lasts as long as the staging; silence, not length, says the peer is gone.
+            .timeout(Duration::from_secs(7 * 24 * 3600))
+            .send()
+            .await
+            .map_err(|e| strata_client::transport(peer, what, e))?;
+        let status = resp.status().as_u16();
+        if status != 200 {
+            let body = resp.bytes().await.unwrap_or_default();
+            return Err(strata_client::wire::error_from_response(status, &body)
+                .context(format!("{peer}: staging")));
+        }
+        let mut resp = resp;
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            let chunk = tokio::time::timeout(SILENCE, resp.chunk())
+                .await
+                .map_err(|_| {
+                    Error::new(
+                        ErrorKind::Timeout,
+                        format!("{peer}: staging: no word for {} s", SILENCE.as_secs()),
+                    )
+                })?
+                .map_err(|e| strata_client::transport(peer, what, e))?;
+            let Some(chunk) = chunk else {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("{peer}: staging: the answer ended before its verdict"),
+                ));
+            };
+            buf.extend_from_slice(&chunk);
+            if buf.len() > super::stage::MAX_LINE {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "{peer}: staging: a line of over {} bytes",
+                        super::stage::MAX_LINE
+                    ),
+                ));
+            }
+            while let Some(n) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=n).collect();
+                let line: StageLine = serde_json::from_slice(&line).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Corrupt,
+                        format!("{peer}: staging: a bad line: {e}"),
+                    )
+                })?;
+                match line {
+                    StageLine::Progress(p) => progress(&p),
+                    StageLine::Done(d) => return Ok(d),
+                    StageLine::Failed(e) => {
+                        let kind = ErrorKind::parse(&e.error).unwrap_or(ErrorKind::Internal);
+                        return Err(Error::new(kind, format!("{peer}: staging: {}", e.message))
+                            .with_retryable(e.retryable));
+                    }
+                }
+            }
+        }
+    }
+
     /// The block from `peer` (see [`Answer`]).
     pub async fn block(&self, peer: &str, b: &PeerBlock<'_>, fill: bool) -> Result<Answer> {
         let meta = b.meta;
@@ -101,24 +200,9 @@ impl PeerClient {
         }
         let url = reqwest::Url::parse_with_params(&format!("{peer}/v1/peer/blocks"), &q)
             .map_err(|e| Error::invalid_input(format!("peer URL {peer}: {e}")))?;
-        let mut req = self
-            .http
-            .get(url)
-            .header(strata_client::CLUSTER_KEY_HEADER, &self.secret)
-            .header(CATALOG_HEADER, &self.catalog)
+        let req = self
+            .for_ctx(self.http.get(url), b.ctx)
             .header(WAIT_HEADER, self.wait.as_millis().to_string());
-        if let Some(t) = &b.ctx.team {
-            req = req.header(strata_client::CLUSTER_TEAM_HEADER, t.as_ref());
-        }
-        if let Some(p) = &b.ctx.principal {
-            req = req.header(PRINCIPAL_HEADER, p.as_ref());
-        }
-        if let Some(j) = &b.ctx.job {
-            req = req.header(JOB_HEADER, j.as_ref());
-        }
-        if let Some(d) = &b.ctx.dataset {
-            req = req.header(DATASET_HEADER, d.as_ref());
-        }
         let what = "block request";
         let resp = req
             .send()

@@ -24,6 +24,7 @@
 pub mod client;
 pub mod members;
 pub mod routes;
+pub mod stage;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -243,6 +244,22 @@ impl Cluster {
         &self.sharing
     }
 
+    /// The members of the current view other than this agent, suspects included: a claim's staging asks
+    /// each to stage its share ([`stage`]).
+    pub fn others(&self) -> Vec<String> {
+        self.view()
+            .members()
+            .iter()
+            .filter(|m| m.id != self.sharing.me)
+            .map(|m| m.id.clone())
+            .collect()
+    }
+
+    /// The client of the peer routes.
+    pub fn client(&self) -> &client::PeerClient {
+        &self.client
+    }
+
     /// The current view of the members.
     pub fn view(&self) -> Arc<View> {
         self.views.read().current.clone()
@@ -460,6 +477,10 @@ impl PeerSource for Cluster {
             Some(_) => false,
             None => true,
         }
+    }
+
+    fn owns(&self, key: &BlockKey) -> bool {
+        placement::owner(&self.view(), &key.digest()).is_none_or(|m| m.id == self.sharing.me)
     }
 
     fn fetch<'a>(&'a self, block: PeerBlock<'a>) -> BoxFuture<'a, Option<Bytes>> {

@@ -1,5 +1,6 @@
-//! The routes of the shared cache: `GET /v1/peer/blocks` (a block for another agent) and `GET /v1/cluster`
-//! (the members as this agent sees them).
+//! The routes of the shared cache: `GET /v1/peer/blocks` (a block for another agent), `POST /v1/peer/stage`
+//! (a claim's staging, this agent's share: [`super::stage`]) and `GET /v1/cluster` (the members as this agent
+//! sees them).
 //!
 //! **A block for another agent.** Only the cluster credential is accepted (a token, even an administrator's,
 //! is refused: 403). The request names a configured (or open ad-hoc) backend by its canonical id, the object
@@ -15,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::Body;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::{Extension, Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde::Deserialize;
 use strata_catalog::{Principal, Role};
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta};
@@ -48,6 +50,17 @@ pub fn routes() -> Vec<Route> {
                 plane: Plane::Peer,
             },
             get(block),
+        ),
+        (
+            RouteDoc {
+                method: "POST",
+                path: "/v1/peer/stage",
+                summary: "Stage this agent's share (the blocks it owns) of a list of object versions, for a claim taken by another agent",
+                access: "agents of the cluster only (the cluster credential), for a principal that may read every key",
+                rule: Access::Cluster,
+                plane: Plane::Peer,
+            },
+            post(super::stage::stage).layer(DefaultBodyLimit::max(super::stage::MAX_REQUEST)),
         ),
         (
             RouteDoc {
@@ -92,52 +105,13 @@ async fn block(
         .into());
     };
     let Query(q) = q.map_err(|e| Error::invalid_input(format!("block request: {e}")))?;
-    let bs = agent.cache().config().block_size.bytes();
-    if q.block_size != bs {
-        return Err(Error::invalid_input(format!(
-            "block size {} asked, this agent's is {bs}: every agent of a cluster must have the same cache.block_size",
-            q.block_size
-        ))
-        .into());
-    }
-    let (name, backend) = agent.backend_by_id(&q.backend).ok_or_else(|| {
-        Error::new(
-            ErrorKind::NotFound,
-            format!("{} is not a backend of this agent", q.backend),
-        )
-    })?;
-    let h = |n: &str| {
-        headers
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty() && v.len() <= 256)
-            .map(Arc::<str>::from)
-    };
-    let principal = h(PRINCIPAL_HEADER);
-    // One catalog, one decision: a principal of the catalog this agent shares with the asking one is decided
-    // for here as it would be for that principal itself (unknown or revoked: refused). Agents with catalogs
-    // of their own know nothing of each other's principals: the asking agent's decision stands.
-    let shared = agent
-        .cluster()
-        .is_some_and(|c| h(CATALOG_HEADER).as_deref() == Some(c.catalog()));
-    let caller = match principal.as_deref() {
-        Some(id) if shared && id.starts_with("p_") => {
-            Caller::Principal(principal_for(&agent, id).await?)
-        }
-        _ => Caller::Root {
-            team: call.team.clone(),
-        },
-    };
+    let (name, backend) = peer_backend(&agent, &q.backend, q.block_size)?;
+    let (caller, ctx) = peer_caller(&agent, &call, &headers).await?;
     agent
         .ownership()
         .check_key(&caller, &name, &q.key, Role::Reader)
         .await?;
-    let ctx = IoContext {
-        principal,
-        team: call.team.as_deref().map(Arc::from),
-        job: h(JOB_HEADER),
-        dataset: h(DATASET_HEADER),
-    };
+    let h = |n: &str| header(&headers, n);
     let meta = ObjectMeta {
         key: q.key,
         size: q.size,
@@ -173,6 +147,67 @@ async fn block(
         }
         None => Err(Error::new(ErrorKind::NotFound, "this agent does not hold the block").into()),
     }
+}
+
+/// The backend a peer request names by its canonical id (name, backend), once its block size is checked to
+/// be this agent's.
+pub(super) fn peer_backend(
+    agent: &Agent,
+    id: &str,
+    block_size: u64,
+) -> Result<(String, strata_object::Backend), Error> {
+    let bs = agent.cache().config().block_size.bytes();
+    if block_size != bs {
+        return Err(Error::invalid_input(format!(
+            "block size {block_size} asked, this agent's is {bs}: every agent of a cluster must have the same cache.block_size"
+        )));
+    }
+    agent.backend_by_id(id).ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("{id} is not a backend of this agent"),
+        )
+    })
+}
+
+/// A header's value, if it is short, non-empty text.
+pub(super) fn header(headers: &HeaderMap, n: &str) -> Option<Arc<str>> {
+    headers
+        .get(n)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 256)
+        .map(Arc::<str>::from)
+}
+
+/// Who a peer request acts for, and the context of its reads: the principal, team, job and dataset headers.
+///
+/// One catalog, one decision: a principal of the catalog this agent shares with the asking one is decided
+/// for here as it would be for that principal itself (unknown or revoked: refused). Agents with catalogs
+/// of their own know nothing of each other's principals: the asking agent's decision stands.
+pub(super) async fn peer_caller(
+    agent: &Agent,
+    call: &ClusterCall,
+    headers: &HeaderMap,
+) -> Result<(Caller, IoContext), Error> {
+    let principal = header(headers, PRINCIPAL_HEADER);
+    let shared = agent
+        .cluster()
+        .is_some_and(|c| header(headers, CATALOG_HEADER).as_deref() == Some(c.catalog()));
+    let caller = match principal.as_deref() {
+        Some(id) if shared && id.starts_with("p_") => {
+            Caller::Principal(principal_for(agent, id).await?)
+        }
+        _ => Caller::Root {
+            team: call.team.clone(),
+        },
+    };
+    let ctx = IoContext {
+        principal,
+        team: call.team.as_deref().map(Arc::from),
+        job: header(headers, JOB_HEADER),
+        dataset: header(headers, DATASET_HEADER),
+    };
+    Ok((caller, ctx))
 }
 
 /// The principal `id` from the catalog (cached briefly); revoked or unknown ones are refused.

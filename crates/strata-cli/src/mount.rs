@@ -1,0 +1,231 @@
+//! `strata mount LOCATION DIR`: the command around `strata_mount` (listing, state directory, the holder in the
+//! background, waiting until the mount answers).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use crate::{ApiArgs, api_base, api_client, reached};
+
+/// `strata mount` arguments.
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// What to mount: a prefix (`NAME/train/`, `s3://bucket/train/`) or a whole backend (`NAME`). The objects
+    /// under it are listed once: the mount serves that version, pinned by ETag.
+    pub location: String,
+    /// An empty directory to mount it on (not a mount point already).
+    pub dir: PathBuf,
+    /// Stay in the foreground (the holder process; logs on stderr) instead of returning once mounted.
+    #[arg(long)]
+    pub foreground: bool,
+    /// Owner of the files (default: the user running the command).
+    #[arg(long, value_name = "UID")]
+    pub uid: Option<u32>,
+    /// Group of the files (default: the user's group).
+    #[arg(long, value_name = "GID")]
+    pub gid: Option<u32>,
+    /// Permission bits of the files, octal; directories also get `x` where `r` is set.
+    #[arg(long, value_name = "MODE", default_value = "0444", value_parser = parse_mode)]
+    pub mode: u16,
+    /// Let other users in (FUSE's `allow_other`); the owner, group and mode still decide who may read.
+    #[arg(long)]
+    pub allow_other: bool,
+    /// How long a read waits for an agent that is away (restarting) before it fails with EIO.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub agent_wait: u64,
+    /// Threads answering the kernel.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub threads: usize,
+    /// Where the mount keeps its listing and the holder's socket. Default: /run/strata/mounts/<id> for root,
+    /// else $XDG_RUNTIME_DIR/strata/mounts/<id>, else /tmp/strata-<uid>/mounts/<id>.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+fn parse_mode(s: &str) -> std::result::Result<u16, String> {
+    let m = u16::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|e| format!("{s:?} is not an octal mode: {e}"))?;
+    if m > 0o777 {
+        return Err(format!("{s:?}: only permission bits (at most 0777)"));
+    }
+    Ok(m)
+}
+
+/// The state directory of a mount on `dir` (canonical).
+fn default_state(dir: &Path) -> PathBuf {
+    // FNV-1a of the path: a stable, short name per mount point.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in dir.as_os_str().as_encoded_bytes() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let id = format!("{h:016x}");
+    let (uid, _) = strata_mount::holder::caller_ids();
+    let base = if uid == 0 {
+        PathBuf::from("/run/strata/mounts")
+    } else if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
+        PathBuf::from(x).join("strata/mounts")
+    } else {
+        PathBuf::from(format!("/tmp/strata-{uid}/mounts"))
+    };
+    base.join(id)
+}
+
+/// `strata mount`.
+pub async fn run(a: MountArgs) -> Result<()> {
+    let dir = std::fs::canonicalize(&a.dir)
+        .with_context(|| format!("the mount point {}", a.dir.display()))?;
+    if !dir.is_dir() {
+        bail!("{} is not a directory", dir.display());
+    }
+    if std::fs::read_dir(&dir)
+        .with_context(|| format!("the mount point {}", dir.display()))?
+        .next()
+        .is_some()
+    {
+        bail!(
+            "{} is not empty: a mount would hide what is in it",
+            dir.display()
+        );
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| Path::new(m) == dir)
+    {
+        bail!("{} is a mount point already", dir.display());
+    }
+    let state = a.state_dir.clone().unwrap_or_else(|| default_state(&dir));
+    if !a.foreground {
+        return background(&a, &dir, &state).await;
+    }
+    let base = api_base(&a.api);
+    let client = api_client(&a.api)?;
+    let snapshot = strata_mount::list(&client, &a.location)
+        .await
+        .map_err(|e| reached(e, &base))?;
+    if snapshot.objects.is_empty() {
+        let hint = if a.location.ends_with('/') || a.location.starts_with("claim:") {
+            ""
+        } else {
+            " (a location is a prefix: to read one object, mount the prefix it is under)"
+        };
+        bail!(
+            "nothing to mount: no objects under {}{hint}",
+            snapshot.location
+        );
+    }
+    tracing::info!(
+        location = %snapshot.location,
+        objects = snapshot.objects.len(),
+        "listed the version to mount"
+    );
+    let caller = strata_mount::holder::caller_ids();
+    let cfg = strata_mount::MountConfig {
+        location: snapshot.location.clone(),
+        mountpoint: dir.clone(),
+        api: base,
+        ownership: strata_mount::Ownership {
+            uid: a.uid.unwrap_or(caller.0),
+            gid: a.gid.unwrap_or(caller.1),
+            file_mode: a.mode,
+        },
+        allow_other: a.allow_other,
+        agent_wait_secs: a.agent_wait,
+        threads: a.threads,
+    };
+    let exe = std::env::current_exe().context("the strata binary's path")?;
+    let server: Vec<OsString> = vec![exe.into(), "__mount-serve".into()];
+    let token = strata_client::token::discover(
+        a.api.token.clone(),
+        Some(
+            &a.api
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("./.strata")),
+        ),
+    );
+    let shutdown = async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    strata_mount::hold(cfg, snapshot, &state, &server, token, shutdown).await?;
+    Ok(())
+}
+
+/// Start the holder detached (its log in the state directory) and return once the mount answers.
+async fn background(a: &MountArgs, dir: &Path, state: &Path) -> Result<()> {
+    std::fs::create_dir_all(state).with_context(|| format!("{}", state.display()))?;
+    let ready = state.join(strata_mount::READY);
+    let _ = std::fs::remove_file(&ready);
+    let log_path = state.join("log");
+    let log =
+        std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
+    let exe = std::env::current_exe().context("the strata binary's path")?;
+    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    args.push("--foreground".into());
+    if a.state_dir.is_none() {
+        args.push("--state-dir".into());
+        args.push(state.into());
+    }
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new(exe)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("starting the mount's holder")?;
+    let started = Instant::now();
+    loop {
+        if ready.exists() {
+            println!(
+                "mounted {} on {} (log: {})",
+                a.location,
+                dir.display(),
+                log_path.display()
+            );
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            bail!("the mount failed ({status}):\n{}", log.trim_end());
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            bail!(
+                "the mount did not answer in 300 s; see {}",
+                log_path.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `strata __mount-serve STATE`: one server of a mount (the holder starts it). Exit 0 when unmounted.
+pub fn serve(state: &Path) -> ! {
+    match strata_mount::serve(state) {
+        Ok(strata_mount::Stopped::Unmounted) => std::process::exit(0),
+        Ok(strata_mount::Stopped::ServerGone) => {
+            eprintln!("error: the FUSE session stopped while mounted");
+            std::process::exit(3)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2)
+        }
+    }
+}

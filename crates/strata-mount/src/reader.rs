@@ -1,0 +1,262 @@
+//! A mount's reads: ranges of the snapshot's objects through the agent (`GET /v1/read`, pinned to the listed
+//! ETag with `If-Match`, so a changed object is an error, never other bytes).
+//!
+//! Sequential readers are served from chunks of [`CHUNK`] bytes (one agent request each, the cache's block
+//! size), fetched single-flight and one chunk ahead, while the agent is asked to fetch up to
+//! [`PREFETCH_WINDOW`] ahead (`POST /v1/prefetch`, so the origin is read in the agent's large requests), and kept in a small LRU ([`CHUNKS_KEPT`]); the kernel's
+//! page cache keeps what was read (files are opened with `FOPEN_KEEP_CACHE`: a version never changes), so a
+//! chunk is rarely wanted twice. Files up to [`WHOLE`] are read whole by their first read (many small files:
+//! one request each). A read that does not follow on from the chunks already fetched (random access) asks the
+//! agent for exactly its range.
+//!
+//! An agent that is away (restarting) is waited for, up to [`Reader::new`]'s `wait`, retrying with backoff:
+//! a reader sees a slow read, not an error.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use strata_client::{AgentClient, Method};
+use strata_types::{Error, ErrorKind, Result};
+use tokio::sync::OnceCell;
+
+use crate::snapshot::Object;
+
+/// Bytes of one chunk (the agent's default block size).
+pub const CHUNK: u64 = 8 << 20;
+/// Chunks kept after they are read (at most this many chunks' bytes in memory).
+pub const CHUNKS_KEPT: usize = 8;
+/// Files at most this large are fetched whole on their first read.
+pub const WHOLE: u64 = 1 << 20;
+/// How far ahead of a sequential reader the agent is asked to fetch (`POST /v1/prefetch`): the agent then
+/// reads the origin in its own large requests (`max_request_size`) instead of one per chunk.
+pub const PREFETCH_WINDOW: u64 = 128 << 20;
+/// Files tracked for prefetching at once (the oldest is forgotten first).
+const PREFETCH_TRACKED: usize = 1024;
+
+type Cell = Arc<OnceCell<Bytes>>;
+
+/// Reads of one mount's objects.
+#[derive(Debug)]
+pub struct Reader {
+    client: AgentClient,
+    location: String,
+    wait: Duration,
+    chunks: Mutex<VecDeque<((u64, u64), Cell)>>,
+    /// Per inode: how far the agent was asked to prefetch.
+    prefetched: Mutex<VecDeque<(u64, u64)>>,
+}
+
+impl Reader {
+    /// Reads of objects under `location` (ending with `/`) through `client`; an unreachable agent is waited
+    /// for up to `wait` per read.
+    pub fn new(client: AgentClient, location: String, wait: Duration) -> Self {
+        Self {
+            client,
+            location,
+            wait,
+            chunks: Mutex::new(VecDeque::new()),
+            prefetched: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Bytes `offset..offset + size` of `obj` (inode `ino`), cut at its end.
+    pub async fn read(
+        self: &Arc<Self>,
+        ino: u64,
+        obj: &Object,
+        offset: u64,
+        size: u32,
+    ) -> Result<Bytes> {
+        if offset >= obj.size || size == 0 {
+            return Ok(Bytes::new());
+        }
+        let end = obj.size.min(offset + u64::from(size));
+        if obj.size <= WHOLE {
+            let whole = self.chunk(ino, obj, 0, 0..obj.size).await?;
+            return Ok(whole.slice(offset as usize..end as usize));
+        }
+        let first = offset / CHUNK;
+        let last = (end - 1) / CHUNK;
+        let sequential = first == 0 || self.cached(ino, first) || self.cached(ino, first - 1);
+        if !sequential {
+            return self.fetch(obj, offset..end).await;
+        }
+        self.prefetch_ahead(ino, obj, offset);
+        let chunks = obj.size.div_ceil(CHUNK);
+        if last + 1 < chunks {
+            // One chunk ahead, fetched while this one is read.
+            let me = self.clone();
+            let obj = obj.clone();
+            let next = last + 1;
+            tokio::spawn(async move {
+                let range = next * CHUNK..obj.size.min((next + 1) * CHUNK);
+                if let Err(e) = me.chunk(ino, &obj, next, range).await {
+                    tracing::debug!(error = %e, "read-ahead of a chunk failed (a read will try again)");
+                }
+            });
+        }
+        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        for idx in first..=last {
+            let base = idx * CHUNK;
+            let c = self
+                .chunk(ino, obj, idx, base..obj.size.min(base + CHUNK))
+                .await?;
+            let from = offset.max(base) - base;
+            let to = end.min(base + c.len() as u64) - base;
+            if from >= to {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("{}: the agent answered fewer bytes than listed", obj.name),
+                ));
+            }
+            if first == last {
+                return Ok(c.slice(from as usize..to as usize));
+            }
+            out.extend_from_slice(&c[from as usize..to as usize]);
+        }
+        Ok(out.freeze())
+    }
+
+    /// Keep the agent fetching up to [`PREFETCH_WINDOW`] ahead of a sequential reader at `offset`: a new
+    /// window is asked for once the reader is past half of the last one.
+    fn prefetch_ahead(self: &Arc<Self>, ino: u64, obj: &Object, offset: u64) {
+        let from = {
+            let mut p = self.prefetched.lock();
+            let done = p.iter().find(|(i, _)| *i == ino).map_or(0, |(_, to)| *to);
+            if done >= obj.size || done > offset + PREFETCH_WINDOW / 2 {
+                return;
+            }
+            let from = done.max(offset - offset % CHUNK);
+            let to = obj.size.min(from + PREFETCH_WINDOW);
+            p.retain(|(i, _)| *i != ino);
+            p.push_back((ino, to));
+            while p.len() > PREFETCH_TRACKED {
+                p.pop_front();
+            }
+            from
+        };
+        let to = obj.size.min(from + PREFETCH_WINDOW);
+        let me = self.clone();
+        let name = obj.name.clone();
+        let etag = obj.etag.clone();
+        tokio::spawn(async move {
+            if let Err(e) = me.prefetch(&name, etag.as_deref(), from..to).await {
+                tracing::debug!(error = %e, "a prefetch hint failed (reads fetch on demand)");
+            }
+        });
+    }
+
+    /// Ask the agent to start fetching `range` of object `name` into its cache.
+    async fn prefetch(
+        &self,
+        name: &str,
+        etag: Option<&str>,
+        range: std::ops::Range<u64>,
+    ) -> Result<()> {
+        let location = format!("{}{name}", self.location);
+        let url = self
+            .client
+            .url_with("/v1/prefetch", &[("location", &location)])?;
+        let mut req = self
+            .client
+            .request(Method::POST, url)
+            .header("range", format!("bytes={}-{}", range.start, range.end - 1));
+        if let Some(etag) = etag {
+            req = req.header("if-match", format!("\"{}\"", etag.trim_matches('"')));
+        }
+        self.client.send(req, "prefetch").await.map(|_| ())
+    }
+
+    fn cached(&self, ino: u64, idx: u64) -> bool {
+        self.chunks.lock().iter().any(|(k, _)| *k == (ino, idx))
+    }
+
+    /// Chunk `idx` of `obj` (bytes `range`), fetched once however many reads want it.
+    async fn chunk(
+        &self,
+        ino: u64,
+        obj: &Object,
+        idx: u64,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes> {
+        let cell = {
+            let mut chunks = self.chunks.lock();
+            match chunks.iter().position(|(k, _)| *k == (ino, idx)) {
+                Some(i) => {
+                    let e = chunks.remove(i).expect("position is in range");
+                    let cell = e.1.clone();
+                    chunks.push_back(e);
+                    cell
+                }
+                None => {
+                    let cell: Cell = Arc::default();
+                    chunks.push_back(((ino, idx), cell.clone()));
+                    while chunks.len() > CHUNKS_KEPT {
+                        chunks.pop_front();
+                    }
+                    cell
+                }
+            }
+        };
+        match cell.get_or_try_init(|| self.fetch(obj, range)).await {
+            Ok(b) => Ok(b.clone()),
+            Err(e) => {
+                // Not kept: the next read tries again.
+                self.chunks
+                    .lock()
+                    .retain(|(k, c)| !(*k == (ino, idx) && Arc::ptr_eq(c, &cell)));
+                Err(e)
+            }
+        }
+    }
+
+    /// Bytes `range` of `obj` from the agent, waiting out an agent that is away.
+    async fn fetch(&self, obj: &Object, range: std::ops::Range<u64>) -> Result<Bytes> {
+        let location = format!("{}{}", self.location, obj.name);
+        let url = self
+            .client
+            .url_with("/v1/read", &[("location", &location)])?;
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let mut req = self
+                .client
+                .request(Method::GET, url.clone())
+                .header("range", format!("bytes={}-{}", range.start, range.end - 1));
+            if let Some(etag) = &obj.etag {
+                req = req.header("if-match", format!("\"{}\"", etag.trim_matches('"')));
+            }
+            let res = match self.client.send(req, "read").await {
+                Ok(resp) => resp.bytes().await.map_err(|e| {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        format!("reading {location} from the agent: {e}"),
+                    )
+                }),
+                Err(e) => Err(e),
+            };
+            match res {
+                Ok(b) if b.len() as u64 == range.end - range.start => return Ok(b),
+                Ok(b) => {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "{location}: {} bytes answered for a range of {}",
+                            b.len(),
+                            range.end - range.start
+                        ),
+                    ));
+                }
+                Err(e) if e.is_retryable() && started.elapsed() < self.wait => {
+                    tracing::debug!(error = %e, "the agent is away; reading again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Staging spread over the cluster: `POST /v1/peer/stage` asks a member to warm the blocks *it owns* of a
+//! list of exact object versions (a claim's snapshot), so a multi-node job's staging reads each block from
+//! the origin once, on its owner, and no block travels to the agent that took the claim.
+//!
+//! The request names a backend by its canonical id and the versions; access is decided per key as for a
+//! block ([`super::routes`]: the cluster credential only, for the principal the staging is for). The answer
+//! is a stream of JSON lines ([`StageLine`]): progress about once a second, then the verdict (what the member
+//! holds of its share, counted after the warm-up) or the error the warm-up ended with. The warm-up lives as
+//! long as the request: an asking agent that goes away (a release, its own restart) stops it.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use strata_cache::{Held, WarmProgress};
+use strata_catalog::Role;
+use strata_client::wire::ErrorBody;
+use strata_types::{Error, ErrorKind, ObjectMeta};
+
+use crate::Agent;
+use crate::http::ApiError;
+use crate::peer::ClusterCall;
+
+/// The longest a staging member may say nothing (it sends progress every second) before it is taken for gone.
+pub const SILENCE: Duration = Duration::from_secs(30);
+/// The longest line of a staging answer.
+pub const MAX_LINE: usize = 1 << 20;
+/// The largest staging request (its list of object versions).
+pub const MAX_REQUEST: usize = 256 << 20;
+/// How often a staging member reports progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Blocks a member fetches at once for one staging request.
+const CONCURRENCY: usize = 16;
+
+/// One object version to stage.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StageObject {
+    /// The key.
+    pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its ETag (fills carry `If-Match` of it).
+    pub etag: Option<String>,
+    /// Its version id, when the store has versions.
+    pub version: Option<String>,
+    /// Its modification time (Unix seconds).
+    pub mtime: i64,
+}
+
+/// What a member is asked to stage.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StageRequest {
+    /// The backend's canonical id.
+    pub backend: String,
+    /// The asking agent's cache block size (every member's must be the same).
+    pub block_size: u64,
+    /// The versions, of which the member stages the blocks it owns.
+    pub objects: Vec<StageObject>,
+}
+
+impl StageRequest {
+    /// The request for `objects` of the backend `backend` (a canonical id).
+    pub fn new(backend: String, block_size: u64, objects: &[ObjectMeta]) -> Self {
+        Self {
+            backend,
+            block_size,
+            objects: objects
+                .iter()
+                .map(|o| StageObject {
+                    key: o.key.clone(),
+                    size: o.size,
+                    etag: o.etag.clone(),
+                    version: o.version.clone(),
+                    mtime: o.last_modified_unix,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A member's progress on its share.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StageProgress {
+    /// Bytes of its share.
+    pub total_bytes: u64,
+    /// Of them, held now (fetched, or held before).
+    pub done_bytes: u64,
+    /// Of them, held before the staging began.
+    pub cached_bytes: u64,
+}
+
+impl StageProgress {
+    fn of(p: &WarmProgress) -> Self {
+        Self {
+            total_bytes: p.total_bytes,
+            done_bytes: p.done_bytes,
+            cached_bytes: p.cached_bytes,
+        }
+    }
+}
+
+/// A member's verdict on its share.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StageDone {
+    /// The last progress.
+    pub progress: StageProgress,
+    /// What it holds of its share, counted after the warm-up.
+    pub held: Held,
+    /// The first errors of single objects (at most 10).
+    pub errors: Vec<String>,
+}
+
+/// A line of a staging answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "line", content = "of", rename_all = "snake_case")]
+pub enum StageLine {
+    /// Progress so far.
+    Progress(StageProgress),
+    /// The verdict (the last line).
+    Done(StageDone),
+    /// The warm-up failed as a whole (the last line).
+    Failed(ErrorBody),
+}
+
+fn line(l: &StageLine) -> Bytes {
+    let mut v = serde_json::to_vec(l).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+/// `POST /v1/peer/stage`.
+pub(super) async fn stage(
+    State(agent): State<Arc<Agent>>,
+    cluster: Option<Extension<ClusterCall>>,
+    headers: HeaderMap,
+    body: Result<Json<StageRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Some(Extension(call)) = cluster else {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "only the other agents of the cluster (with the cluster credential) may ask for staging",
+        )
+        .into());
+    };
+    let Json(req) = body.map_err(|e| Error::invalid_input(format!("stage request: {e}")))?;
+    let (name, backend) = super::routes::peer_backend(&agent, &req.backend, req.block_size)?;
+    let (caller, ctx) = super::routes::peer_caller(&agent, &call, &headers).await?;
+    for o in &req.objects {
+        agent
+            .ownership()
+            .check_key(&caller, &name, &o.key, Role::Reader)
+            .await?;
+    }
+    let objects: Vec<ObjectMeta> = req
+        .objects
+        .into_iter()
+        .map(|o| ObjectMeta {
+            key: o.key,
+            size: o.size,
+            etag: o.etag,
+            version: o.version,
+            last_modified_unix: o.mtime,
+            attrs: None,
+        })
+        .collect();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let cache = agent.cache().clone();
+    tokio::spawn(async move {
+        let latest = Mutex::new(StageProgress::default());
+        let warm = cache.warm_owned(&ctx, &backend, objects.clone(), CONCURRENCY, |p| {
+            *latest.lock() = StageProgress::of(p)
+        });
+        tokio::pin!(warm);
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let r = loop {
+            tokio::select! {
+                r = &mut warm => break r,
+                // The asking agent went away: the staging it asked for stops with it.
+                _ = tx.closed() => return,
+                _ = tick.tick() => {
+                    let p = latest.lock().clone();
+                    if tx.send(line(&StageLine::Progress(p))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        };
+        let last = match r {
+            Ok(p) => StageLine::Done(StageDone {
+                progress: StageProgress::of(&p),
+                held: cache.held_owned(&backend, &objects),
+                errors: p.errors,
+            }),
+            Err(e) => StageLine::Failed(ErrorBody::of(&e)),
+        };
+        let _ = tx.send(line(&last)).await;
+    });
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(body),
+    )
+        .into_response())
+}
