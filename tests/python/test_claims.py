@@ -443,6 +443,15 @@ def test_a_claim_cannot_reach_another_teams_data(agent, s3):
                                              "datasets": [{"name": "train", "location": "origin/vision-ok/"}],
                                              "checkpoint": {"location": "origin/audio-owned/ckpt/"}}, token=member)
     assert s == 403 and "checkpoint.location" in v["message"], (s, v)
+    # A claim reaches only what its team may: a member of both teams, or an admin (the Kubernetes operator
+    # submits every namespace's claims as one), submitting for vision cannot reach audio's data through it.
+    both = agent.ok("POST", "/v1/tokens", {"name": "both-teams", "kind": "token", "team": "vision", "role": "member"})
+    agent.ok("PUT", f"/v1/teams/audio/members/{both['principal']['id']}", {"role": "member"})
+    for who, tok in [("member of both", both["token"]), ("admin", ADMIN_TOKEN)]:
+        s, v = agent.call("POST", "/v1/claims", {"version": 1, "job": "job-y", "team": "vision",
+                                                 "datasets": [{"name": "train", "location": "origin/audio-owned/"}]},
+                          token=tok)
+        assert s in (403, 404) and "datasets[0].location" in v["message"], (who, s, v)
     assert agent.ok("GET", "/v1/claims") == [], "nothing admitted"
 
 

@@ -79,6 +79,23 @@ pub(super) async fn snapshot(
     Ok((name, backend, key, objects))
 }
 
+/// The principal a claim's locations are authorized as: its submitter held to the claim's team (the role
+/// it has there; an admin's is team_admin), so a claim never reaches what its team may not, whoever submits
+/// it: a member of several teams, or the Kubernetes operator, which submits every namespace's claims with
+/// one admin token.
+fn as_team(p: &strata_catalog::Principal, team: &str) -> strata_catalog::Principal {
+    let role = p.role_in(team).unwrap_or(Role::Member);
+    strata_catalog::Principal {
+        is_admin: false,
+        team: Some(team.to_string()),
+        memberships: vec![strata_catalog::access::Membership {
+            team: team.to_string(),
+            role,
+        }],
+        ..p.clone()
+    }
+}
+
 /// Admit `spec` for `caller`: everything but the staging, which [`super::stage`] does. Returns the claim's id.
 pub(super) async fn admit(
     a: &Arc<Agent>,
@@ -87,7 +104,7 @@ pub(super) async fn admit(
 ) -> Result<String> {
     principal.require(&spec.team, Role::Member)?;
     a.catalog().team(&spec.team).await?;
-    let caller = Caller::Principal(principal.clone());
+    let caller = Caller::Principal(as_team(principal, &spec.team));
     for (i, d) in spec.datasets.iter().enumerate() {
         if let Some(m) = &d.mount {
             super::mounts::check(&spec, &d.location, m, &format!("datasets[{i}].mount"))?;
