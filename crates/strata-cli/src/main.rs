@@ -4,6 +4,7 @@ mod admin;
 mod cluster;
 mod doctor;
 mod mount;
+mod operator;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -80,6 +81,9 @@ enum Command {
         #[command(flatten)]
         out: admin::Out,
     },
+    /// The Kubernetes operator: DataClaim resources reconciled into claims on the agents; the CRDs.
+    #[command(subcommand)]
+    Operator(operator::OperatorCommand),
     /// Teams and their members.
     Team {
         #[command(subcommand)]
@@ -484,6 +488,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::MountServe { .. } => unreachable!("served before the runtime starts"),
         Command::Cluster(ClusterCommand::Status { json, api }) => cluster::status(&api, json).await,
         Command::Doctor(DoctorCommand::Slurm { json, api }) => doctor::slurm(&api, json).await,
+        Command::Operator(c) => operator::run(c).await,
         Command::Team { cmd: c, out } => admin::team::run(c, out).await,
         Command::Token { cmd: c, out } => admin::token::run(c, out).await,
         Command::Quota { cmd: c, out } => admin::quota::run(c, out).await,
@@ -544,16 +549,22 @@ async fn serve(a: ServeArgs) -> Result<()> {
         cluster_secret: a.cluster_secret,
         catalog_key: a.catalog_key,
     })?;
-    let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-        }
-    };
-    strata_server::serve(resolved, shutdown, Duration::from_secs(a.shutdown_grace)).await?;
+    strata_server::serve(
+        resolved,
+        shutdown_signal(),
+        Duration::from_secs(a.shutdown_grace),
+    )
+    .await?;
     Ok(())
+}
+
+/// Resolves at SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
 }
 
 /// A client of the agent that presents the API token: `--token`/`STRATA_TOKEN`, else the local agent's

@@ -1,0 +1,262 @@
+//! A DataClaim as the agent's claim, and the agent's claim status as the DataClaim's status: pure functions,
+//! so that what the operator writes is decided in one place and tested without a cluster.
+
+use std::collections::BTreeMap;
+
+use strata_claim::{
+    CheckpointClaim, ClaimSpec, ClaimState, ClaimStatus, DatasetClaim, Mode, SPEC_VERSION,
+    ScratchClaim,
+};
+use strata_types::{ByteSize, Error, ErrorKind, Result};
+
+use crate::crd::{
+    ClaimPhase, ClaimProgress, ClaimUsage, Condition, DataClaim, DataClaimStatus, TEAM_LABEL,
+};
+
+/// Longest job id the agent takes.
+const MAX_JOB: usize = 128;
+
+/// The job id of a DataClaim: `namespace/name/uid8`, unique per object (a DataClaim deleted and created again
+/// under its name is a new job), readable in `strata usage --by job`; the name is cut to fit 128 bytes.
+pub fn job_id(namespace: &str, name: &str, uid: &str) -> String {
+    let uid8: String = uid.chars().filter(|c| *c != '-').take(8).collect();
+    let room = MAX_JOB.saturating_sub(namespace.len() + uid8.len() + 2);
+    let name: String = name.chars().take(room).collect();
+    format!("{namespace}/{name}/{uid8}")
+}
+
+/// The team a DataClaim is charged to: its namespace's [`TEAM_LABEL`]. A claim naming another team, or in a
+/// namespace without the label, is refused (permanently: the reason goes into its status).
+pub fn team_of(dc: &DataClaim, namespace_labels: &BTreeMap<String, String>) -> Result<String> {
+    let ns = dc.metadata.namespace.as_deref().unwrap_or("default");
+    let Some(team) = namespace_labels.get(TEAM_LABEL).filter(|t| !t.is_empty()) else {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "namespace {ns} has no {TEAM_LABEL} label: a cluster administrator names the team it is charged to"
+            ),
+        ));
+    };
+    match &dc.spec.team {
+        Some(t) if t != team => Err(Error::new(
+            ErrorKind::PermissionDenied,
+            format!("spec.team: {t:?} is not namespace {ns}'s team ({team:?})"),
+        )),
+        _ => Ok(team.clone()),
+    }
+}
+
+/// The agent's claim for `dc`, charged to `team`; `dataset_source` resolves a `datasetRef` to its Dataset's
+/// `source` in the claim's namespace (`None`: no such Dataset). Errors name the field, as the agent's do.
+pub fn claim_spec(
+    dc: &DataClaim,
+    team: &str,
+    dataset_source: impl Fn(&str) -> Option<String>,
+) -> Result<ClaimSpec> {
+    let ns = dc.metadata.namespace.as_deref().unwrap_or("default");
+    let name = dc.metadata.name.as_deref().unwrap_or_default();
+    let uid = dc.metadata.uid.as_deref().unwrap_or_default();
+    let mut datasets = Vec::new();
+    for (i, d) in dc.spec.datasets.iter().enumerate() {
+        let field = format!("spec.datasets[{i}]");
+        let location = match (&d.location, &d.dataset_ref) {
+            (Some(l), None) => l.clone(),
+            (None, Some(r)) => dataset_source(r).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("{field}.datasetRef: no Dataset {r:?} in namespace {ns}"),
+                )
+            })?,
+            _ => {
+                return Err(Error::invalid_input(format!(
+                    "{field}: give exactly one of location and datasetRef"
+                )));
+            }
+        };
+        let mode = match d.mode.as_deref() {
+            None | Some("stage") => Mode::Stage,
+            Some("pin") => Mode::Pin,
+            Some("stream") => Mode::Stream,
+            Some(m) => {
+                return Err(Error::invalid_input(format!(
+                    "{field}.mode: {m:?} is not one of stage, pin, stream"
+                )));
+            }
+        };
+        datasets.push(DatasetClaim {
+            name: d.name.clone(),
+            location,
+            mode,
+            mount: d.mount_path.clone(),
+        });
+    }
+    let scratch = match &dc.spec.scratch {
+        None => None,
+        Some(s) => Some(ScratchClaim {
+            size: s.size.parse::<ByteSize>().map_err(|e| {
+                Error::invalid_input(format!("spec.scratch.size: {:?}: {e}", s.size))
+            })?,
+            ttl_secs: s.ttl_seconds,
+        }),
+    };
+    let spec = ClaimSpec {
+        version: SPEC_VERSION,
+        job: job_id(ns, name, uid),
+        team: team.to_string(),
+        datasets,
+        checkpoint: dc.spec.checkpoint.as_ref().map(|c| CheckpointClaim {
+            location: c.location.clone(),
+            keep_last: c.keep_last,
+        }),
+        scratch,
+        // The operator heartbeats the claim while the DataClaim exists; an operator away this long lets the
+        // agents release it on their own.
+        ttl_secs: Some(CLAIM_TTL_SECS),
+        stage_deadline_secs: dc.spec.stage_deadline_seconds,
+    };
+    spec.validate().map_err(|errs| {
+        let list: Vec<String> = errs
+            .iter()
+            .map(|e| format!("spec.{}: {}", k8s_field(&e.field), e.message))
+            .collect();
+        Error::invalid_input(list.join("; "))
+    })?;
+    Ok(spec)
+}
+
+/// Seconds without a heartbeat after which the agents release an operator's claim (the operator heartbeats
+/// every [`HEARTBEAT_SECS`]).
+pub const CLAIM_TTL_SECS: u64 = 3_600;
+/// How often the operator heartbeats a live claim.
+pub const HEARTBEAT_SECS: u64 = 300;
+
+/// A claim field (`datasets[1].mount`) as the DataClaim names it (`datasets[1].mountPath`).
+fn k8s_field(field: &str) -> String {
+    field
+        .replace(".mount", ".mountPath")
+        .replace("ttl_secs", "ttlSeconds")
+        .replace("keep_last", "keepLast")
+        .replace("stage_deadline_secs", "stageDeadlineSeconds")
+}
+
+/// The DataClaim status for the agent's `claim`, keeping `old`'s condition times where nothing changed.
+pub fn status_of(
+    claim: &ClaimStatus,
+    generation: Option<i64>,
+    old: Option<&DataClaimStatus>,
+    now: &str,
+) -> DataClaimStatus {
+    let phase = match claim.state {
+        ClaimState::Pending => ClaimPhase::Pending,
+        ClaimState::Staging => ClaimPhase::Staging,
+        ClaimState::Ready => ClaimPhase::Ready,
+        ClaimState::Failed => ClaimPhase::Failed,
+        ClaimState::Released => ClaimPhase::Released,
+    };
+    let p = &claim.progress;
+    let pct = (p.bytes_done * 100)
+        .checked_div(p.bytes_total)
+        .unwrap_or(100);
+    let progress = ClaimProgress {
+        bytes_done: p.bytes_done,
+        bytes_total: p.bytes_total,
+        objects_done: p.objects_done,
+        objects_total: p.objects_total,
+        blocks_held: p.blocks_held,
+        blocks_total: p.blocks_total,
+        eta_seconds: p.eta_secs,
+        summary: format!(
+            "{}/{} ({pct}%)",
+            ByteSize(p.bytes_done),
+            ByteSize(p.bytes_total)
+        ),
+    };
+    let u = &claim.usage;
+    let usage = ClaimUsage {
+        staged_bytes: u.staged_bytes,
+        staged_cached_bytes: u.staged_cached_bytes,
+        stall_seconds: format!("{:.1}", u.stall_secs),
+        origin_bytes: u.origin_bytes,
+        peer_bytes: u.peer_bytes,
+        scratch_peak_bytes: u.scratch_peak_bytes,
+        checkpoint_bytes: u.checkpoint_bytes,
+    };
+    let ready = match phase {
+        ClaimPhase::Ready => (
+            "True",
+            "Staged",
+            "every block of every staged dataset is cached",
+        ),
+        ClaimPhase::Failed => ("False", "Failed", claim.reason.as_str()),
+        ClaimPhase::Released => ("False", "Released", claim.reason.as_str()),
+        _ => ("False", "Staging", "staging"),
+    };
+    let conditions = vec![
+        condition(
+            old,
+            "Admitted",
+            "True",
+            "Admitted",
+            "the agent admitted the claim",
+            generation,
+            now,
+        ),
+        condition(old, "Ready", ready.0, ready.1, ready.2, generation, now),
+    ];
+    DataClaimStatus {
+        observed_generation: generation,
+        phase,
+        claim_id: Some(claim.id.clone()),
+        team: Some(claim.team.clone()),
+        reason: claim.reason.clone(),
+        progress,
+        usage,
+        env: claim.env.clone(),
+        nodes: old.map(|o| o.nodes.clone()).unwrap_or_default(),
+        conditions,
+    }
+}
+
+/// The status of a DataClaim the operator refuses (bad spec, wrong team): Failed with the reason, no claim.
+pub fn refused(
+    reason: &str,
+    generation: Option<i64>,
+    old: Option<&DataClaimStatus>,
+    now: &str,
+) -> DataClaimStatus {
+    DataClaimStatus {
+        observed_generation: generation,
+        phase: ClaimPhase::Failed,
+        reason: reason.to_string(),
+        conditions: vec![
+            condition(old, "Admitted", "False", "Refused", reason, generation, now),
+            condition(old, "Ready", "False", "Refused", reason, generation, now),
+        ],
+        ..DataClaimStatus::default()
+    }
+}
+
+/// Condition `type_`, with `old`'s transition time when its status is unchanged.
+fn condition(
+    old: Option<&DataClaimStatus>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &str,
+) -> Condition {
+    let since = old
+        .and_then(|o| o.conditions.iter().find(|c| c.type_ == type_))
+        .filter(|c| c.status == status)
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.to_string());
+    Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        last_transition_time: Some(since),
+        observed_generation: generation,
+    }
+}

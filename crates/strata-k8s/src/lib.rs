@@ -1,0 +1,35 @@
+//! Strata on Kubernetes: the custom resources a cluster's users write, their CRDs, and the operator that
+//! reconciles them. The only crate that knows Kubernetes.
+//!
+//! - [`Dataset`]: a named location (and, optionally, a cache policy: pin or prefetch it on the nodes); its
+//!   status says how much of each version is cached and on which nodes.
+//! - [`DataClaim`]: the claim of `strata-claim` as a resource (datasets, checkpoint, scratch, deadline); its
+//!   status mirrors the agent's claim (phase, progress, reason, accounting). [`reconcile`] turns one into a
+//!   claim on the agents and releases it when the DataClaim is deleted; [`run`] is the controller loop.
+//!
+//! The team a resource is charged to is its namespace's `strata.dev/team` label ([`TEAM_LABEL`]), which
+//! cluster administrators set and namespace users cannot; the agents authorize a claim's locations as that
+//! team only, so a DataClaim never reaches another team's data, although the operator submits every claim
+//! with one admin token. [`crds`] are the CustomResourceDefinitions, checked in as
+//! `deploy/00-crds.yaml` (a test fails when they drift; `strata operator crds` writes them).
+
+mod agent;
+mod convert;
+mod crd;
+mod metrics;
+mod reconcile;
+mod run;
+
+pub use agent::Claims;
+pub use convert::{CLAIM_TTL_SECS, HEARTBEAT_SECS, claim_spec, job_id, status_of, team_of};
+pub use crd::{
+    CachePolicy, ClaimCheckpoint, ClaimDataset, ClaimPhase, ClaimProgress, ClaimScratch,
+    ClaimUsage, Condition, DataClaim, DataClaimSpec, DataClaimStatus, Dataset, DatasetSpec,
+    DatasetStatus, DatasetVersionStatus, GROUP, PrefetchMode, TEAM_LABEL, VERSION, crds, crds_yaml,
+};
+pub use metrics::Metrics;
+pub use reconcile::{Context, FINALIZER, MANAGER, Settings, error_policy, kube_error, reconcile};
+pub use run::run;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,378 @@
+//! The DataClaim reconciler: a DataClaim becomes a claim on the agents, its status follows the agent's claim,
+//! and its deletion releases the claim.
+//!
+//! One pass ([`reconcile`]):
+//! 1. the finalizer `strata.dev/release` goes on first (kube-runtime's `finalizer`), so no DataClaim goes
+//!    away with its pins and scratch still held;
+//! 2. the team is the namespace's `strata.dev/team` label; a DataClaim naming another team, or a bad spec, is
+//!    refused: `Failed` with the reason, no claim, no retry until the spec changes;
+//! 3. no claim yet: the live claim of its job is looked up first (an operator that died between submitting
+//!    and writing the status submits nothing twice), else the claim is submitted; the agent's refusals
+//!    (quota, missing data, another team's prefix) are `Failed` with the agent's reason;
+//! 4. the status is the agent's claim ([`crate::convert::status_of`]) and is written only when it differs:
+//!    a second pass over an unchanged claim writes nothing. Every phase change is an event;
+//! 5. live claims are heartbeated every [`HEARTBEAT_SECS`]; staging claims are looked at again after
+//!    [`Settings::staging_poll`].
+//!
+//! Deletion: the claim is released and the finalizer removed. An agent that cannot be reached is retried
+//! (backoff through the error policy) until [`Settings::force_release_after`] has passed since the deletion;
+//! then the finalizer goes anyway with a Warning event `ForcedRelease`: the agents release the claim on their
+//! own when its TTL ([`crate::convert::CLAIM_TTL_SECS`]) passes without a heartbeat. Nothing waits forever.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use strata_claim::ClaimState;
+use strata_types::{Error, ErrorKind, Result};
+
+use crate::agent::Claims;
+use crate::convert::{self, HEARTBEAT_SECS};
+use crate::crd::{ClaimPhase, DataClaim, DataClaimStatus, Dataset};
+use crate::metrics::Metrics;
+
+/// The finalizer the operator puts on every DataClaim.
+pub const FINALIZER: &str = "strata.dev/release";
+/// The field manager of the operator's writes.
+pub const MANAGER: &str = "strata-operator";
+
+/// How the reconciler paces itself.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How often a claim being staged is looked at (default 2 s).
+    pub staging_poll: Duration,
+    /// How long a deleted DataClaim's release is retried before the finalizer goes without it (default 5 min).
+    pub force_release_after: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            staging_poll: Duration::from_secs(2),
+            force_release_after: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What one reconcile needs.
+pub struct Context<C> {
+    /// The Kubernetes API.
+    pub client: Client,
+    /// The agents' claims API.
+    pub claims: C,
+    /// Events about DataClaims.
+    pub recorder: Recorder,
+    /// Pacing.
+    pub settings: Settings,
+    /// The operator's metrics.
+    pub metrics: Metrics,
+}
+
+impl<C> std::fmt::Debug for Context<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A Kubernetes API error as a Strata error: its kind from the status code, retryable unless the request
+/// itself was wrong.
+pub fn kube_error(what: &str, e: kube::Error) -> Error {
+    let kind = match &e {
+        kube::Error::Api(s) => match s.code {
+            404 => ErrorKind::NotFound,
+            409 => ErrorKind::AlreadyExists,
+            410 => ErrorKind::PreconditionFailed,
+            401 => ErrorKind::Unauthenticated,
+            403 => ErrorKind::PermissionDenied,
+            422 | 400 => ErrorKind::InvalidInput,
+            429 => ErrorKind::ResourceExhausted,
+            _ => ErrorKind::Unavailable,
+        },
+        _ => ErrorKind::Unavailable,
+    };
+    // A conflict or a stale version is answered by reading again: retryable, like the server being away.
+    let retryable = !matches!(
+        kind,
+        ErrorKind::InvalidInput | ErrorKind::PermissionDenied | ErrorKind::Unauthenticated
+    );
+    Error::new(kind, format!("Kubernetes API, {what}: {e}")).with_retryable(retryable)
+}
+
+/// One reconcile of `dc`.
+pub async fn reconcile<C: Claims>(dc: Arc<DataClaim>, ctx: Arc<Context<C>>) -> Result<Action> {
+    let ns = dc.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<DataClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let started = std::time::Instant::now();
+    let r = finalizer(&api, FINALIZER, dc, |event| async {
+        match event {
+            Finalizer::Apply(dc) => apply(&dc, &ctx, &api).await,
+            Finalizer::Cleanup(dc) => cleanup(&dc, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::AddFinalizer(e)
+        | kube::runtime::finalizer::Error::RemoveFinalizer(e) => kube_error("the finalizer", e),
+        other => Error::new(ErrorKind::InvalidInput, other.to_string()),
+    });
+    ctx.metrics.reconciled(r.is_ok(), started.elapsed());
+    r
+}
+
+/// What the controller does after a failed reconcile: try again soon, later for errors that need a person.
+pub fn error_policy<C: Claims>(dc: Arc<DataClaim>, e: &Error, ctx: Arc<Context<C>>) -> Action {
+    tracing::warn!(claim = %dc.name_any(), error = %e, "reconcile failed");
+    let _ = ctx;
+    if e.is_retryable() {
+        Action::requeue(Duration::from_secs(5))
+    } else {
+        Action::requeue(Duration::from_secs(60))
+    }
+}
+
+async fn apply<C: Claims>(
+    dc: &DataClaim,
+    ctx: &Context<C>,
+    api: &Api<DataClaim>,
+) -> Result<Action> {
+    let ns = dc.namespace().unwrap_or_else(|| "default".into());
+    let now = Timestamp::now().to_string();
+    let generation = dc.metadata.generation;
+    let old = dc.status.as_ref();
+    let refuse = |e: &Error| convert::refused(e.message(), generation, old, &now);
+
+    let labels = namespace_labels(ctx, &ns).await?;
+    let team = match convert::team_of(dc, &labels) {
+        Ok(t) => t,
+        Err(e) => return settle(dc, ctx, api, refuse(&e), Duration::ZERO).await,
+    };
+
+    let claim = match old.and_then(|s| s.claim_id.clone()) {
+        Some(id) => match ctx.claims.get(&id).await {
+            Ok(c) => c,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                let e = Error::new(
+                    ErrorKind::NotFound,
+                    format!("the agents have no claim {id} any more (released by its TTL?)"),
+                );
+                return settle(dc, ctx, api, refuse(&e), Duration::ZERO).await;
+            }
+            Err(e) => return Err(e),
+        },
+        None => {
+            let datasets = dataset_sources(ctx, &ns, dc).await?;
+            let spec = match convert::claim_spec(dc, &team, |r| datasets.get(r).cloned()) {
+                Ok(s) => s,
+                Err(e) => return settle(dc, ctx, api, refuse(&e), Duration::ZERO).await,
+            };
+            match ctx.claims.find_live(&team, &spec.job).await? {
+                Some(c) => c,
+                None => match ctx.claims.submit(&spec).await {
+                    Ok(c) => c,
+                    Err(e) if !e.is_retryable() => {
+                        return settle(dc, ctx, api, refuse(&e), Duration::ZERO).await;
+                    }
+                    Err(e) => return Err(e),
+                },
+            }
+        }
+    };
+    let live = !matches!(claim.state, ClaimState::Released);
+    let stale_heartbeat =
+        Timestamp::now().as_second() - claim.heartbeat_at >= HEARTBEAT_SECS as i64;
+    if live && stale_heartbeat {
+        ctx.claims.heartbeat(&claim.id).await?;
+    }
+    let status = convert::status_of(&claim, generation, old, &now);
+    let next = match status.phase {
+        ClaimPhase::Pending | ClaimPhase::Staging => ctx.settings.staging_poll,
+        _ => Duration::from_secs(HEARTBEAT_SECS),
+    };
+    settle(dc, ctx, api, status, next).await
+}
+
+/// Write `status` if it differs from what `dc` has (and say so with an event when the phase changed); then
+/// look again after `next` (never, for zero: a refused claim waits for its spec to change).
+async fn settle<C: Claims>(
+    dc: &DataClaim,
+    ctx: &Context<C>,
+    api: &Api<DataClaim>,
+    status: DataClaimStatus,
+    next: Duration,
+) -> Result<Action> {
+    let old = dc.status.as_ref();
+    if !same(old, &status) {
+        let name = dc.name_any();
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .map_err(|e| kube_error("writing the status", e))?;
+        let was = old.map(|o| o.phase);
+        if was != Some(status.phase) {
+            let (type_, reason) = match status.phase {
+                ClaimPhase::Failed => (EventType::Warning, "Failed"),
+                ClaimPhase::Ready => (EventType::Normal, "Ready"),
+                ClaimPhase::Staging => (EventType::Normal, "Staging"),
+                ClaimPhase::Pending => (EventType::Normal, "Admitted"),
+                ClaimPhase::Released => (EventType::Normal, "Released"),
+            };
+            let note = if status.reason.is_empty() {
+                format!("{:?}: {}", status.phase, status.progress.summary)
+            } else {
+                status.reason.clone()
+            };
+            publish(ctx, dc, type_, reason, "Reconcile", note).await;
+        }
+    }
+    Ok(if next.is_zero() {
+        Action::await_change()
+    } else {
+        Action::requeue(next)
+    })
+}
+
+/// Whether writing `new` over `old` would change anything but condition times.
+fn same(old: Option<&DataClaimStatus>, new: &DataClaimStatus) -> bool {
+    old.is_some_and(|o| o == new)
+}
+
+async fn cleanup<C: Claims>(dc: &DataClaim, ctx: &Context<C>) -> Result<Action> {
+    let id = match dc.status.as_ref().and_then(|s| s.claim_id.clone()) {
+        Some(id) => Some(id),
+        None => match dc.status.as_ref().and_then(|s| s.team.clone()) {
+            Some(team) => {
+                let job = convert::job_id(
+                    &dc.namespace().unwrap_or_default(),
+                    &dc.name_any(),
+                    dc.metadata.uid.as_deref().unwrap_or_default(),
+                );
+                ctx.claims
+                    .find_live(&team, &job)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|c| c.id)
+            }
+            None => None,
+        },
+    };
+    let Some(id) = id else {
+        return Ok(Action::await_change());
+    };
+    match ctx.claims.release(&id, "the DataClaim was deleted").await {
+        Ok(()) => {
+            publish(
+                ctx,
+                dc,
+                EventType::Normal,
+                "Released",
+                "Release",
+                format!("released {id}"),
+            )
+            .await;
+            Ok(Action::await_change())
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(Action::await_change()),
+        Err(e) => {
+            let deleted = dc
+                .metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second())
+                .unwrap_or_else(|| Timestamp::now().as_second());
+            let waited = Timestamp::now().as_second() - deleted;
+            if waited >= ctx.settings.force_release_after.as_secs() as i64 {
+                let note = format!(
+                    "could not release {id} for {waited} s ({e}); the finalizer is removed and the agents \
+                     release the claim when {} s pass without a heartbeat",
+                    convert::CLAIM_TTL_SECS
+                );
+                publish(
+                    ctx,
+                    dc,
+                    EventType::Warning,
+                    "ForcedRelease",
+                    "Release",
+                    note,
+                )
+                .await;
+                ctx.metrics.forced_release();
+                Ok(Action::await_change())
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+async fn namespace_labels<C: Claims>(
+    ctx: &Context<C>,
+    ns: &str,
+) -> Result<BTreeMap<String, String>> {
+    let api: Api<Namespace> = Api::all(ctx.client.clone());
+    match api.get_opt(ns).await {
+        Ok(n) => Ok(n.map(|n| n.labels().clone()).unwrap_or_default()),
+        Err(e) => Err(kube_error("reading the namespace", e)),
+    }
+}
+
+/// The `source` of each Dataset a DataClaim refers to.
+async fn dataset_sources<C: Claims>(
+    ctx: &Context<C>,
+    ns: &str,
+    dc: &DataClaim,
+) -> Result<BTreeMap<String, String>> {
+    let api: Api<Dataset> = Api::namespaced(ctx.client.clone(), ns);
+    let mut out = BTreeMap::new();
+    for r in dc
+        .spec
+        .datasets
+        .iter()
+        .filter_map(|d| d.dataset_ref.as_ref())
+    {
+        if let Some(d) = api
+            .get_opt(r)
+            .await
+            .map_err(|e| kube_error("reading a Dataset", e))?
+        {
+            out.insert(r.clone(), d.spec.source);
+        }
+    }
+    Ok(out)
+}
+
+async fn publish<C: Claims>(
+    ctx: &Context<C>,
+    dc: &DataClaim,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.into(),
+        secondary: None,
+    };
+    // An event that cannot be written is not worth failing the reconcile for.
+    if let Err(e) = ctx.recorder.publish(&ev, &dc.object_ref(&())).await {
+        tracing::debug!(error = %e, "an event could not be written");
+    }
+}

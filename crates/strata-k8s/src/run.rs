@@ -1,0 +1,46 @@
+//! The controller loop: every DataClaim of the cluster (all namespaces), reconciled by [`crate::reconcile`]
+//! whenever it changes and when a reconcile asked to be looked at again; stops when `shutdown` resolves.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::Recorder;
+use kube::runtime::watcher;
+
+use crate::agent::Claims;
+use crate::crd::DataClaim;
+use crate::metrics::Metrics;
+use crate::reconcile::{Context, MANAGER, Settings, error_policy, reconcile};
+
+/// Reconcile DataClaims through `claims` until `shutdown` resolves (reconciles in flight finish first).
+pub async fn run<C: Claims>(
+    client: Client,
+    claims: C,
+    settings: Settings,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let recorder = Recorder::new(client.clone(), MANAGER.into());
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        claims,
+        recorder,
+        settings,
+        metrics,
+    });
+    let api: Api<DataClaim> = Api::all(client);
+    Controller::new(api, watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            match r {
+                Ok((obj, _)) => tracing::debug!(claim = %obj.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "a reconcile did not complete"),
+            }
+        })
+        .await;
+}

@@ -1,0 +1,659 @@
+//! Reconcile tests, one scenario per path: kube's client talks to a tower-test mock answering as the API
+//! server would, request by request in the order the reconcile must make them (an unexpected request fails
+//! the test); the agent's claims API is answered by [`Agent`], a table of claims with the agent's rules
+//! (one live claim per team and job, refusals, an agent that is away).
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use http::{Request, Response};
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use strata_claim::{ClaimSpec, ClaimState, ClaimStatus, JobUsage, Progress};
+use strata_types::{Error, ErrorKind, Result};
+
+use crate::{ClaimPhase, Claims, Context, DataClaim, FINALIZER, Metrics, Settings, reconcile};
+
+const NS: &str = "vision-ns";
+const NAME: &str = "train-run";
+const UID: &str = "0a1b2c3d-0000-4000-8000-000000000001";
+
+/// The agent, as far as the reconciler sees it.
+#[derive(Default)]
+struct Agent {
+    claims: Mutex<Vec<ClaimStatus>>,
+    away: AtomicBool,
+    refuse: Mutex<Option<Error>>,
+    submits: AtomicU32,
+    releases: AtomicU32,
+}
+
+impl Agent {
+    fn check(&self) -> Result<()> {
+        if self.away.load(Ordering::SeqCst) {
+            return Err(Error::new(ErrorKind::Unavailable, "connection refused"));
+        }
+        Ok(())
+    }
+    fn set(&self, id: &str, f: impl FnOnce(&mut ClaimStatus)) {
+        let mut all = self.claims.lock();
+        f(all.iter_mut().find(|c| c.id == id).unwrap());
+    }
+}
+
+impl Claims for Arc<Agent> {
+    async fn submit(&self, spec: &ClaimSpec) -> Result<ClaimStatus> {
+        self.check()?;
+        self.submits.fetch_add(1, Ordering::SeqCst);
+        if let Some(e) = self.refuse.lock().clone() {
+            return Err(e);
+        }
+        let mut all = self.claims.lock();
+        if all
+            .iter()
+            .any(|c| c.job == spec.job && c.team == spec.team && c.state != ClaimState::Released)
+        {
+            return Err(Error::new(ErrorKind::AlreadyExists, "job has a live claim"));
+        }
+        let c = claim(&format!("clm_{}", all.len() + 1), spec);
+        all.push(c.clone());
+        Ok(c)
+    }
+    async fn get(&self, id: &str) -> Result<ClaimStatus> {
+        self.check()?;
+        self.claims
+            .lock()
+            .iter()
+            .find(|c| c.id == id)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, "no such claim"))
+    }
+    async fn find_live(&self, team: &str, job: &str) -> Result<Option<ClaimStatus>> {
+        self.check()?;
+        Ok(self
+            .claims
+            .lock()
+            .iter()
+            .find(|c| c.team == team && c.job == job && c.state != ClaimState::Released)
+            .cloned())
+    }
+    async fn heartbeat(&self, id: &str) -> Result<()> {
+        self.check()?;
+        self.set(id, |c| c.heartbeat_at = now());
+        Ok(())
+    }
+    async fn release(&self, id: &str, reason: &str) -> Result<()> {
+        self.check()?;
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.set(id, |c| {
+            c.state = ClaimState::Released;
+            c.reason = reason.to_string();
+        });
+        Ok(())
+    }
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+fn claim(id: &str, spec: &ClaimSpec) -> ClaimStatus {
+    ClaimStatus {
+        id: id.to_string(),
+        job: spec.job.clone(),
+        team: spec.team.clone(),
+        principal: "p_operator".into(),
+        state: ClaimState::Staging,
+        reason: String::new(),
+        progress: Progress {
+            objects_total: 4,
+            bytes_total: 4 << 20,
+            blocks_total: 4,
+            ..Progress::default()
+        },
+        datasets: Vec::new(),
+        scratch_path: None,
+        env: [("STRATA_CLAIM".to_string(), id.to_string())].into(),
+        usage: JobUsage::default(),
+        spec: spec.clone(),
+        created_at: now(),
+        deadline_at: now() + 3600,
+        ready_at: None,
+        heartbeat_at: now(),
+        released_at: None,
+    }
+}
+
+fn dataclaim(finalizer: bool, status: Value, deleting: bool) -> DataClaim {
+    let mut meta = json!({"name": NAME, "namespace": NS, "uid": UID, "generation": 1,
+                          "resourceVersion": "10"});
+    if finalizer {
+        meta["finalizers"] = json!([FINALIZER]);
+    }
+    if deleting {
+        meta["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    }
+    let mut v = json!({
+        "apiVersion": "strata.dev/v1alpha1", "kind": "DataClaim", "metadata": meta,
+        "spec": {"datasets": [{"name": "train", "location": "origin/vision/train/"}]},
+    });
+    if !status.is_null() {
+        v["status"] = status;
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+/// One expected request: method, path (with query), and the answer.
+struct Step {
+    method: &'static str,
+    path: String,
+    code: u16,
+    reply: Value,
+}
+
+fn step(method: &'static str, path: &str, code: u16, reply: Value) -> Step {
+    Step {
+        method,
+        path: path.to_string(),
+        code,
+        reply,
+    }
+}
+
+fn ns_step(team: Option<&str>) -> Step {
+    let mut labels = json!({});
+    if let Some(t) = team {
+        labels["strata.dev/team"] = json!(t);
+    }
+    step(
+        "GET",
+        &format!("/api/v1/namespaces/{NS}"),
+        200,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS, "labels": labels}}),
+    )
+}
+
+fn event_step() -> Step {
+    step(
+        "POST",
+        &format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"),
+        201,
+        json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e", "namespace": NS},
+               "eventTime": "2026-01-01T00:00:00.000000Z"}),
+    )
+}
+
+fn claim_path(sub: &str) -> String {
+    format!("/apis/strata.dev/v1alpha1/namespaces/{NS}/dataclaims/{NAME}{sub}")
+}
+
+/// Run one reconcile of `dc` against `steps`; the requests' bodies, in order.
+async fn run(
+    agent: &Arc<Agent>,
+    settings: Settings,
+    dc: DataClaim,
+    steps: Vec<Step>,
+) -> (Result<Action>, Vec<Value>) {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(async move {
+        let mut bodies = Vec::new();
+        let mut steps = steps.into_iter();
+        while let Some((req, send)) = handle.next_request().await {
+            let (method, path) = (req.method().to_string(), req.uri().to_string());
+            let body = req.into_body().collect_bytes().await.unwrap();
+            let Some(s) = steps.next() else {
+                panic!("unexpected request {method} {path}");
+            };
+            assert_eq!(
+                (method.as_str(), path.split('?').next().unwrap()),
+                (s.method, s.path.as_str()),
+                "request {}",
+                bodies.len() + 1
+            );
+            bodies.push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+            let resp = Response::builder()
+                .status(s.code)
+                .body(Body::from(serde_json::to_vec(&s.reply).unwrap()))
+                .unwrap();
+            send.send_response(resp);
+        }
+        let left: Vec<String> = steps.map(|s| format!("{} {}", s.method, s.path)).collect();
+        assert!(left.is_empty(), "requests never made: {left:?}");
+        bodies
+    });
+    let client = Client::new(svc, "default");
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), "strata-operator".into()),
+        client,
+        claims: agent.clone(),
+        settings,
+        metrics: Metrics::new(),
+    });
+    let r = tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(dc), ctx))
+        .await
+        .expect("a reconcile never hangs");
+    let bodies = server.await.unwrap();
+    (r, bodies)
+}
+
+fn with_status(dc: &DataClaim, patch: &Value) -> DataClaim {
+    let mut v = serde_json::to_value(dc).unwrap();
+    v["status"] = patch["status"].clone();
+    serde_json::from_value(v).unwrap()
+}
+
+fn echo(dc: &DataClaim) -> Value {
+    serde_json::to_value(dc).unwrap()
+}
+
+#[tokio::test]
+async fn a_new_claim_gets_the_finalizer_first_and_nothing_else() {
+    let agent = Arc::new(Agent::default());
+    let dc = dataclaim(false, Value::Null, false);
+    let (r, bodies) = run(
+        &agent,
+        Settings::default(),
+        dc.clone(),
+        vec![step(
+            "PATCH",
+            &claim_path(""),
+            200,
+            echo(&dataclaim(true, Value::Null, false)),
+        )],
+    )
+    .await;
+    assert_eq!(r.unwrap(), Action::await_change());
+    assert!(bodies[0].to_string().contains(FINALIZER), "{:?}", bodies[0]);
+    assert_eq!(
+        agent.submits.load(Ordering::SeqCst),
+        0,
+        "no claim before the finalizer"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_is_submitted_as_the_namespaces_team_then_staging_then_ready_and_a_second_pass_writes_nothing()
+ {
+    let agent = Arc::new(Agent::default());
+    let dc = dataclaim(true, Value::Null, false);
+    let (r, bodies) = run(
+        &agent,
+        Settings::default(),
+        dc.clone(),
+        vec![
+            ns_step(Some("vision")),
+            step("PATCH", &claim_path("/status"), 200, echo(&dc)),
+            event_step(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        r.unwrap(),
+        Action::requeue(Settings::default().staging_poll)
+    );
+    let status = &bodies[1]["status"];
+    assert_eq!(status["phase"], "Staging", "{status}");
+    assert_eq!(status["claimId"], "clm_1");
+    assert_eq!(status["team"], "vision");
+    assert_eq!(status["progress"]["blocksTotal"], 4);
+    let submitted = agent.claims.lock()[0].clone();
+    assert_eq!(submitted.team, "vision");
+    assert_eq!(submitted.job, "vision-ns/train-run/0a1b2c3d");
+    assert_eq!(
+        bodies[2]["reason"], "Staging",
+        "an event says so: {}",
+        bodies[2]
+    );
+
+    // The same claim again, unchanged at the agent: no write, no event.
+    let staged = with_status(&dc, &bodies[1]);
+    let (r, _) = run(
+        &agent,
+        Settings::default(),
+        staged.clone(),
+        vec![ns_step(Some("vision"))],
+    )
+    .await;
+    assert_eq!(
+        r.unwrap(),
+        Action::requeue(Settings::default().staging_poll)
+    );
+    assert_eq!(agent.submits.load(Ordering::SeqCst), 1);
+
+    // Progress, then ready: each written once, with its event for the phase change.
+    agent.set("clm_1", |c| {
+        c.progress.bytes_done = 2 << 20;
+        c.progress.blocks_held = 2;
+    });
+    let (_, bodies) = run(
+        &agent,
+        Settings::default(),
+        staged.clone(),
+        vec![
+            ns_step(Some("vision")),
+            step("PATCH", &claim_path("/status"), 200, echo(&staged)),
+        ],
+    )
+    .await;
+    assert_eq!(bodies[1]["status"]["progress"]["bytesDone"], 2 << 20);
+    assert!(
+        bodies[1]["status"]["progress"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("(50%)"),
+        "{}",
+        bodies[1]
+    );
+    let staged = with_status(&staged, &bodies[1]);
+    agent.set("clm_1", |c| {
+        c.state = ClaimState::Ready;
+        c.progress.bytes_done = 4 << 20;
+        c.progress.blocks_held = 4;
+    });
+    let (r, bodies) = run(
+        &agent,
+        Settings::default(),
+        staged.clone(),
+        vec![
+            ns_step(Some("vision")),
+            step("PATCH", &claim_path("/status"), 200, echo(&staged)),
+            event_step(),
+        ],
+    )
+    .await;
+    assert_eq!(bodies[1]["status"]["phase"], "Ready");
+    assert_eq!(bodies[2]["reason"], "Ready");
+    assert_eq!(
+        r.unwrap(),
+        Action::requeue(Duration::from_secs(crate::HEARTBEAT_SECS)),
+        "a ready claim is heartbeated"
+    );
+}
+
+#[tokio::test]
+async fn a_namespace_without_a_team_or_a_claim_naming_another_team_is_refused_without_a_claim() {
+    let agent = Arc::new(Agent::default());
+    let dc = dataclaim(true, Value::Null, false);
+    let (r, bodies) = run(
+        &agent,
+        Settings::default(),
+        dc.clone(),
+        vec![
+            ns_step(None),
+            step("PATCH", &claim_path("/status"), 200, echo(&dc)),
+            event_step(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        r.unwrap(),
+        Action::await_change(),
+        "no retry until something changes"
+    );
+    assert_eq!(bodies[1]["status"]["phase"], "Failed");
+    assert!(
+        bodies[1]["status"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("strata.dev/team"),
+        "{}",
+        bodies[1]
+    );
+    assert_eq!(bodies[2]["type"], "Warning");
+
+    let mut other = dc.clone();
+    other.spec.team = Some("audio".into());
+    let (_, bodies) = run(
+        &agent,
+        Settings::default(),
+        other.clone(),
+        vec![
+            ns_step(Some("vision")),
+            step("PATCH", &claim_path("/status"), 200, echo(&other)),
+            event_step(),
+        ],
+    )
+    .await;
+    assert!(
+        bodies[1]["status"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("spec.team"),
+        "{}",
+        bodies[1]
+    );
+    assert_eq!(
+        agent.submits.load(Ordering::SeqCst),
+        0,
+        "nothing was submitted"
+    );
+}
+
+#[tokio::test]
+async fn the_agents_refusal_is_the_claims_reason_and_is_not_retried() {
+    let agent = Arc::new(Agent::default());
+    *agent.refuse.lock() = Some(Error::new(
+        ErrorKind::ResourceExhausted,
+        "quota exceeded: team vision cache 10 GiB of 10 GiB",
+    ));
+    let dc = dataclaim(true, Value::Null, false);
+    let (r, bodies) = run(
+        &agent,
+        Settings::default(),
+        dc.clone(),
+        vec![
+            ns_step(Some("vision")),
+            step("PATCH", &claim_path("/status"), 200, echo(&dc)),
+            event_step(),
+        ],
+    )
+    .await;
+    assert_eq!(r.unwrap(), Action::await_change());
+    assert_eq!(bodies[1]["status"]["phase"], "Failed");
+    assert!(
+        bodies[1]["status"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("quota exceeded")
+    );
+    assert_eq!(bodies[2]["reason"], "Failed");
+}
+
+#[tokio::test]
+async fn an_operator_that_died_before_writing_the_status_adopts_the_claim_instead_of_submitting_twice()
+ {
+    let agent = Arc::new(Agent::default());
+    let dc = dataclaim(true, Value::Null, false);
+    // The first pass's status write is refused (409: the object changed meanwhile): the pass fails, retryably.
+    let (r, _) = run(
+        &agent,
+        Settings::default(),
+        dc.clone(),
+        vec![
+            ns_step(Some("vision")),
+            step("PATCH", &claim_path("/status"), 409,
+                 json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict",
+                        "code": 409, "message": "the object has been modified"})),
+        ],
+    )
+    .await;
+    let e = r.unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    // The next pass finds the claim the first one submitted.
+    let (r, bodies) = run(
+        &agent,
+        Settings::default(),
+        dc.clone(),
+        vec![
+            ns_step(Some("vision")),
+            step("PATCH", &claim_path("/status"), 200, echo(&dc)),
+            event_step(),
+        ],
+    )
+    .await;
+    r.unwrap();
+    assert_eq!(bodies[1]["status"]["claimId"], "clm_1");
+    assert_eq!(agent.submits.load(Ordering::SeqCst), 1, "submitted once");
+    assert_eq!(agent.claims.lock().len(), 1);
+}
+
+#[tokio::test]
+async fn an_unreachable_agent_is_a_retryable_error_and_writes_nothing() {
+    let agent = Arc::new(Agent::default());
+    agent.away.store(true, Ordering::SeqCst);
+    let dc = dataclaim(true, Value::Null, false);
+    let (r, _) = run(
+        &agent,
+        Settings::default(),
+        dc,
+        vec![ns_step(Some("vision"))],
+    )
+    .await;
+    let e = r.unwrap_err();
+    assert!(
+        e.is_retryable() && e.kind() == ErrorKind::Unavailable,
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn deletion_releases_the_claim_then_removes_the_finalizer() {
+    let agent = Arc::new(Agent::default());
+    let spec = crate::claim_spec(&dataclaim(true, Value::Null, false), "vision", |_| None).unwrap();
+    agent.submit(&spec).await.unwrap();
+    let dc = dataclaim(
+        true,
+        json!({"phase": "Ready", "claimId": "clm_1", "team": "vision"}),
+        true,
+    );
+    let (r, bodies) = run(
+        &agent,
+        Settings::default(),
+        dc.clone(),
+        vec![event_step(), step("PATCH", &claim_path(""), 200, echo(&dc))],
+    )
+    .await;
+    assert_eq!(r.unwrap(), Action::await_change());
+    assert_eq!(bodies[0]["reason"], "Released");
+    let patch = bodies[1].to_string();
+    assert!(
+        patch.contains("remove") && patch.contains("/metadata/finalizers/0"),
+        "{patch}"
+    );
+    assert_eq!(agent.claims.lock()[0].state, ClaimState::Released);
+}
+
+#[tokio::test]
+async fn deletion_with_the_agent_away_keeps_the_finalizer_then_forces_it_off_with_a_warning() {
+    let agent = Arc::new(Agent::default());
+    let spec = crate::claim_spec(&dataclaim(true, Value::Null, false), "vision", |_| None).unwrap();
+    agent.submit(&spec).await.unwrap();
+    agent.away.store(true, Ordering::SeqCst);
+    let dc = dataclaim(
+        true,
+        json!({"phase": "Ready", "claimId": "clm_1", "team": "vision"}),
+        true,
+    );
+    // Within the bound: an error (the controller retries with backoff), the finalizer stays.
+    let patient = Settings {
+        force_release_after: Duration::from_secs(100 * 365 * 86_400),
+        ..Settings::default()
+    };
+    let (r, bodies) = run(&agent, patient, dc.clone(), vec![]).await;
+    assert!(r.unwrap_err().is_retryable());
+    assert!(bodies.is_empty(), "nothing written: the finalizer stays");
+    // Past it (the deletion was long ago): a Warning event, and the finalizer goes.
+    let (r, bodies) = run(
+        &agent,
+        Settings::default(),
+        dc.clone(),
+        vec![event_step(), step("PATCH", &claim_path(""), 200, echo(&dc))],
+    )
+    .await;
+    assert_eq!(r.unwrap(), Action::await_change());
+    assert_eq!(bodies[0]["reason"], "ForcedRelease");
+    assert_eq!(bodies[0]["type"], "Warning");
+    assert!(
+        bodies[0]["note"].as_str().unwrap().contains("clm_1"),
+        "{}",
+        bodies[0]
+    );
+    assert_eq!(agent.releases.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_claim_the_agents_forgot_is_failed_with_a_reason() {
+    let agent = Arc::new(Agent::default());
+    let dc = dataclaim(
+        true,
+        json!({"phase": "Ready", "claimId": "clm_9", "team": "vision"}),
+        false,
+    );
+    let (r, bodies) = run(
+        &agent,
+        Settings::default(),
+        dc.clone(),
+        vec![
+            ns_step(Some("vision")),
+            step("PATCH", &claim_path("/status"), 200, echo(&dc)),
+            event_step(),
+        ],
+    )
+    .await;
+    assert_eq!(r.unwrap(), Action::await_change());
+    assert_eq!(bodies[1]["status"]["phase"], "Failed");
+    assert!(
+        bodies[1]["status"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("clm_9")
+    );
+}
+
+#[test]
+fn the_checked_in_crds_are_the_generated_ones() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/00-crds.yaml");
+    let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        on_disk == crate::crds_yaml(),
+        "deploy/00-crds.yaml drifted from the types: run `strata operator crds > deploy/00-crds.yaml`"
+    );
+}
+
+#[test]
+fn spec_errors_name_the_dataclaims_field() {
+    let mut dc = dataclaim(true, Value::Null, false);
+    dc.spec.datasets[0].mode = Some("fast".into());
+    let e = crate::claim_spec(&dc, "vision", |_| None).unwrap_err();
+    assert!(e.message().contains("spec.datasets[0].mode"), "{e}");
+    dc.spec.datasets[0].mode = None;
+    dc.spec.datasets[0].mount_path = Some("relative/path".into());
+    let e = crate::claim_spec(&dc, "vision", |_| None).unwrap_err();
+    assert!(e.message().contains("spec.datasets[0].mountPath"), "{e}");
+    dc.spec.datasets[0].mount_path = None;
+    dc.spec.datasets[0].location = None;
+    dc.spec.datasets[0].dataset_ref = Some("imagenet".into());
+    let e = crate::claim_spec(&dc, "vision", |_| None).unwrap_err();
+    assert!(
+        e.message().contains("datasetRef") && e.kind() == ErrorKind::NotFound,
+        "{e}"
+    );
+    let s = crate::claim_spec(&dc, "vision", |r| {
+        (r == "imagenet").then(|| "origin/in/".into())
+    })
+    .unwrap();
+    assert_eq!(s.datasets[0].location, "origin/in/");
+    let long = "n".repeat(253);
+    assert!(crate::job_id(NS, &long, UID).len() <= 128);
+    let _ = ClaimPhase::Pending;
+}
