@@ -30,8 +30,7 @@ pub struct CacheConfig {
     /// which also bounds blocks waiting for the disk writers (at most half of it). Default 512 MiB; at least
     /// two blocks.
     pub inflight_budget: ByteSize,
-    /// Largest single backend request when filling consecutive blocks (warm-ups, hints): fewer, larger
-    /// requests, several side by side.
+    /// Largest single backend request when filling consecutive blocks (warm-up): fewer, larger requests.
     /// Default 32 MiB; at least one block, at most the in-flight budget.
     pub max_request_size: ByteSize,
     /// Accepted for compatibility, no longer used: a cold range is fetched as runs of consecutive blocks (one

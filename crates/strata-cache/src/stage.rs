@@ -64,9 +64,8 @@ impl Staged {
 
 impl BlockCache {
     /// Stage the cold blocks of `range` of `obj`: runs of consecutive blocks (one backend request each, up to
-    /// `max_request_size`, fetched side by side), as far as free budget and the staging bound allow now.
-    /// Returns once the runs are started. (Runs of half the in-flight budget made a mount's 128 MiB window one
-    /// request: one stream's speed, a third of what the origin gives parallel requests; bench/RESULTS.md.)
+    /// half the in-flight budget), as far as free budget and the staging bound allow now. Returns once the
+    /// runs are started.
     pub(crate) fn stage(&self, ctx: &IoContext, obj: &Arc<ObjState>, range: Range<u64>) {
         let size = obj.meta.size;
         let end = range.end.min(size);
@@ -75,7 +74,7 @@ impl BlockCache {
         }
         let cfg = &self.inner.cfg;
         let bs = cfg.block_size.bytes();
-        let cap = self.run_blocks();
+        let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1);
         let (first, last) = (range.start / bs, (end - 1) / bs);
         let runs = {
             let mut st = self.inner.staged.lock();

@@ -7,5 +7,4 @@
 pub(crate) mod common;
 
 mod cache;
-mod hints;
 mod peers;
