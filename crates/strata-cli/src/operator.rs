@@ -49,6 +49,9 @@ pub async fn run(cmd: OperatorCommand) -> Result<()> {
 }
 
 async fn serve(a: RunArgs) -> Result<()> {
+    // rustls cannot choose between the two providers the build links (aws-lc-rs for the object stores,
+    // ring through kube); without this, building the Kubernetes client panics.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster, or $KUBECONFIG)")?;

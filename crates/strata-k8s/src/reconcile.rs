@@ -215,10 +215,14 @@ async fn settle<C: Claims>(
     let old = dc.status.as_ref();
     if !same(old, &status) {
         let name = dc.name_any();
+        let before = old.map_or(serde_json::Value::Null, |o| {
+            serde_json::to_value(o).unwrap_or_default()
+        });
+        let after = serde_json::to_value(&status).unwrap_or_default();
         api.patch_status(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(json!({ "status": status })),
+            &Patch::Merge(json!({ "status": merge_diff(&before, &after) })),
         )
         .await
         .map_err(|e| kube_error("writing the status", e))?;
@@ -246,7 +250,35 @@ async fn settle<C: Claims>(
     })
 }
 
-/// Whether writing `new` over `old` would change anything but condition times.
+/// The JSON merge patch (RFC 7386) that turns `old` into `new`: what `new` leaves out is `null`, so a field
+/// that goes away (an ETA at Ready) is removed, not kept by the merge; without it the stored status never
+/// equals the computed one and every pass would write again.
+pub(crate) fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut out = serde_json::Map::new();
+            for (k, nv) in n {
+                match o.get(k) {
+                    Some(ov) if ov == nv => {}
+                    Some(ov) => {
+                        out.insert(k.clone(), merge_diff(ov, nv));
+                    }
+                    None => {
+                        out.insert(k.clone(), nv.clone());
+                    }
+                }
+            }
+            for k in o.keys().filter(|k| !n.contains_key(*k)) {
+                out.insert(k.clone(), Value::Null);
+            }
+            Value::Object(out)
+        }
+        _ => new.clone(),
+    }
+}
+
+/// Whether writing `new` over `old` would change anything.
 fn same(old: Option<&DataClaimStatus>, new: &DataClaimStatus) -> bool {
     old.is_some_and(|o| o == new)
 }

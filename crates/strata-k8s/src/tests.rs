@@ -246,9 +246,24 @@ async fn run(
     (r, bodies)
 }
 
+/// `dc` after the API server applied the merge patch `patch` (RFC 7386: `null` removes).
 fn with_status(dc: &DataClaim, patch: &Value) -> DataClaim {
+    fn merge(target: &mut Value, patch: &Value) {
+        match (target.as_object_mut(), patch.as_object()) {
+            (Some(t), Some(p)) => {
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+            _ => *target = patch.clone(),
+        }
+    }
     let mut v = serde_json::to_value(dc).unwrap();
-    v["status"] = patch["status"].clone();
+    merge(&mut v, patch);
     serde_json::from_value(v).unwrap()
 }
 
@@ -334,6 +349,7 @@ async fn a_claim_is_submitted_as_the_namespaces_team_then_staging_then_ready_and
     agent.set("clm_1", |c| {
         c.progress.bytes_done = 2 << 20;
         c.progress.blocks_held = 2;
+        c.progress.eta_secs = Some(7);
     });
     let (_, bodies) = run(
         &agent,
@@ -359,6 +375,7 @@ async fn a_claim_is_submitted_as_the_namespaces_team_then_staging_then_ready_and
         c.state = ClaimState::Ready;
         c.progress.bytes_done = 4 << 20;
         c.progress.blocks_held = 4;
+        c.progress.eta_secs = None;
     });
     let (r, bodies) = run(
         &agent,
@@ -372,7 +389,27 @@ async fn a_claim_is_submitted_as_the_namespaces_team_then_staging_then_ready_and
     )
     .await;
     assert_eq!(bodies[1]["status"]["phase"], "Ready");
+    // What goes away is removed (a merge patch keeps what it leaves out): the ETA is null in the patch.
+    assert!(
+        bodies[1]["status"]["progress"]
+            .as_object()
+            .unwrap()
+            .get("etaSeconds")
+            .is_some_and(Value::is_null),
+        "{}",
+        bodies[1]
+    );
     assert_eq!(bodies[2]["reason"], "Ready");
+    // And the ready claim, as stored, is what the next pass computes: nothing written.
+    let ready = with_status(&staged, &bodies[1]);
+    let (_, bodies) = run(
+        &agent,
+        Settings::default(),
+        ready,
+        vec![ns_step(Some("vision"))],
+    )
+    .await;
+    assert_eq!(bodies.len(), 1);
     assert_eq!(
         r.unwrap(),
         Action::requeue(Duration::from_secs(crate::HEARTBEAT_SECS)),
