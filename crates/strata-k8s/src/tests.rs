@@ -193,6 +193,23 @@ fn event_step() -> Step {
     )
 }
 
+/// A pass that reads the namespace (labelled `team`), writes `dc`'s status and says so with an event.
+fn write_steps(team: Option<&str>, dc: &DataClaim) -> Vec<Step> {
+    vec![
+        ns_step(team),
+        step("PATCH", &claim_path("/status"), 200, echo(dc)),
+        event_step(),
+    ]
+}
+
+/// The status patch in `bodies[1]` says Failed with a reason containing `needle`.
+fn assert_failed(bodies: &[Value], needle: &str) {
+    let st = &bodies[1]["status"];
+    assert_eq!(st["phase"], "Failed", "{st}");
+    let reason = st["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains(needle), "{needle:?} not in {reason:?}");
+}
+
 fn claim_path(sub: &str) -> String {
     format!("/apis/strata.dev/v1alpha1/namespaces/{NS}/dataclaims/{NAME}{sub}")
 }
@@ -305,11 +322,7 @@ async fn a_claim_is_submitted_as_the_namespaces_team_then_staging_then_ready_and
         &agent,
         Settings::default(),
         dc.clone(),
-        vec![
-            ns_step(Some("vision")),
-            step("PATCH", &claim_path("/status"), 200, echo(&dc)),
-            event_step(),
-        ],
+        write_steps(Some("vision"), &dc),
     )
     .await;
     assert_eq!(
@@ -381,11 +394,7 @@ async fn a_claim_is_submitted_as_the_namespaces_team_then_staging_then_ready_and
         &agent,
         Settings::default(),
         staged.clone(),
-        vec![
-            ns_step(Some("vision")),
-            step("PATCH", &claim_path("/status"), 200, echo(&staged)),
-            event_step(),
-        ],
+        write_steps(Some("vision"), &staged),
     )
     .await;
     assert_eq!(bodies[1]["status"]["phase"], "Ready");
@@ -425,11 +434,7 @@ async fn a_namespace_without_a_team_or_a_claim_naming_another_team_is_refused_wi
         &agent,
         Settings::default(),
         dc.clone(),
-        vec![
-            ns_step(None),
-            step("PATCH", &claim_path("/status"), 200, echo(&dc)),
-            event_step(),
-        ],
+        write_steps(None, &dc),
     )
     .await;
     assert_eq!(
@@ -454,11 +459,7 @@ async fn a_namespace_without_a_team_or_a_claim_naming_another_team_is_refused_wi
         &agent,
         Settings::default(),
         other.clone(),
-        vec![
-            ns_step(Some("vision")),
-            step("PATCH", &claim_path("/status"), 200, echo(&other)),
-            event_step(),
-        ],
+        write_steps(Some("vision"), &other),
     )
     .await;
     assert!(
@@ -488,21 +489,11 @@ async fn the_agents_refusal_is_the_claims_reason_and_is_not_retried() {
         &agent,
         Settings::default(),
         dc.clone(),
-        vec![
-            ns_step(Some("vision")),
-            step("PATCH", &claim_path("/status"), 200, echo(&dc)),
-            event_step(),
-        ],
+        write_steps(Some("vision"), &dc),
     )
     .await;
     assert_eq!(r.unwrap(), Action::await_change());
-    assert_eq!(bodies[1]["status"]["phase"], "Failed");
-    assert!(
-        bodies[1]["status"]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("quota exceeded")
-    );
+    assert_failed(&bodies, "quota exceeded");
     assert_eq!(bodies[2]["reason"], "Failed");
 }
 
@@ -531,11 +522,7 @@ async fn an_operator_that_died_before_writing_the_status_adopts_the_claim_instea
         &agent,
         Settings::default(),
         dc.clone(),
-        vec![
-            ns_step(Some("vision")),
-            step("PATCH", &claim_path("/status"), 200, echo(&dc)),
-            event_step(),
-        ],
+        write_steps(Some("vision"), &dc),
     )
     .await;
     r.unwrap();
@@ -640,21 +627,11 @@ async fn a_claim_the_agents_forgot_is_failed_with_a_reason() {
         &agent,
         Settings::default(),
         dc.clone(),
-        vec![
-            ns_step(Some("vision")),
-            step("PATCH", &claim_path("/status"), 200, echo(&dc)),
-            event_step(),
-        ],
+        write_steps(Some("vision"), &dc),
     )
     .await;
     assert_eq!(r.unwrap(), Action::await_change());
-    assert_eq!(bodies[1]["status"]["phase"], "Failed");
-    assert!(
-        bodies[1]["status"]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("clm_9")
-    );
+    assert_failed(&bodies, "clm_9");
 }
 
 #[test]
