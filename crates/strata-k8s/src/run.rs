@@ -16,6 +16,12 @@ use crate::crd::DataClaim;
 use crate::metrics::Metrics;
 use crate::reconcile::{Context, MANAGER, Settings, error_policy, reconcile};
 
+/// How the operator watches DataClaims: every one of the cluster, as kube-runtime lists and watches by default
+/// (a watch answered 410 Gone lists again).
+pub(crate) fn watch_config() -> watcher::Config {
+    watcher::Config::default()
+}
+
 /// Reconcile DataClaims through `claims` until `shutdown` resolves (reconciles in flight finish first).
 pub async fn run<C: Claims>(
     client: Client,
@@ -33,7 +39,7 @@ pub async fn run<C: Claims>(
         metrics,
     });
     let api: Api<DataClaim> = Api::all(client);
-    Controller::new(api, watcher::Config::default())
+    Controller::new(api, watch_config())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {

@@ -671,3 +671,69 @@ fn spec_errors_name_the_dataclaims_field() {
     assert!(crate::job_id(NS, &long, UID).len() <= 128);
     let _ = ClaimPhase::Pending;
 }
+
+#[tokio::test]
+async fn a_watch_whose_resource_version_is_too_old_relists_and_sees_the_new_state() {
+    // The controller's input: the watcher the operator runs (`run.rs`'s config) on DataClaims. The API server
+    // answers the watch with 410 Gone (its history no longer holds the list's version); the watcher must
+    // list again and deliver the DataClaim as it is now, not stall or skip it.
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let list = |rv: &str, phase: &str| {
+        let mut dc = serde_json::to_value(dataclaim(true, Value::Null, false)).unwrap();
+        dc["metadata"]["resourceVersion"] = json!(rv);
+        dc["status"] = json!({"phase": phase});
+        json!({"apiVersion": "strata.dev/v1alpha1", "kind": "DataClaimList",
+               "metadata": {"resourceVersion": rv}, "items": [dc]})
+    };
+    let server = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let answers = [
+            (false, list("5", "Staging")),
+            (
+                true,
+                json!({"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status",
+                "status": "Failure", "reason": "Expired", "code": 410,
+                "message": "too old resource version: 5 (9)"}}),
+            ),
+            (false, list("9", "Ready")),
+        ];
+        for (watch, body) in answers {
+            let (req, send) = handle.next_request().await.unwrap();
+            let uri = req.uri().to_string();
+            assert!(
+                uri.starts_with("/apis/strata.dev/v1alpha1/dataclaims?"),
+                "{uri}"
+            );
+            assert_eq!(uri.contains("watch=true"), watch, "{uri}");
+            seen.push(uri);
+            let mut bytes = serde_json::to_vec(&body).unwrap();
+            bytes.push(b'\n');
+            send.send_response(Response::builder().body(Body::from(bytes)).unwrap());
+        }
+        // Later watches are left unanswered: the test has what it needs.
+        let _later = handle.next_request().await;
+        seen
+    });
+    let api: kube::Api<DataClaim> = kube::Api::all(Client::new(svc, "default"));
+    let mut stream = watcher(api, crate::run::watch_config()).boxed();
+    let mut phases = Vec::new();
+    let mut errors = 0;
+    while phases.len() < 2 {
+        let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("the watcher goes on after the 410")
+            .unwrap();
+        match ev {
+            Ok(watcher::Event::InitApply(dc)) => phases.push(dc.status.unwrap().phase),
+            Ok(_) => {}
+            Err(_) => errors += 1,
+        }
+    }
+    assert_eq!(phases, vec![ClaimPhase::Staging, ClaimPhase::Ready]);
+    assert_eq!(errors, 1, "the 410 surfaced once, then the relist");
+    drop(stream);
+    let seen = server.await.unwrap();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+}
