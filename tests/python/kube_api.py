@@ -75,6 +75,7 @@ RESOURCES = {
     "strata.dev/v1alpha1/datasets": dict(kind="Dataset", namespaced=True, subresources={"status"}),
     "v1/namespaces": dict(kind="Namespace", namespaced=False, subresources={"status", "finalize"}),
     "events.k8s.io/v1/events": dict(kind="Event", namespaced=True),
+    "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
     "v1/pods": dict(kind="Pod", namespaced=True, subresources={"status"}),
 }
 CLUSTER_SCOPED_CORE = ("namespaces", "nodes", "persistentvolumes")
@@ -479,6 +480,10 @@ def namespaces(name=None):
 
 def events(namespace):
     return resource_path("events.k8s.io/v1", "events", namespace)
+
+
+def leases(namespace, name=None):
+    return resource_path("coordination.k8s.io/v1", "leases", namespace, name)
 
 
 class FakeKubeApi:

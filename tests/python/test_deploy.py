@@ -90,8 +90,15 @@ def test_the_operators_rbac_is_least_privilege():
             assert "secrets" not in rule["resources"], ("no secrets", rule)
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
             writes = {"create", "update", "delete", "deletecollection"} & set(rule["verbs"])
-            # It creates Events and nothing else; it never deletes (a DataClaim's finalizer is a patch).
-            assert not writes or rule["resources"] == ["events"], rule
+            # It creates Events and its Lease, updates only that Lease, and never deletes (a DataClaim's
+            # finalizer is a patch).
+            assert not writes & {"delete", "deletecollection"}, rule
+            if "update" in writes:
+                assert rule["resources"] == ["leases"] and rule.get("resourceNames") == ["strata-operator"], rule
+            if "create" in writes:
+                assert rule["resources"] in (["events"], ["leases"]), rule
+            if rule["resources"] == ["leases"]:
+                assert r["kind"] == "Role" and r["metadata"]["namespace"] == "strata-system", (r, "its own namespace only")
     # Each service account the manifests run is bound to a role defined here, nothing cluster-wide by default.
     for _, b in applied():
         if b["kind"] in ("ClusterRoleBinding", "RoleBinding"):
@@ -108,4 +115,7 @@ def test_the_operator_runs_unprivileged_and_gets_its_token_without_reading_secre
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     env = {e["name"]: e for e in c["env"]}
     assert "secretKeyRef" in env["STRATA_TOKEN"]["valueFrom"], "the kubelet resolves it; no RBAC on secrets"
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    # Two replicas, one reconciling: the Lease is named after the pod, in the pod's namespace.
+    assert dep["spec"]["replicas"] == 2
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"

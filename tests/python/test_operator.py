@@ -8,7 +8,8 @@ Controller, over HTTP: the finalizer goes on; the team comes from the namespace'
 DataClaim becomes a claim on the agent and its status follows the claim to Ready (and is not written again
 when nothing changed); refusals (no team label, data missing on the origin) are Failed with the reason and a
 Warning event, and make no claim; deleting a DataClaim releases its claim and the object goes; an agent that
-cannot be reached does not keep a deleted DataClaim forever (ForcedRelease after --force-release-after-secs).
+cannot be reached does not keep a deleted DataClaim forever (ForcedRelease after --force-release-after-secs);
+of two operators only the Lease's holder reconciles, and the other takes over when it dies.
 """
 import os
 import secrets
@@ -21,17 +22,18 @@ import pytest
 
 from conftest import ADMIN_TOKEN, STRATA, free_port, wait_port
 from test_claims import MIB, Agent, put_dataset, s3  # noqa: F401  (s3 is a fixture)
-from kube_api import FakeKubeApi, dataclaims, events, namespaces
+from kube_api import FakeKubeApi, dataclaims, events, leases, namespaces
 
 FINALIZER = "strata.dev/release"
 FORCE_RELEASE_AFTER_SECS = 3
+LEASE_SECS = 3
 TIMEOUT = 30
 
 
 class Operator:
     """One `strata operator run` against the fake API server and one agent; its log in a file."""
 
-    def __init__(self, agent_api, kubeconfig, log_path):
+    def __init__(self, agent_api, kubeconfig, log_path, holder="op-a"):
         self.metrics_port = free_port()
         self.metrics = f"http://127.0.0.1:{self.metrics_port}"
         self.log_path = log_path
@@ -43,7 +45,8 @@ class Operator:
             env.pop(k, None)
         self.proc = subprocess.Popen(
             [STRATA, "operator", "run", "--agent", agent_api, "--metrics-addr", f"127.0.0.1:{self.metrics_port}",
-             "--staging-poll-ms", "200", "--force-release-after-secs", str(FORCE_RELEASE_AFTER_SECS)],
+             "--staging-poll-ms", "200", "--force-release-after-secs", str(FORCE_RELEASE_AFTER_SECS),
+             "--lease-holder", holder, "--lease-secs", str(LEASE_SECS)],
             stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL, env=env)
         # A start that fails is recorded, not raised: each test asserts it first (`Cluster.ready`), so a broken
         # operator is a failed test with the reason, not a fixture error.
@@ -56,9 +59,9 @@ class Operator:
     def alive(self):
         log = None if self.proc.poll() is None else self.log()
         if log is not None and "CryptoProvider" in log:
-            # Seen with this tree: rustls is built with both its `aws_lc_rs` (strata-object) and `ring` (kube's
+            # Seen once (fixed): rustls is built with both its `aws_lc_rs` (strata-object) and `ring` (kube's
             # `ring` feature) providers, so it cannot pick a process default, and kube-client's TLS setup panics
-            # in `Client::try_default` even for an http:// server.
+            # in `Client::try_default` even for an http:// server unless the binary names one.
             raise AssertionError(
                 "strata operator run panicked creating the Kubernetes client: rustls found no process-level "
                 "CryptoProvider (both aws-lc-rs and ring are enabled; the binary must call "
@@ -267,3 +270,33 @@ def test_a_dataclaim_of_data_missing_on_the_origin_fails_with_the_agents_reason(
                        lambda evs: any(e.get("type") == "Warning" for e in evs))
     assert [e["reason"] for e in evs if e["type"] == "Warning"] == ["Failed"], evs
     assert [c for c in cluster.agent_claims("vision/ghost/") if c["state"] != "released"] == []
+
+
+def test_of_two_operators_only_the_lease_holder_reconciles_and_the_other_takes_over_when_it_dies(
+        cluster, s3, tmp_path):  # noqa: F811
+    _ready_claim(cluster, s3)
+    holder = lambda: (cluster.api.get(leases("strata-system", "strata-operator")) or {}).get("spec", {})  # noqa: E731
+    assert holder()["holderIdentity"] == "op-a", holder()
+    b = Operator(cluster.agent.api, cluster.kube.kubeconfig(str(tmp_path / "kubeconfig-b")),
+                 str(tmp_path / "operator-b.log"), holder="op-b")
+    try:
+        b.alive()
+        # B waits as a candidate while A renews: it reconciles nothing (its log says so) and A keeps the Lease.
+        time.sleep(2 * LEASE_SECS)
+        assert holder()["holderIdentity"] == "op-a", holder()
+        assert "waiting for the lease" in b.log() and "operator leading" not in b.log(), b.log()
+        assert b.metric('strata_operator_reconciles_total{outcome="ok"}') == 0
+        # A dies without a word: once its Lease runs out B takes it (one more transition) and reconciles.
+        cluster.operator.proc.kill()
+        cluster.operator.proc.wait()
+        cluster.operator = b
+        spec = cluster.wait("op-b to hold the Lease", holder, lambda s: s.get("holderIdentity") == "op-b")
+        assert spec["leaseTransitions"] == 1, spec
+        prefix = _prefix("failover")
+        put_dataset(s3, prefix, [MIB])
+        cluster.dataclaim("vision", "second", f"origin/{prefix}")
+        cluster.wait_phase("vision", "second", "Ready")
+        assert "operator leading" in b.log()
+    finally:
+        b.stop()
+        print(f"----- operator B log -----\n{_tail(b.log(), 100)}")

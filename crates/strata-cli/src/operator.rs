@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use strata_client::{AgentClient, ClientOptions};
-use strata_k8s::{Metrics, Settings};
+use strata_k8s::{Elector, Metrics, Settings};
 
 #[derive(Subcommand, Debug)]
 pub enum OperatorCommand {
@@ -36,6 +36,17 @@ pub struct RunArgs {
     /// Warning event; the agents then release the claim when its TTL passes without a heartbeat).
     #[arg(long, default_value_t = 300)]
     force_release_after_secs: u64,
+    /// Namespace of the Lease `strata-operator` that elects the one replica that reconciles (the pod's own,
+    /// from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "strata-system")]
+    lease_namespace: String,
+    /// This replica's name in the Lease (default: the pod's name, else host and process id).
+    #[arg(long, env = "POD_NAME")]
+    lease_holder: Option<String>,
+    /// Seconds the Lease lasts past each renewal (renewed every third of it): how long a dead leader keeps
+    /// the others waiting.
+    #[arg(long, default_value_t = 15)]
+    lease_secs: u64,
 }
 
 pub async fn run(cmd: OperatorCommand) -> Result<()> {
@@ -80,17 +91,47 @@ async fn serve(a: RunArgs) -> Result<()> {
             })
             .await
     });
-    tracing::info!(agent = %a.agent, metrics = %a.metrics_addr, "operator running");
+    let stop_tx = std::sync::Arc::new(stop_tx);
+    let on_signal = stop_tx.clone();
+    tokio::spawn(async move {
+        crate::shutdown_signal().await;
+        let _ = on_signal.send(true);
+    });
+    let holder = a.lease_holder.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let elector = Elector::new(
+        kube::Api::namespaced(client.clone(), &a.lease_namespace),
+        "strata-operator",
+        &holder,
+        Duration::from_secs(a.lease_secs),
+    );
+    tracing::info!(agent = %a.agent, metrics = %a.metrics_addr, holder = %holder, "operator waiting for the lease");
+    let mut rx = stop_rx.clone();
+    if !elector.acquire(&mut rx).await {
+        let _ = http.await;
+        return Ok(());
+    }
+    tracing::info!(holder = %holder, "operator leading: reconciling DataClaims");
+    // Leadership lost: stop reconciling now, and exit non-zero so that Kubernetes starts a new candidate.
+    let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (lost_flag, on_loss, mut rx) = (lost.clone(), stop_tx.clone(), stop_rx.clone());
+    tokio::spawn(async move {
+        if !elector.lead(&mut rx).await {
+            tracing::error!("leader election: the lease was lost; stopping");
+            lost_flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = on_loss.send(true);
+        }
+    });
     let mut rx = stop_rx;
     let shutdown = async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let signals = async move {
-        crate::shutdown_signal().await;
-        let _ = stop_tx.send(true);
-    };
-    tokio::spawn(signals);
     strata_k8s::run(client, agent, settings, metrics, shutdown).await;
     let _ = http.await;
+    if lost.load(std::sync::atomic::Ordering::SeqCst) {
+        anyhow::bail!("the operator lost its lease (another replica leads now)");
+    }
     Ok(())
 }

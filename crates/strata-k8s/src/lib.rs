@@ -16,6 +16,7 @@
 mod agent;
 mod convert;
 mod crd;
+mod lease;
 mod metrics;
 mod reconcile;
 mod run;
@@ -27,6 +28,7 @@ pub use crd::{
     ClaimUsage, Condition, DataClaim, DataClaimSpec, DataClaimStatus, Dataset, DatasetSpec,
     DatasetStatus, DatasetVersionStatus, GROUP, PrefetchMode, TEAM_LABEL, VERSION, crds, crds_yaml,
 };
+pub use lease::Elector;
 pub use metrics::Metrics;
 pub use reconcile::{Context, FINALIZER, MANAGER, Settings, error_policy, kube_error, reconcile};
 pub use run::run;

@@ -352,15 +352,28 @@ async fn cleanup<C: Claims>(dc: &DataClaim, ctx: &Context<C>) -> Result<Action> 
     }
 }
 
+/// Object `name`, or `None` for any 404 (kube's own `get_opt` wants the reason `NotFound` as well, which
+/// not every server sends).
+pub(crate) async fn get_opt<K>(api: &Api<K>, name: &str, what: &str) -> Result<Option<K>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.get(name).await {
+        Ok(o) => Ok(Some(o)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(kube_error(what, e)),
+    }
+}
+
 async fn namespace_labels<C: Claims>(
     ctx: &Context<C>,
     ns: &str,
 ) -> Result<BTreeMap<String, String>> {
     let api: Api<Namespace> = Api::all(ctx.client.clone());
-    match api.get_opt(ns).await {
-        Ok(n) => Ok(n.map(|n| n.labels().clone()).unwrap_or_default()),
-        Err(e) => Err(kube_error("reading the namespace", e)),
-    }
+    Ok(get_opt(&api, ns, "reading the namespace")
+        .await?
+        .map(|n| n.labels().clone())
+        .unwrap_or_default())
 }
 
 /// The `source` of each Dataset a DataClaim refers to.
@@ -377,11 +390,7 @@ async fn dataset_sources<C: Claims>(
         .iter()
         .filter_map(|d| d.dataset_ref.as_ref())
     {
-        if let Some(d) = api
-            .get_opt(r)
-            .await
-            .map_err(|e| kube_error("reading a Dataset", e))?
-        {
+        if let Some(d) = get_opt(&api, r, "reading a Dataset").await? {
             out.insert(r.clone(), d.spec.source);
         }
     }

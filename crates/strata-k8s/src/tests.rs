@@ -215,12 +215,9 @@ fn claim_path(sub: &str) -> String {
 }
 
 /// Run one reconcile of `dc` against `steps`; the requests' bodies, in order.
-async fn run(
-    agent: &Arc<Agent>,
-    settings: Settings,
-    dc: DataClaim,
-    steps: Vec<Step>,
-) -> (Result<Action>, Vec<Value>) {
+/// A client whose API server answers `steps` in order; the task yields the requests' bodies once the client
+/// is dropped (and fails on a request not expected, or one expected and never made).
+fn mock_api(steps: Vec<Step>) -> (Client, tokio::task::JoinHandle<Vec<Value>>) {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let server = tokio::spawn(async move {
         let mut bodies = Vec::new();
@@ -248,7 +245,17 @@ async fn run(
         assert!(left.is_empty(), "requests never made: {left:?}");
         bodies
     });
-    let client = Client::new(svc, "default");
+    (Client::new(svc, "default"), server)
+}
+
+/// Run one reconcile of `dc` against `steps`; the requests' bodies, in order.
+async fn run(
+    agent: &Arc<Agent>,
+    settings: Settings,
+    dc: DataClaim,
+    steps: Vec<Step>,
+) -> (Result<Action>, Vec<Value>) {
+    let (client, server) = mock_api(steps);
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), "strata-operator".into()),
         client,
@@ -736,4 +743,120 @@ async fn a_watch_whose_resource_version_is_too_old_relists_and_sees_the_new_stat
     drop(stream);
     let seen = server.await.unwrap();
     assert_eq!(seen.len(), 3, "{seen:?}");
+}
+
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/strata-system/leases";
+
+fn lease(holder: &str, renewed_secs_ago: i64, transitions: i32) -> Value {
+    let renewed = jiff_ago(renewed_secs_ago);
+    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+           "metadata": {"name": "strata-operator", "namespace": "strata-system", "resourceVersion": "41"},
+           "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "acquireTime": renewed,
+                    "renewTime": renewed, "leaseTransitions": transitions}})
+}
+
+fn jiff_ago(secs: i64) -> String {
+    let t =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(secs);
+    t.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+async fn elect(steps: Vec<Step>) -> (Result<bool>, Vec<Value>) {
+    let (client, server) = mock_api(steps);
+    let e = crate::Elector::new(
+        kube::Api::namespaced(client, "strata-system"),
+        "strata-operator",
+        "operator-b",
+        Duration::from_secs(15),
+    );
+    let r = e.try_acquire().await;
+    drop(e);
+    (r, server.await.unwrap())
+}
+
+fn not_found() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+           "message": "leases.coordination.k8s.io \"strata-operator\" not found"})
+}
+
+fn conflict() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+           "message": "the object has been modified"})
+}
+
+#[tokio::test]
+async fn the_first_candidate_creates_the_lease_and_leads() {
+    let path = format!("{LEASES}/strata-operator");
+    let (r, bodies) = elect(vec![
+        step("GET", &path, 404, not_found()),
+        step("POST", LEASES, 201, lease("operator-b", 0, 0)),
+    ])
+    .await;
+    assert!(r.unwrap());
+    assert_eq!(bodies[1]["spec"]["holderIdentity"], "operator-b");
+    assert_eq!(bodies[1]["spec"]["leaseDurationSeconds"], 15);
+}
+
+#[tokio::test]
+async fn a_lease_another_holder_renewed_is_left_alone() {
+    let path = format!("{LEASES}/strata-operator");
+    let (r, bodies) = elect(vec![step("GET", &path, 200, lease("operator-a", 2, 3))]).await;
+    assert!(!r.unwrap(), "not ours, and nothing written");
+    assert_eq!(bodies.len(), 1);
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_taken_with_the_version_read_and_one_more_transition() {
+    let path = format!("{LEASES}/strata-operator");
+    let (r, bodies) = elect(vec![
+        step("GET", &path, 200, lease("operator-a", 60, 3)),
+        step("PUT", &path, 200, lease("operator-b", 0, 4)),
+    ])
+    .await;
+    assert!(r.unwrap());
+    let put = &bodies[1];
+    assert_eq!(
+        put["metadata"]["resourceVersion"], "41",
+        "optimistic: the version read"
+    );
+    assert_eq!(put["spec"]["holderIdentity"], "operator-b");
+    assert_eq!(put["spec"]["leaseTransitions"], 4);
+}
+
+#[tokio::test]
+async fn two_candidates_taking_an_expired_lease_at_once_one_loses_with_409() {
+    let path = format!("{LEASES}/strata-operator");
+    let (r, _) = elect(vec![
+        step("GET", &path, 200, lease("operator-a", 60, 3)),
+        step("PUT", &path, 409, conflict()),
+    ])
+    .await;
+    assert!(!r.unwrap(), "a lost race is not an error");
+    let (r, _) = elect(vec![
+        step("GET", &path, 404, not_found()),
+        step("POST", LEASES, 409, conflict()),
+    ])
+    .await;
+    assert!(!r.unwrap());
+}
+
+#[tokio::test]
+async fn the_holder_renews_its_lease_and_keeps_its_acquire_time() {
+    let path = format!("{LEASES}/strata-operator");
+    let held = lease("operator-b", 5, 2);
+    let (r, bodies) = elect(vec![
+        step("GET", &path, 200, held.clone()),
+        step("PUT", &path, 200, lease("operator-b", 0, 2)),
+    ])
+    .await;
+    assert!(r.unwrap());
+    assert_eq!(
+        bodies[1]["spec"]["leaseTransitions"], 2,
+        "a renewal is no transition"
+    );
+    assert_eq!(
+        bodies[1]["spec"]["acquireTime"],
+        held["spec"]["acquireTime"]
+    );
+    assert_ne!(bodies[1]["spec"]["renewTime"], held["spec"]["renewTime"]);
 }
