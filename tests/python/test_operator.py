@@ -45,7 +45,7 @@ class Operator:
             env.pop(k, None)
         self.proc = subprocess.Popen(
             [STRATA, "operator", "run", "--agent", agent_api, "--metrics-addr", f"127.0.0.1:{self.metrics_port}",
-             "--staging-poll-ms", "200", "--force-release-after-secs", str(FORCE_RELEASE_AFTER_SECS),
+             "--staging-poll-ms", "200", "--force-release-after-secs", str(FORCE_RELEASE_AFTER_SECS), "--refused-retry-secs", "2",
              "--lease-holder", holder, "--lease-secs", str(LEASE_SECS)],
             stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL, env=env)
         # A start that fails is recorded, not raised: each test asserts it first (`Cluster.ready`), so a broken
@@ -230,7 +230,7 @@ def test_deleting_a_dataclaim_releases_its_claim_and_the_finalizer_goes(cluster,
     assert "Released" in {e["reason"] for e in cluster.events("vision", "resnet")}
 
 
-def test_a_namespace_without_a_team_label_fails_the_dataclaim_and_makes_no_claim(cluster, s3):  # noqa: F811
+def test_a_namespace_without_a_team_label_fails_the_dataclaim_until_an_administrator_labels_it(cluster, s3):  # noqa: F811
     cluster.ready()
     cluster.namespace("noteam")
     prefix = _prefix("noteam")
@@ -243,6 +243,10 @@ def test_a_namespace_without_a_team_label_fails_the_dataclaim_and_makes_no_claim
                        lambda evs: any(e.get("type") == "Warning" for e in evs))
     assert any(e["type"] == "Warning" and "strata.dev/team" in (e.get("note") or "") for e in evs), evs
     assert cluster.agent_claims("noteam/") == []
+    # An administrator labels the namespace: the DataClaim is looked at again and staged, nothing recreated.
+    cluster.api.merge_patch(namespaces("noteam"), {"metadata": {"labels": {"strata.dev/team": "vision"}}})
+    dc = cluster.wait_phase("noteam", "orphan", "Ready")
+    assert dc["status"]["team"] == "vision" and dc["status"]["claimId"], dc["status"]
 
 
 def test_a_deleted_dataclaim_whose_agent_is_gone_is_force_released_after_the_deadline(cluster, s3):  # noqa: F811

@@ -36,6 +36,10 @@ pub struct RunArgs {
     /// Warning event; the agents then release the claim when its TTL passes without a heartbeat).
     #[arg(long, default_value_t = 300)]
     force_release_after_secs: u64,
+    /// Seconds between looks at a DataClaim the operator refused (no team label on its namespace, a missing
+    /// Dataset, a bad spec): fixing the cause is enough. The agents' refusals (quota, missing data) are final.
+    #[arg(long, default_value_t = 60)]
+    refused_retry_secs: u64,
     /// Namespace of the Lease `strata-operator` that elects the one replica that reconciles (the pod's own,
     /// from the downward API).
     #[arg(long, env = "POD_NAMESPACE", default_value = "strata-system")]
@@ -71,6 +75,7 @@ async fn serve(a: RunArgs) -> Result<()> {
     let settings = Settings {
         staging_poll: Duration::from_millis(a.staging_poll_ms.max(100)),
         force_release_after: Duration::from_secs(a.force_release_after_secs),
+        refused_retry: Duration::from_secs(a.refused_retry_secs.max(1)),
     };
     let listener = tokio::net::TcpListener::bind(a.metrics_addr)
         .await

@@ -5,7 +5,8 @@
 //! 1. the finalizer `strata.dev/release` goes on first (kube-runtime's `finalizer`), so no DataClaim goes
 //!    away with its pins and scratch still held;
 //! 2. the team is the namespace's `strata.dev/team` label; a DataClaim naming another team, or a bad spec, is
-//!    refused: `Failed` with the reason, no claim, no retry until the spec changes;
+//!    refused: `Failed` with the reason, no claim; looked at again every [`Settings::refused_retry`] (a fixed
+//!    label or a created Dataset is enough);
 //! 3. no claim yet: the live claim of its job is looked up first (an operator that died between submitting
 //!    and writing the status submits nothing twice), else the claim is submitted; the agent's refusals
 //!    (quota, missing data, another team's prefix) are `Failed` with the agent's reason;
@@ -51,6 +52,10 @@ pub struct Settings {
     pub staging_poll: Duration,
     /// How long a deleted DataClaim's release is retried before the finalizer goes without it (default 5 min).
     pub force_release_after: Duration,
+    /// How often a DataClaim the operator refused (no team label, a missing Dataset, a bad spec) is looked
+    /// at again, so that fixing the namespace or creating the Dataset is enough (default 60 s). The agent's
+    /// own refusals (quota, missing data) are final.
+    pub refused_retry: Duration,
 }
 
 impl Default for Settings {
@@ -58,6 +63,7 @@ impl Default for Settings {
         Self {
             staging_poll: Duration::from_secs(2),
             force_release_after: Duration::from_secs(300),
+            refused_retry: Duration::from_secs(60),
         }
     }
 }
@@ -156,7 +162,7 @@ async fn apply<C: Claims>(
     let labels = namespace_labels(ctx, &ns).await?;
     let team = match convert::team_of(dc, &labels) {
         Ok(t) => t,
-        Err(e) => return settle(dc, ctx, api, refuse(&e), Duration::ZERO).await,
+        Err(e) => return settle(dc, ctx, api, refuse(&e), ctx.settings.refused_retry).await,
     };
 
     let claim = match old.and_then(|s| s.claim_id.clone()) {
@@ -175,7 +181,9 @@ async fn apply<C: Claims>(
             let datasets = dataset_sources(ctx, &ns, dc).await?;
             let spec = match convert::claim_spec(dc, &team, |r| datasets.get(r).cloned()) {
                 Ok(s) => s,
-                Err(e) => return settle(dc, ctx, api, refuse(&e), Duration::ZERO).await,
+                Err(e) => {
+                    return settle(dc, ctx, api, refuse(&e), ctx.settings.refused_retry).await;
+                }
             };
             match ctx.claims.find_live(&team, &spec.job).await? {
                 Some(c) => c,

@@ -446,8 +446,8 @@ async fn a_namespace_without_a_team_or_a_claim_naming_another_team_is_refused_wi
     .await;
     assert_eq!(
         r.unwrap(),
-        Action::await_change(),
-        "no retry until something changes"
+        Action::requeue(Settings::default().refused_retry),
+        "looked at again: a label added later is enough"
     );
     assert_eq!(bodies[1]["status"]["phase"], "Failed");
     assert!(
