@@ -137,14 +137,15 @@ pub async fn reconcile<C: Claims>(dc: Arc<DataClaim>, ctx: Arc<Context<C>>) -> R
     r
 }
 
-/// What the controller does after a failed reconcile: try again soon, later for errors that need a person.
+/// What the controller does after a failed reconcile: try again soon, later (every
+/// [`Settings::refused_retry`]) for errors that need a person.
 pub fn error_policy<C: Claims>(dc: Arc<DataClaim>, e: &Error, ctx: Arc<Context<C>>) -> Action {
     tracing::warn!(claim = %dc.name_any(), error = %e, "reconcile failed");
-    let _ = ctx;
     if e.is_retryable() {
         Action::requeue(Duration::from_secs(5))
     } else {
-        Action::requeue(Duration::from_secs(60))
+        // An error a person must mend (RBAC, a bad token) is looked at as often as a refused DataClaim.
+        Action::requeue(ctx.settings.refused_retry)
     }
 }
 
