@@ -1,6 +1,6 @@
 //! Tests of the tiered block cache against real backends (in-memory, and a real S3 server behind a counting,
 //! fault-injecting proxy). Inside the crate, because many of them drive the readers under `BlockCache::get`
-//! (readahead, budget shares, opens that read), which are not public. One room of 1,400 lines because its
+//! (readahead, budget shares, opens that read), which are not public. One room of 1,500 lines because its
 //! tests share one set of fixtures (origin, proxy, configs) and the reference model at the end; the next
 //! split is by concern (fills and faults, metadata, budget and hints) beside this file.
 
