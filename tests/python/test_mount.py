@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, Gateway, client, free_port
+from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, Gateway, api_get, client, free_port
 
 MIB = 1024 * 1024
 BUCKET = "gw-origin"
@@ -390,6 +390,42 @@ def test_random_preads_and_reads_past_the_end(gw, dataset, mounts):
         assert f.read(100) == b""
     with open(m.path("d0/sub0/f00.bin"), "rb") as f:
         assert f.read() == b""
+
+
+def backend_bytes(api):
+    """Bytes the agent at `api` has read from its backends (`strata_io_bytes_total`, GETs of tier backend)."""
+    base = api if "://" in api else f"http://{api}"
+    text = api_get(f"{base}/metrics").read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("strata_io_bytes_total") and 'op="get"' in line and 'tier="backend"' in line)
+
+
+def test_a_sequential_reader_near_a_files_end_has_the_next_file_fetched(origin, s3, mounts):
+    # a.bin, b.bin, c.bin in one directory (cp -r, a loader over sorted shards): while a.bin is read to its end
+    # the agent is already fetching b.bin, so the origin does not sit idle between files; c.bin waits until
+    # b.bin is read. An agent of its own: its origin counter counts this test only.
+    rng = np.random.default_rng(11)
+    body = {n: rng.bytes(20 * MIB + i) for i, n in enumerate(["a.bin", "b.bin", "c.bin"])}
+    put_all(s3, {f"mnt-next/{n}": b for n, b in body.items()})
+    agent = Gateway(origin)
+    try:
+        m = mounts.mount(agent.api, "origin/mnt-next/")
+        with open(m.path("a.bin"), "rb") as f:
+            got = b"".join(iter(lambda: f.read(MIB), b""))
+        assert got == body["a.bin"]
+        a, b, c = (len(body[n]) for n in ("a.bin", "b.bin", "c.bin"))
+        wait_for(lambda: backend_bytes(agent.api) >= a + b, 20, "b.bin fetched before it is opened")
+        time.sleep(1)
+        assert backend_bytes(agent.api) < a + b + c, "only the next file is fetched ahead, not c.bin"
+        with open(m.path("b.bin"), "rb") as f:
+            assert f.read() == body["b.bin"]
+        # b.bin came from the agent's cache: the origin read it once.
+        assert backend_bytes(agent.api) <= a + b + c + 2 * 8 * MIB
+        with open(m.path("c.bin"), "rb") as f:
+            assert f.read() == body["c.bin"]
+        assert backend_bytes(agent.api) <= a + b + c + 2 * 8 * MIB
+    finally:
+        agent.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------

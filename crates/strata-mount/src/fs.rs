@@ -206,9 +206,13 @@ impl Filesystem for StrataFs {
         let Some(obj) = self.tree.object(ino.0).cloned() else {
             return reply.error(Errno::EISDIR);
         };
+        let next = self
+            .tree
+            .next_file(ino.0)
+            .map(|(ino, obj)| (ino, obj.clone()));
         let reader = self.reader.clone();
         self.rt.spawn(async move {
-            match reader.read(ino.0, &obj, offset, size).await {
+            match reader.read(ino.0, &obj, offset, size, next).await {
                 Ok(b) => reply.data(&b),
                 Err(e) => {
                     tracing::warn!(file = %obj.name, offset, size, error = %e, "a read failed");

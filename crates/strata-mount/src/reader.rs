@@ -62,13 +62,15 @@ impl Reader {
         }
     }
 
-    /// Bytes `offset..offset + size` of `obj` (inode `ino`), cut at its end.
+    /// Bytes `offset..offset + size` of `obj` (inode `ino`), cut at its end. `next` is the file a reader
+    /// walking the directory opens after this one: the prefetch window runs on into it.
     pub async fn read(
         self: &Arc<Self>,
         ino: u64,
         obj: &Object,
         offset: u64,
         size: u32,
+        next: Option<(u64, Object)>,
     ) -> Result<Bytes> {
         if offset >= obj.size || size == 0 {
             return Ok(Bytes::new());
@@ -84,7 +86,7 @@ impl Reader {
         if !sequential {
             return self.fetch(obj, offset..end).await;
         }
-        self.prefetch_ahead(ino, obj, offset);
+        self.prefetch_ahead(ino, obj, offset, next);
         let chunks = obj.size.div_ceil(CHUNK);
         if last + 1 < chunks {
             // One chunk ahead, fetched while this one is read.
@@ -121,29 +123,57 @@ impl Reader {
     }
 
     /// Keep the agent fetching up to [`PREFETCH_WINDOW`] ahead of a sequential reader at `offset`: a new
-    /// window is asked for once the reader is past half of the last one.
-    fn prefetch_ahead(self: &Arc<Self>, ino: u64, obj: &Object, offset: u64) {
-        let from = {
+    /// window is asked for once the reader is past half of the last one. A window that reaches the end of
+    /// the file runs on into `next` (a large file), so the origin stays busy across the file boundary.
+    fn prefetch_ahead(
+        self: &Arc<Self>,
+        ino: u64,
+        obj: &Object,
+        offset: u64,
+        next: Option<(u64, Object)>,
+    ) {
+        let (window, spill) = {
             let mut p = self.prefetched.lock();
             let done = p.iter().find(|(i, _)| *i == ino).map_or(0, |(_, to)| *to);
-            if done >= obj.size || done > offset + PREFETCH_WINDOW / 2 {
+            if done > offset + PREFETCH_WINDOW / 2 {
                 return;
             }
-            let from = done.max(offset - offset % CHUNK);
-            let to = obj.size.min(from + PREFETCH_WINDOW);
-            p.retain(|(i, _)| *i != ino);
-            p.push_back((ino, to));
-            while p.len() > PREFETCH_TRACKED {
-                p.pop_front();
-            }
-            from
+            let window = (done < obj.size).then(|| {
+                let from = done.max(offset - offset % CHUNK);
+                let to = obj.size.min(from + PREFETCH_WINDOW);
+                record(&mut p, ino, to);
+                from..to
+            });
+            // The window's rest past this file's end, in the next file; once, before it is opened.
+            let asked = window.as_ref().map_or(done, |w| w.end);
+            let spill = next
+                .filter(|(n, o)| {
+                    o.size > WHOLE && asked >= obj.size && !p.iter().any(|(i, _)| i == n)
+                })
+                .map(|(n, o)| {
+                    let len = o
+                        .size
+                        .min(PREFETCH_WINDOW - (obj.size - offset).min(PREFETCH_WINDOW));
+                    record(&mut p, n, len);
+                    (o, len)
+                });
+            (window, spill)
         };
-        let to = obj.size.min(from + PREFETCH_WINDOW);
+        if let Some(w) = window {
+            self.hint(obj, w);
+        }
+        if let Some((o, len)) = spill.filter(|(_, len)| *len > 0) {
+            self.hint(&o, 0..len);
+        }
+    }
+
+    /// Ask the agent, in the background, to fetch `range` of `obj`.
+    fn hint(self: &Arc<Self>, obj: &Object, range: std::ops::Range<u64>) {
         let me = self.clone();
         let name = obj.name.clone();
         let etag = obj.etag.clone();
         tokio::spawn(async move {
-            if let Err(e) = me.prefetch(&name, etag.as_deref(), from..to).await {
+            if let Err(e) = me.prefetch(&name, etag.as_deref(), range).await {
                 tracing::debug!(error = %e, "a prefetch hint failed (reads fetch on demand)");
             }
         });
@@ -258,5 +288,14 @@ impl Reader {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// Note that inode `ino` was asked for up to `to` (the oldest file is forgotten past [`PREFETCH_TRACKED`]).
+fn record(p: &mut VecDeque<(u64, u64)>, ino: u64, to: u64) {
+    p.retain(|(i, _)| *i != ino);
+    p.push_back((ino, to));
+    while p.len() > PREFETCH_TRACKED {
+        p.pop_front();
     }
 }

@@ -260,6 +260,19 @@ impl Tree {
             .map(|i| u64::from(children[i]) + 1)
     }
 
+    /// The file after `ino` in its directory's name order (inode and object), if there is one: what a
+    /// reader walking the directory (`cp -r`, a loader over sorted shards) opens next.
+    pub fn next_file(&self, ino: u64) -> Option<(u64, &Object)> {
+        // A directory's children have consecutive inodes (numbered breadth first, in name order).
+        let parent = self.node(ino)?.parent;
+        let next = ino.checked_add(1)?;
+        let node = self.node(next)?;
+        if node.parent != parent || ino == 1 {
+            return None;
+        }
+        Some((next, self.object(next)?))
+    }
+
     /// The object a file inode reads.
     pub fn object(&self, ino: u64) -> Option<&Object> {
         match self.node(ino)?.kind {
