@@ -77,6 +77,7 @@ RESOURCES = {
     "events.k8s.io/v1/events": dict(kind="Event", namespaced=True),
     "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
     "v1/pods": dict(kind="Pod", namespaced=True, subresources={"status"}),
+    "discovery.k8s.io/v1/endpointslices": dict(kind="EndpointSlice", namespaced=True),
 }
 CLUSTER_SCOPED_CORE = ("namespaces", "nodes", "persistentvolumes")
 
@@ -484,6 +485,10 @@ def events(namespace):
 
 def leases(namespace, name=None):
     return resource_path("coordination.k8s.io/v1", "leases", namespace, name)
+
+
+def endpointslices(namespace, name=None):
+    return resource_path("discovery.k8s.io/v1", "endpointslices", namespace, name)
 
 
 class FakeKubeApi:

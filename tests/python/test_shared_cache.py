@@ -1097,6 +1097,63 @@ def test_slurm_node_list_members_share_one_copy(origin, bucket, cluster):
     assert sum(c["origin_bytes"] for c in cache) == sum(len(v) for v in objects.values()), cache
 
 
+def endpoint_slice(name, service, port, addresses, ready=True):
+    """An EndpointSlice as the endpoints controller writes one for a Service's pods."""
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4", "ports": [{"name": "api", "port": port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [a], "conditions": {"ready": ready}} for a in addresses]}
+
+
+def test_kubernetes_members_are_the_ready_endpoints_of_the_agents_service(origin, bucket, cluster, tmp_path):
+    # `cache = "kubernetes"`: the members are the ready endpoints of the headless Service's EndpointSlices
+    # (watched on a fake API server: kmock, see kube_api.py). Two agents on loopback, one slice each (a real
+    # cluster has one port and many pod IPs; here the port tells them apart).
+    from kube_api import FakeKubeApi, endpointslices
+
+    name, s3 = bucket
+    objects = make_objects(71, 6, lo=1 * MIB, hi=2 * MIB, prefix="k8s/")
+    upload(s3, name, objects)
+    kube = FakeKubeApi(str(tmp_path / "kube-api.log"))
+    try:
+        api = kube.client
+        ns = "strata-system"
+        ports = [free_port(), free_port()]
+        api.create(endpointslices(ns), endpoint_slice("strata-agents-a", "strata-agents", ports[0], ["127.0.0.1"]))
+        api.create(endpointslices(ns), endpoint_slice("strata-agents-b", "strata-agents", ports[1], ["127.0.0.1"]))
+        # Another Service's endpoints (same namespace) are no members.
+        api.create(endpointslices(ns), endpoint_slice("other-x", "other", 7070, ["10.9.9.9"]))
+        env = {"KUBECONFIG": kube.kubeconfig(str(tmp_path / "kubeconfig"))}
+        proxy = cluster.proxy(origin.removeprefix("http://"))
+        agents = [cluster.add(proxy.url, name, f'cache = "kubernetes"\nkube_namespace = "{ns}"\n'
+                              f'advertise = "127.0.0.1:{p}"', api_port=p, env=env) for p in ports]
+        for a in agents:
+            a.start()
+        both = {a.me for a in agents}
+
+        def members(a):
+            return {m["id"] for m in a.cluster()["members"]}
+
+        for a in agents:
+            s = a.cluster()
+            assert s["membership"] == "kubernetes" and s["me"] == a.me, s
+            assert members(a) == both, (s["members"], a.log())
+        failed, bad = check_bodies(read_all([(a, k, None) for k in objects for a in agents]), objects)
+        assert not failed and not bad, (failed[:3], bad[:3], cluster.logs())
+        assert_each_byte_fetched_once(proxy, name, objects)
+        # B's pod turns unready (failing its readiness probe, or terminating): A's view drops it.
+        a, b = agents
+        api.merge_patch(endpointslices(ns, "strata-agents-b"),
+                        {"endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": False}}]})
+        poll("the unready agent leaving A's view", lambda: members(a) == {a.me}, 15)
+        # Its slice replaced by a new one naming it ready again (a restarted pod): back in.
+        api.delete(endpointslices(ns, "strata-agents-b"))
+        api.create(endpointslices(ns), endpoint_slice("strata-agents-c", "strata-agents", ports[1], ["127.0.0.1"]))
+        poll("the agent back in both views", lambda: members(a) == both and members(b) == both, 15)
+    finally:
+        kube.stop()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 7. The loader on two nodes, each through its own agent
 

@@ -549,6 +549,26 @@ async fn serve(a: ServeArgs) -> Result<()> {
         cluster_secret: a.cluster_secret,
         catalog_key: a.catalog_key,
     })?;
+    let mut resolved = resolved;
+    if let Some(s) = resolved
+        .sharing
+        .as_ref()
+        .filter(|s| s.kind == strata_server::config::CacheSharing::Kubernetes)
+    {
+        // The members are the ready endpoints of the agents' headless Service (see deploy/20-agents.yaml).
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let client = kube::Client::try_default()
+            .await
+            .context("[cluster] cache = \"kubernetes\": connecting to the Kubernetes API (in-cluster, or $KUBECONFIG)")?;
+        let members = strata_k8s::EndpointMembers::start(
+            client,
+            &s.kube_namespace,
+            &s.kube_service,
+            Duration::from_secs(30),
+        )
+        .await;
+        resolved.membership = Some(std::sync::Arc::new(members));
+    }
     strata_server::serve(
         resolved,
         shutdown_signal(),

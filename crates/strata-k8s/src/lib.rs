@@ -12,11 +12,15 @@
 //! team only, so a DataClaim never reaches another team's data, although the operator submits every claim
 //! with one admin token. [`crds`] are the CustomResourceDefinitions, checked in as
 //! `deploy/00-crds.yaml` (a test fails when they drift; `strata operator crds` writes them).
+//!
+//! On the node side, [`EndpointMembers`] is the cache cluster's membership on Kubernetes: the ready
+//! endpoints of the agents' headless Service (`[cluster] cache = "kubernetes"`).
 
 mod agent;
 mod convert;
 mod crd;
 mod lease;
+mod members;
 mod metrics;
 mod reconcile;
 mod run;
@@ -29,6 +33,7 @@ pub use crd::{
     DatasetStatus, DatasetVersionStatus, GROUP, PrefetchMode, TEAM_LABEL, VERSION, crds, crds_yaml,
 };
 pub use lease::Elector;
+pub use members::{API_PORT_NAME, EndpointMembers, SERVICE_NAME_LABEL, members_of, nodes_of};
 pub use metrics::Metrics;
 pub use reconcile::{Context, FINALIZER, MANAGER, Settings, error_policy, kube_error, reconcile};
 pub use run::run;

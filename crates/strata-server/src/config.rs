@@ -59,6 +59,11 @@ pub struct ClusterSection {
     /// Longest a peer may take to answer a block request before the next owner or the origin is tried, in
     /// milliseconds (connecting: at most 1 s of it). Default 10000.
     pub peer_timeout_ms: Option<u64>,
+    /// `cache = "kubernetes"`: the headless Service of the agents; its EndpointSlices' ready endpoints are
+    /// the members. Default `strata-agents`.
+    pub kube_service: Option<String>,
+    /// `cache = "kubernetes"`: the Service's namespace. Default: `POD_NAMESPACE`, else `strata-system`.
+    pub kube_namespace: Option<String>,
 }
 
 /// Where the members of a shared cache come from (`[cluster] cache`).
@@ -75,6 +80,9 @@ pub enum CacheSharing {
     Catalog,
     /// The nodes of this process's Slurm job (`SLURM_JOB_NODELIST`), with equal weights.
     Slurm,
+    /// The ready endpoints of the agents' headless Service on Kubernetes (its EndpointSlices, watched), with
+    /// equal weights.
+    Kubernetes,
 }
 
 /// `[catalog]`
@@ -350,6 +358,9 @@ pub struct Resolved {
     pub catalog_key: Option<String>,
     /// The shared cache, when `[cluster] cache` is not `off`.
     pub sharing: Option<crate::cluster::Sharing>,
+    /// A membership source built outside the agent, which `cache = "kubernetes"` needs (`strata serve`
+    /// starts the EndpointSlice watch and puts it here). `None` from [`Config::resolve`].
+    pub membership: Option<std::sync::Arc<dyn strata_cluster::Membership>>,
 }
 
 impl Config {
@@ -603,6 +614,7 @@ impl Config {
             peers,
             cluster_secret,
             sharing,
+            membership: None,
             catalog_url,
             catalog: self.catalog.clone(),
             s3_listen,

@@ -160,7 +160,8 @@ impl Agent {
                     .disk
                     .as_ref()
                     .map_or(c.ram_capacity.bytes(), |d| d.capacity.bytes());
-                let (membership, beats) = cluster::members::source(sharing, capacity)?;
+                let (membership, beats) =
+                    cluster::members::source(sharing, capacity, config.membership.as_ref())?;
                 if let Some(b) = &beats {
                     // Registered before serving: the others see this agent within a heartbeat.
                     if let Err(e) = b.beat(&catalog, sharing.member_ttl).await {

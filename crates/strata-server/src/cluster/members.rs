@@ -93,9 +93,23 @@ impl Membership for CatalogMembers {
 /// A membership source, and the catalog source again when it is one (for its heartbeat loop).
 pub type Source = (Arc<dyn Membership>, Option<Arc<CatalogMembers>>);
 
-/// The membership source `sharing` names.
-pub fn source(sharing: &Sharing, capacity: u64) -> Result<Source> {
+/// The membership source `sharing` names; `external` is the one built outside the agent
+/// ([`crate::config::Resolved::membership`]), which `kubernetes` needs.
+pub fn source(
+    sharing: &Sharing,
+    capacity: u64,
+    external: Option<&Arc<dyn Membership>>,
+) -> Result<Source> {
     Ok(match sharing.kind {
+        CacheSharing::Kubernetes => match external {
+            Some(m) => (m.clone(), None),
+            None => {
+                return Err(strata_types::Error::config(
+                    "[cluster] cache = \"kubernetes\" needs the EndpointSlice watch that `strata serve` \
+                     starts; this agent was started without one",
+                ));
+            }
+        },
         CacheSharing::Off | CacheSharing::Static => {
             (Arc::new(StaticMembers::new(&sharing.peers)), None)
         }

@@ -71,6 +71,10 @@ pub struct Sharing {
     pub member_ttl: Duration,
     /// Longest wait for a peer's answer.
     pub peer_timeout: Duration,
+    /// `kubernetes`: the agents' headless Service and its namespace.
+    pub kube_service: String,
+    /// `kubernetes`: the Service's namespace.
+    pub kube_namespace: String,
 }
 
 impl Sharing {
@@ -102,6 +106,24 @@ impl Sharing {
                 let short = host.split('.').next().unwrap_or(&host).to_string();
                 normalize_peer(&format!("{short}:{slurm_port}"))?
             }
+            (None, CacheSharing::Kubernetes) => match std::env::var("POD_IP") {
+                Ok(ip) if !ip.trim().is_empty() => {
+                    let ip = ip.trim();
+                    let host = if ip.contains(':') {
+                        format!("[{ip}]")
+                    } else {
+                        ip.to_string()
+                    };
+                    normalize_peer(&format!("{host}:{}", api_listen.port()))
+                        .map_err(|e| e.context("POD_IP"))?
+                }
+                _ => {
+                    return Err(Error::config(
+                        "[cluster] cache = \"kubernetes\": no POD_IP (the downward API's status.podIP) and no \
+                         [cluster] advertise: the other agents could not reach this one",
+                    ));
+                }
+            },
             (None, _) if api_listen.ip().is_unspecified() => {
                 return Err(Error::config(format!(
                     "[cluster] advertise: the API listens on {api_listen}, which is no address the other \
@@ -141,6 +163,16 @@ impl Sharing {
             heartbeat,
             member_ttl,
             peer_timeout: Duration::from_millis(c.peer_timeout_ms.unwrap_or(10_000).max(100)),
+            kube_service: c
+                .kube_service
+                .clone()
+                .unwrap_or_else(|| "strata-agents".into()),
+            kube_namespace: c
+                .kube_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .filter(|n| !n.trim().is_empty())
+                .unwrap_or_else(|| "strata-system".into()),
         }))
     }
 }
@@ -625,6 +657,20 @@ mod tests {
         assert_eq!(s.me, "http://10.0.0.2:7070");
         let e = Sharing::resolve(&section(CacheSharing::Catalog), &peers, api, true, sqlite);
         assert!(e.unwrap_err().message().contains("PostgreSQL"));
+        let mut kube = section(CacheSharing::Kubernetes);
+        kube.advertise = Some("10.1.2.3:7070".into());
+        kube.kube_namespace = Some("strata".into());
+        let s = Sharing::resolve(&kube, &[], wild, true, sqlite)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (
+                s.me.as_str(),
+                s.kube_service.as_str(),
+                s.kube_namespace.as_str()
+            ),
+            ("http://10.1.2.3:7070", "strata-agents", "strata")
+        );
         let mut fast = section(CacheSharing::Catalog);
         fast.heartbeat_secs = Some(5);
         fast.member_ttl_secs = Some(6);
@@ -642,6 +688,8 @@ mod tests {
             heartbeat: Duration::from_secs(2),
             member_ttl: Duration::from_secs(10),
             peer_timeout: Duration::from_secs(1),
+            kube_service: "strata-agents".into(),
+            kube_namespace: "strata-system".into(),
         };
         Cluster::new(
             s,
