@@ -10,19 +10,33 @@ when nothing changed); refusals (no team label, data missing on the origin) are 
 Warning event, and make no claim; deleting a DataClaim releases its claim and the object goes; an agent that
 cannot be reached does not keep a deleted DataClaim forever (ForcedRelease after --force-release-after-secs);
 of two operators only the Lease's holder reconciles, and the other takes over when it dies.
+
+The pod admission webhook (`--webhook-listen`) is called here as the API server calls it: AdmissionReview v1
+over HTTPS (the test's self-signed certificate standing in for cert-manager's), its JSON patch applied to the
+pod as the API server applies it. The fake API server does not call webhooks itself; what is proven is the
+webhook's side: a pod labelled `strata.dev/claim` is admitted once its DataClaim is Ready, with the node-local
+agent, the claim's environment and affinity toward the nodes of the agents' ready endpoints (which the operator
+reads from the EndpointSlices of `strata-agents` into `status.nodes`), and denied, with the reason, before.
 """
+import base64
+import contextlib
+import json
 import os
 import secrets
 import signal
+import ssl
 import subprocess
 import time
 import urllib.request
+import uuid
 
+import jsonpatch
 import pytest
 
 from conftest import ADMIN_TOKEN, STRATA, free_port, wait_port
 from test_claims import MIB, Agent, put_dataset, s3  # noqa: F401  (s3 is a fixture)
-from kube_api import FakeKubeApi, dataclaims, events, leases, namespaces
+from kube_api import FakeKubeApi, dataclaims, endpointslices, events, leases, namespaces, resource_path
+from deploy_manifests import structure_problems
 
 FINALIZER = "strata.dev/release"
 FORCE_RELEASE_AFTER_SECS = 3
@@ -33,7 +47,9 @@ TIMEOUT = 30
 class Operator:
     """One `strata operator run` against the fake API server and one agent; its log in a file."""
 
-    def __init__(self, agent_api, kubeconfig, log_path, holder="op-a"):
+    def __init__(self, agent_api, kubeconfig, log_path, holder="op-a", webhook=None, agents_service=None):
+        """`webhook`: (port, certfile, keyfile) to serve the admission webhook on 127.0.0.1:port with that
+        certificate; `agents_service`: --agents-service (else the binary's default, strata-agents)."""
         self.metrics_port = free_port()
         self.metrics = f"http://127.0.0.1:{self.metrics_port}"
         self.log_path = log_path
@@ -41,18 +57,27 @@ class Operator:
         env = dict(os.environ, STRATA_TOKEN=ADMIN_TOKEN, KUBECONFIG=kubeconfig, RUST_LOG="info",
                    # the CLI's log filter is STRATA_LOG; kube-runtime's watcher says why a list/watch failed at debug
                    STRATA_LOG="info,strata_k8s=debug,kube_runtime=debug,kube_client=info")
-        for k in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "STRATA_AGENT"):
+        # POD_NAMESPACE would move the Lease and the agents' EndpointSlices out of the default strata-system,
+        # where the tests look for them.
+        for k in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "STRATA_AGENT", "POD_NAMESPACE"):
             env.pop(k, None)
-        self.proc = subprocess.Popen(
-            [STRATA, "operator", "run", "--agent", agent_api, "--metrics-addr", f"127.0.0.1:{self.metrics_port}",
-             "--staging-poll-ms", "200", "--force-release-after-secs", str(FORCE_RELEASE_AFTER_SECS), "--refused-retry-secs", "2",
-             "--lease-holder", holder, "--lease-secs", str(LEASE_SECS)],
-            stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL, env=env)
+        args = [STRATA, "operator", "run", "--agent", agent_api, "--metrics-addr", f"127.0.0.1:{self.metrics_port}",
+                "--staging-poll-ms", "200", "--force-release-after-secs", str(FORCE_RELEASE_AFTER_SECS),
+                "--refused-retry-secs", "2", "--lease-holder", holder, "--lease-secs", str(LEASE_SECS)]
+        if webhook is not None:
+            port, certfile, keyfile = webhook
+            args += ["--webhook-listen", f"127.0.0.1:{port}", "--webhook-cert", certfile, "--webhook-key", keyfile]
+        if agents_service is not None:
+            args += ["--agents-service", agents_service]
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL, env=env)
         # A start that fails is recorded, not raised: each test asserts it first (`Cluster.ready`), so a broken
         # operator is a failed test with the reason, not a fixture error.
         self.start_error = None
         try:
             wait_port(self.metrics_port, self.proc)
+            if webhook is not None:
+                # Bound right after /metrics, before the Lease: every replica serves it, leader or not.
+                wait_port(webhook[0], self.proc)
         except RuntimeError as e:
             self.start_error = f"strata operator run did not start ({e})"
 
@@ -149,16 +174,21 @@ def _tail(text, lines):
     return "\n".join(text.splitlines()[-lines:])
 
 
-@pytest.fixture()
-def cluster(origin, s3, tmp_path):  # noqa: F811
-    """A fresh fake API server, one agent (team `vision`) and an operator between them; all stopped after."""
+@contextlib.contextmanager
+def _running_cluster(origin, tmp_path, before_operator=None, **operator_kw):
+    """A fresh fake API server, one agent (team `vision`) and an operator between them; all stopped after.
+    `before_operator(kube_client)` puts what a cluster already has in the API before the operator's first look;
+    `operator_kw` go to `Operator`."""
     agent = Agent(origin)
     kube = op = None
     try:
         s, v = agent.call("POST", "/v1/teams", {"name": "vision"}, token=ADMIN_TOKEN)
         assert s in (200, 201, 409), (s, v)
         kube = FakeKubeApi(log_path=str(tmp_path / "kube-api.log"))
-        op = Operator(agent.api, kube.kubeconfig(str(tmp_path / "kubeconfig")), str(tmp_path / "operator.log"))
+        if before_operator is not None:
+            before_operator(kube.client)
+        op = Operator(agent.api, kube.kubeconfig(str(tmp_path / "kubeconfig")), str(tmp_path / "operator.log"),
+                      **operator_kw)
         yield Cluster(kube, agent, op)
     finally:
         if op is not None:
@@ -171,6 +201,13 @@ def cluster(origin, s3, tmp_path):  # noqa: F811
             print(f"----- operator log ({op.log_path}) -----\n{_tail(op.log(), 300)}")
         if kube is not None:
             print(f"----- fake API server log ({kube.log_path}) -----\n{_tail(kube.log(), 200)}")
+
+
+@pytest.fixture()
+def cluster(origin, s3, tmp_path):  # noqa: F811
+    """A fresh fake API server, one agent (team `vision`) and an operator between them; all stopped after."""
+    with _running_cluster(origin, tmp_path) as c:
+        yield c
 
 
 def _prefix(what):
@@ -304,3 +341,274 @@ def test_of_two_operators_only_the_lease_holder_reconciles_and_the_other_takes_o
     finally:
         b.stop()
         print(f"----- operator B log -----\n{_tail(b.log(), 100)}")
+
+
+# --- The pod admission webhook ------------------------------------------------------------------------------
+
+CLAIM_LABEL = "strata.dev/claim"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+# The agent on a pod's own node (the strata-node Service of deploy/20-agents.yaml): the default --node-agent.
+NODE_AGENT = "http://strata-node.strata-system:7070"
+# The operator's namespace (the default --lease-namespace: Operator passes none and drops $POD_NAMESPACE), where
+# it reads the EndpointSlices of the agents' Service.
+OPERATOR_NAMESPACE = "strata-system"
+# What the agents' EndpointSlices say (below): the ready agents' nodes, sorted.
+READY_NODES = ["node-a", "node-b"]
+
+
+def _endpoint_slice(name, service, endpoints):
+    """An EndpointSlice as the endpoints controller writes one for `service`: (address, node, ready) each."""
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": OPERATOR_NAMESPACE,
+                         "labels": {"kubernetes.io/service-name": service,
+                                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "api", "port": 7070, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [address], "conditions": {"ready": ready}, "nodeName": node}
+                          for address, node, ready in endpoints]}
+
+
+def _agents_endpoints(api):
+    """The agents as a cluster publishes them before the operator starts: ready on node-a and node-b, still
+    starting (not ready) on node-c; and a slice of another Service in the namespace, which is not the agents'."""
+    api.create(endpointslices(OPERATOR_NAMESPACE), _endpoint_slice(
+        "strata-agents-7xk2p", "strata-agents",
+        [("10.0.1.7", "node-b", True), ("10.0.0.3", "node-a", True), ("10.0.2.5", "node-c", False)]))
+    api.create(endpointslices(OPERATOR_NAMESPACE), _endpoint_slice(
+        "strata-operator-webhook-k2f9d", "strata-operator-webhook", [("10.0.9.1", "node-z", True)]))
+
+
+def _self_signed(tmp_path):
+    """A self-signed certificate and key for 127.0.0.1 (what cert-manager's Secret holds in a cluster, and
+    the CA the webhook's caBundle would then be)."""
+    cert, key = str(tmp_path / "webhook.crt"), str(tmp_path / "webhook.key")
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                        "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, f"openssl req: {r.returncode}\n{r.stderr}"
+    return cert, key
+
+
+class Webhook:
+    """The operator's admission webhook, called as the API server calls it: an AdmissionReview v1 of a Pod
+    CREATE, POSTed over HTTPS, the server's certificate verified against the CA (the self-signed certificate
+    itself) and its name (127.0.0.1)."""
+
+    def __init__(self, port, ca):
+        self.url = f"https://127.0.0.1:{port}/mutate-pods"
+        self.tls = ssl.create_default_context(cafile=ca)
+
+    def review(self, namespace, pod):
+        """The webhook's AdmissionResponse for the creation of `pod` in `namespace`."""
+        uid = str(uuid.uuid4())
+        gvk, gvr = {"group": "", "version": "v1", "kind": "Pod"}, {"group": "", "version": "v1", "resource": "pods"}
+        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": uid, "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
+                            "name": pod["metadata"].get("name", ""), "namespace": namespace, "operation": "CREATE",
+                            "userInfo": {"username": "system:serviceaccount:kube-system:job-controller",
+                                         "groups": ["system:serviceaccounts", "system:authenticated"]},
+                            "object": pod, "oldObject": None, "dryRun": False,
+                            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}}}
+        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, context=self.tls, timeout=10) as r:
+            assert r.status == 200, r.status
+            review = json.loads(r.read())
+        assert (review.get("apiVersion"), review.get("kind")) == ("admission.k8s.io/v1", "AdmissionReview"), review
+        resp = review["response"]
+        assert resp["uid"] == uid, ("the response answers another request", uid, resp)
+        return resp
+
+
+def _patched(pod, resp):
+    """(`pod` with the response's JSON patch applied as the API server applies it, the patch's operations);
+    (`pod`, None) when the response has no patch."""
+    raw = resp.get("patch")
+    if raw is None:
+        return pod, None
+    assert resp.get("patchType") == "JSONPatch", resp
+    # `patch` is []byte in the API's Go types: in JSON, base64 text, which is what the API server decodes
+    # (kube-rs's AdmissionResponse alone would send an array of numbers; the operator rewrites it).
+    assert isinstance(raw, str), ("the patch must be base64 text", raw)
+    data = base64.b64decode(raw, validate=True)
+    ops = json.loads(data)
+    return jsonpatch.apply_patch(pod, ops), ops
+
+
+def _denial(resp):
+    """The message of a denied AdmissionResponse (what `kubectl describe job` shows)."""
+    assert resp["allowed"] is False, resp
+    assert resp.get("patch") is None, ("a denial patches nothing", resp)
+    return (resp.get("status") or {}).get("message") or ""
+
+
+def _job_pod(namespace, claim):
+    """A pod as a Job's controller creates it and a mutating webhook sees it, after the API server's
+    defaulting: generateName and no name yet; a container that sets STRATA_AGENT itself, and the pod's own
+    scheduling preference."""
+    labels = {"job-name": "train", "batch.kubernetes.io/job-name": "train"}
+    if claim is not None:
+        labels[CLAIM_LABEL] = claim
+
+    def container(name, image, env=None):
+        c = {"name": name, "image": image, "imagePullPolicy": "IfNotPresent", "resources": {},
+             "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}
+        if env is not None:
+            c["env"] = env
+        return c
+
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "train-", "namespace": namespace, "labels": labels,
+                         "creationTimestamp": None},
+            "spec": {"restartPolicy": "Never", "dnsPolicy": "ClusterFirst", "schedulerName": "default-scheduler",
+                     "serviceAccountName": "default", "securityContext": {}, "terminationGracePeriodSeconds": 30,
+                     "enableServiceLinks": True, "priority": 0,
+                     "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                                      "effect": "NoExecute", "tolerationSeconds": 300}],
+                     "initContainers": [container("fetch-code", "busybox")],
+                     "containers": [container("train", "pytorch/pytorch", [{"name": "EPOCHS", "value": "90"}]),
+                                    container("proxy", "envoyproxy/envoy",
+                                              [{"name": "STRATA_AGENT", "value": "http://127.0.0.1:7070"}])],
+                     "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                         {"weight": 10, "preference": {"matchExpressions": [
+                             {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}}]}}},
+            "status": {}}
+
+
+def _env_or_affinity(path):
+    """Whether a JSON patch path is in a container's env (/spec/containers/N/env...) or the pod's affinity."""
+    parts = path.split("/")
+    return parts[1:3] == ["spec", "affinity"] or (
+        parts[1:2] == ["spec"] and parts[2:3] in (["containers"], ["initContainers"]) and parts[4:5] == ["env"])
+
+
+def _env(container):
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+@pytest.fixture()
+def webhook_cluster(origin, s3, tmp_path):  # noqa: F811
+    """`cluster`, with the agents' EndpointSlices in the API before the operator starts, and the operator
+    serving the webhook (`.webhook`) with a self-signed certificate."""
+    cert, key = _self_signed(tmp_path)
+    port = free_port()
+    with _running_cluster(origin, tmp_path, before_operator=_agents_endpoints, webhook=(port, cert, key)) as c:
+        c.webhook = Webhook(port, cert)
+        yield c
+
+
+def test_a_pod_naming_a_ready_claim_is_admitted_with_its_environment_and_affinity_toward_the_cache(
+        webhook_cluster, s3):  # noqa: F811
+    cluster = webhook_cluster
+    dc = _ready_claim(cluster, s3)
+    st = dc["status"]
+    # Where the data is: the nodes of the ready endpoints of strata-agents (node-c's agent is not ready; node-z is
+    # another Service's), known from the first Ready write on.
+    assert st["nodes"] == READY_NODES, st
+    assert st["claimId"] and st["env"].get("STRATA_CLAIM") == st["claimId"], st
+
+    pod = _job_pod("vision", "resnet")
+    resp = cluster.webhook.review("vision", pod)
+    assert resp["allowed"] is True, resp
+    out, ops = _patched(pod, resp)
+    assert ops, resp
+    # The patch touches the containers' environment and the affinity, nothing else.
+    assert all(_env_or_affinity(op["path"]) for op in ops), ops
+    assert out["metadata"] == pod["metadata"]
+
+    for c in out["spec"]["initContainers"] + out["spec"]["containers"]:
+        names = [e["name"] for e in c["env"]]
+        assert len(names) == len(set(names)), (c["name"], names)
+        env = _env(c)
+        # The container that names its own agent keeps it; every other gets the agent of its node.
+        assert env["STRATA_AGENT"] == ("http://127.0.0.1:7070" if c["name"] == "proxy" else NODE_AGENT), (c["name"], env)
+        assert env["STRATA_CLAIM"] == st["claimId"], (c["name"], env)
+        # The rest of the claim's environment as its status has it. Its STRATA_AGENT is the agent the operator
+        # made the claim on (its --agent: the strata-api Service in a cluster); a pod reads through its node's.
+        for k, v in st["env"].items():
+            if k != "STRATA_AGENT":
+                assert env.get(k) == v, (c["name"], k, env)
+    assert _env(out["spec"]["containers"][0])["EPOCHS"] == "90"
+
+    # Preferred, not required, by default: the scheduler weighs the cache's nodes, next to the pod's own terms.
+    na = out["spec"]["affinity"]["nodeAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in na, na
+    assert na["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0],
+        {"weight": 100, "preference": {"matchExpressions": [
+            {"key": HOSTNAME_LABEL, "operator": "In", "values": READY_NODES}]}}], na
+
+    # Reinvoked (reinvocationPolicy IfNeeded, after another webhook), the admitted pod stays as it is.
+    resp = cluster.webhook.review("vision", out)
+    assert resp["allowed"] is True, resp
+    assert _patched(out, resp)[0] == out, resp
+
+    # The admitted pod is what the API server then stores: a well-formed Pod (the fake server stores it as
+    # sent, and validates nothing but its JSON; structure_problems checks names, containers and env entries).
+    created = cluster.api.create(resource_path("v1", "pods", "vision"), out)
+    stored = cluster.api.get(resource_path("v1", "pods", "vision", created["metadata"]["name"]))
+    assert stored["spec"] == out["spec"] and stored["metadata"]["labels"][CLAIM_LABEL] == "resnet", stored
+    assert structure_problems(stored) == [], structure_problems(stored)
+
+    # requireCacheAffinity: the pod may only run where the data is, in every way it may schedule.
+    cluster.api.create(dataclaims("vision"), {
+        "apiVersion": "strata.dev/v1alpha1", "kind": "DataClaim",
+        "metadata": {"name": "resnet-strict", "namespace": "vision"},
+        "spec": {"datasets": [{"name": "train", "location": dc["spec"]["datasets"][0]["location"]}],
+                 "requireCacheAffinity": True}})
+    strict = cluster.wait_phase("vision", "resnet-strict", "Ready")["status"]
+    assert strict["nodes"] == READY_NODES, strict
+    pod = _job_pod("vision", "resnet-strict")
+    out, _ = _patched(pod, cluster.webhook.review("vision", pod))
+    na = out["spec"]["affinity"]["nodeAffinity"]
+    assert na["requiredDuringSchedulingIgnoredDuringExecution"] == {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": HOSTNAME_LABEL, "operator": "In", "values": READY_NODES}]}]}, na
+    assert na["preferredDuringSchedulingIgnoredDuringExecution"] == \
+        pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"], na
+    assert _env(out["spec"]["containers"][0])["STRATA_CLAIM"] == strict["claimId"] != st["claimId"]
+
+
+def test_a_pod_is_denied_until_its_claim_is_ready_and_one_naming_none_is_admitted_untouched(
+        webhook_cluster, s3):  # noqa: F811
+    cluster = webhook_cluster
+    cluster.ready()
+    cluster.namespace("vision", team="vision")
+    hook = cluster.webhook
+
+    # No label: admitted as it is (the MutatingWebhookConfiguration's objectSelector would not even send it).
+    resp = hook.review("vision", _job_pod("vision", None))
+    assert resp["allowed"] is True and resp.get("patch") is None and resp.get("patchType") is None, resp
+
+    # A DataClaim that does not exist: denied, naming it and the namespace it was looked for in.
+    msg = _denial(hook.review("vision", _job_pod("vision", "nonesuch")))
+    assert '"nonesuch"' in msg and "namespace vision" in msg, msg
+
+    # Failed (its data is not on the origin): denied with the reason the DataClaim gives.
+    cluster.dataclaim("vision", "ghost", f"origin/{_prefix('missing')}")
+    reason = cluster.wait_phase("vision", "ghost", "Failed")["status"]["reason"]
+    msg = _denial(hook.review("vision", _job_pod("vision", "ghost")))
+    assert "DataClaim ghost failed" in msg and reason in msg, (msg, reason)
+
+    # Not Ready yet. The agent is stopped (SIGSTOP) so that the operator, which has taken the DataClaim (its
+    # finalizer is on), waits on its first call to the agent and writes no status meanwhile: the DataClaim stays
+    # Pending for as long as the test looks, instead of racing a staging of a few milliseconds.
+    prefix = _prefix("slow")
+    put_dataset(s3, prefix, [MIB])
+    cluster.agent.proc.send_signal(signal.SIGSTOP)
+    try:
+        cluster.dataclaim("vision", "slow", f"origin/{prefix}")
+        taken = cluster.wait("the operator to take DataClaim slow", lambda: cluster.get("vision", "slow"),
+                             lambda dc: FINALIZER in (dc or {}).get("metadata", {}).get("finalizers", []))
+        assert not taken.get("status"), taken
+        msg = _denial(hook.review("vision", _job_pod("vision", "slow")))
+        assert "DataClaim slow is Pending" in msg and "once it is Ready" in msg, msg
+        # Staging, with the progress the operator writes while the agent stages: the denial says how far it is.
+        cluster.api.merge_patch(dataclaims("vision", "slow", "status"), {"status": {
+            "phase": "Staging",
+            "progress": {"bytesDone": MIB // 4, "bytesTotal": MIB, "objectsDone": 0, "objectsTotal": 1,
+                         "blocksHeld": 0, "blocksTotal": 1, "summary": "256 KiB/1.0 MiB (25%)"}}})
+        msg = _denial(hook.review("vision", _job_pod("vision", "slow")))
+        assert f"DataClaim slow is Staging (25%: {MIB // 4} of {MIB} bytes, 0 of 1 objects)" in msg, msg
+    finally:
+        cluster.agent.proc.send_signal(signal.SIGCONT)

@@ -16,12 +16,12 @@ pub enum OperatorCommand {
     /// Run the operator until SIGTERM or SIGINT: every DataClaim of the cluster becomes a claim on the agents
     /// (charged to its namespace's strata.dev/team label), its status follows the claim, and its deletion
     /// releases it. Talks to the Kubernetes API in-cluster, or through $KUBECONFIG.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The agents' control API: one agent, or the agents' Service (http://strata-agent.strata-system:7070).
+    /// The agents' control API: one agent, or the agents' Service (http://strata-api.strata-system:7070).
     /// The token is $STRATA_TOKEN: an admin's, since claims of every team go through it (the agents authorize
     /// each claim's locations as its team only).
     #[arg(long, env = "STRATA_AGENT")]
@@ -51,6 +51,24 @@ pub struct RunArgs {
     /// the others waiting.
     #[arg(long, default_value_t = 15)]
     lease_secs: u64,
+    /// The agents' headless Service (in the operator's namespace, --lease-namespace): the nodes of its ready
+    /// endpoints are where a Ready claim's data is cached (`status.nodes`, which pods get affinity toward).
+    #[arg(long, default_value = "strata-agents")]
+    agents_service: String,
+    /// Serve the pod admission webhook (HTTPS, POST /mutate-pods) here: pods labelled strata.dev/claim are
+    /// admitted once their DataClaim is Ready, with its environment and node affinity. Every replica serves
+    /// it, leader or not. Off when not given.
+    #[arg(long)]
+    webhook_listen: Option<SocketAddr>,
+    /// The webhook's certificate chain (PEM), e.g. a cert-manager Certificate's Secret, mounted.
+    #[arg(long, default_value = "/etc/strata/webhook/tls.crt")]
+    webhook_cert: std::path::PathBuf,
+    /// The webhook's private key (PEM).
+    #[arg(long, default_value = "/etc/strata/webhook/tls.key")]
+    webhook_key: std::path::PathBuf,
+    /// The agent admitted pods talk to (their STRATA_AGENT): the node-local Service of deploy/20-agents.yaml.
+    #[arg(long, default_value = strata_k8s::NODE_AGENT)]
+    node_agent: String,
 }
 
 pub async fn run(cmd: OperatorCommand) -> Result<()> {
@@ -59,7 +77,7 @@ pub async fn run(cmd: OperatorCommand) -> Result<()> {
             print!("{}", strata_k8s::crds_yaml());
             Ok(())
         }
-        OperatorCommand::Run(a) => serve(a).await,
+        OperatorCommand::Run(a) => serve(*a).await,
     }
 }
 
@@ -96,6 +114,26 @@ async fn serve(a: RunArgs) -> Result<()> {
             })
             .await
     });
+    let webhook = match a.webhook_listen {
+        None => None,
+        Some(addr) => {
+            let tls = strata_k8s::webhook_server::tls_config(&a.webhook_cert, &a.webhook_key)?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the webhook to {addr}"))?;
+            tracing::info!(webhook = %addr, "serving the pod admission webhook");
+            let mut rx = stop_rx.clone();
+            Some(tokio::spawn(strata_k8s::webhook_server::serve(
+                listener,
+                tls,
+                client.clone(),
+                a.node_agent.clone(),
+                async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                },
+            )))
+        }
+    };
     let stop_tx = std::sync::Arc::new(stop_tx);
     let on_signal = stop_tx.clone();
     tokio::spawn(async move {
@@ -116,8 +154,20 @@ async fn serve(a: RunArgs) -> Result<()> {
     let mut rx = stop_rx.clone();
     if !elector.acquire(&mut rx).await {
         let _ = http.await;
+        if let Some(w) = webhook {
+            let _ = w.await;
+        }
         return Ok(());
     }
+    let agent_nodes = std::sync::Arc::new(
+        strata_k8s::EndpointMembers::start(
+            client.clone(),
+            &a.lease_namespace,
+            &a.agents_service,
+            Duration::from_secs(10),
+        )
+        .await,
+    );
     tracing::info!(holder = %holder, "operator leading: reconciling DataClaims");
     // Leadership lost: stop reconciling now, and exit non-zero so that Kubernetes starts a new candidate.
     let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -133,8 +183,19 @@ async fn serve(a: RunArgs) -> Result<()> {
     let shutdown = async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    strata_k8s::run(client, agent, settings, metrics, shutdown).await;
+    strata_k8s::run(
+        client,
+        agent,
+        settings,
+        metrics,
+        Some(agent_nodes),
+        shutdown,
+    )
+    .await;
     let _ = http.await;
+    if let Some(w) = webhook {
+        let _ = w.await;
+    }
     if lost.load(std::sync::atomic::Ordering::SeqCst) {
         anyhow::bail!("the operator lost its lease (another replica leads now)");
     }

@@ -14,8 +14,11 @@
 //! `deploy/00-crds.yaml` (a test fails when they drift; `strata operator crds` writes them).
 //!
 //! On the node side, [`EndpointMembers`] is the cache cluster's membership on Kubernetes: the ready
-//! endpoints of the agents' headless Service (`[cluster] cache = "kubernetes"`).
+//! endpoints of the agents' headless Service (`[cluster] cache = "kubernetes"`). Pods declare their data
+//! with the label [`CLAIM_LABEL`]: the admission webhook ([`admit`], served by [`webhook_server`]) admits
+//! them once the claim is Ready, with its environment and node affinity toward the nodes holding its data.
 
+mod admission;
 mod agent;
 mod convert;
 mod crd;
@@ -24,6 +27,7 @@ mod members;
 mod metrics;
 mod reconcile;
 mod run;
+mod webhook;
 
 pub use agent::Claims;
 pub use convert::{CLAIM_TTL_SECS, HEARTBEAT_SECS, claim_spec, job_id, status_of, team_of};
@@ -37,6 +41,11 @@ pub use members::{API_PORT_NAME, EndpointMembers, SERVICE_NAME_LABEL, members_of
 pub use metrics::Metrics;
 pub use reconcile::{Context, FINALIZER, MANAGER, Settings, error_policy, kube_error, reconcile};
 pub use run::run;
+pub use webhook::{CLAIM_LABEL, HOSTNAME_LABEL, NODE_AGENT, Verdict, admit, claim_name};
+/// The admission webhook's HTTPS server.
+pub mod webhook_server {
+    pub use crate::admission::{HANDSHAKE, MAX_CONNECTIONS, serve, tls_config};
+}
 
 #[cfg(test)]
 mod tests;

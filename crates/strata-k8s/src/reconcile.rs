@@ -80,6 +80,9 @@ pub struct Context<C> {
     pub settings: Settings,
     /// The operator's metrics.
     pub metrics: Metrics,
+    /// The agents' nodes (their Service's ready endpoints): a Ready claim's `status.nodes`, since staging
+    /// spreads its blocks over every member. `None`: not known (the status says no nodes).
+    pub agent_nodes: Option<Arc<crate::EndpointMembers>>,
 }
 
 impl<C> std::fmt::Debug for Context<C> {
@@ -204,7 +207,11 @@ async fn apply<C: Claims>(
     if live && stale_heartbeat {
         ctx.claims.heartbeat(&claim.id).await?;
     }
-    let status = convert::status_of(&claim, generation, old, &now);
+    let mut status = convert::status_of(&claim, generation, old, &now);
+    status.nodes = match (&status.phase, &ctx.agent_nodes) {
+        (ClaimPhase::Ready, Some(m)) => m.nodes(),
+        _ => Vec::new(),
+    };
     let next = match status.phase {
         ClaimPhase::Pending | ClaimPhase::Staging => ctx.settings.staging_poll,
         _ => Duration::from_secs(HEARTBEAT_SECS),

@@ -22,12 +22,14 @@ pub(crate) fn watch_config() -> watcher::Config {
     watcher::Config::default()
 }
 
-/// Reconcile DataClaims through `claims` until `shutdown` resolves (reconciles in flight finish first).
+/// Reconcile DataClaims through `claims` until `shutdown` resolves (reconciles in flight finish first);
+/// `agent_nodes` says where a Ready claim's data is (`status.nodes`).
 pub async fn run<C: Claims>(
     client: Client,
     claims: C,
     settings: Settings,
     metrics: Metrics,
+    agent_nodes: Option<Arc<crate::EndpointMembers>>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let recorder = Recorder::new(client.clone(), MANAGER.into());
@@ -37,6 +39,7 @@ pub async fn run<C: Claims>(
         recorder,
         settings,
         metrics,
+        agent_nodes,
     });
     let api: Api<DataClaim> = Api::all(client);
     Controller::new(api, watch_config())

@@ -262,6 +262,7 @@ async fn run(
         claims: agent.clone(),
         settings,
         metrics: Metrics::new(),
+        agent_nodes: None,
     });
     let r = tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(dc), ctx))
         .await
