@@ -23,10 +23,12 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -66,7 +68,8 @@ class Operator:
                 "--refused-retry-secs", "2", "--lease-holder", holder, "--lease-secs", str(LEASE_SECS)]
         if webhook is not None:
             port, certfile, keyfile = webhook
-            args += ["--webhook-listen", f"127.0.0.1:{port}", "--webhook-cert", certfile, "--webhook-key", keyfile]
+            args += ["--webhook-listen", f"127.0.0.1:{port}", "--webhook-cert", certfile, "--webhook-key", keyfile,
+                     "--webhook-reload-secs", "1"]
         if agents_service is not None:
             args += ["--agents-service", agents_service]
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL, env=env)
@@ -495,6 +498,7 @@ def webhook_cluster(origin, s3, tmp_path):  # noqa: F811
     port = free_port()
     with _running_cluster(origin, tmp_path, before_operator=_agents_endpoints, webhook=(port, cert, key)) as c:
         c.webhook = Webhook(port, cert)
+        c.webhook_port, c.webhook_files = port, (cert, key)
         yield c
 
 
@@ -612,3 +616,47 @@ def test_a_pod_is_denied_until_its_claim_is_ready_and_one_naming_none_is_admitte
         assert f"DataClaim slow is Staging (25%: {MIB // 4} of {MIB} bytes, 0 of 1 objects)" in msg, msg
     finally:
         cluster.agent.proc.send_signal(signal.SIGCONT)
+
+
+def test_a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_not(webhook_cluster, tmp_path):
+    # cert-manager renews the Secret and the kubelet swaps the mounted files; a webhook still serving the old
+    # certificate after it expires would fail every labelled pod closed. The operator looks at the files again
+    # (every --webhook-reload-secs, 1 s here) and serves the new pair on the next connection.
+    cluster = webhook_cluster
+    cert, key = cluster.webhook_files
+    plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": "vision"},
+             "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    assert cluster.webhook.review("vision", plain)["allowed"] is True
+    old_ca = str(tmp_path / "old-ca.crt")
+    shutil.copy(cert, old_ca)
+    renewed_dir = tmp_path / "renewed"
+    renewed_dir.mkdir()
+    new_cert, new_key = _self_signed(renewed_dir)
+    new_ca = str(tmp_path / "new-ca.crt")
+    shutil.copy(new_cert, new_ca)
+    os.replace(new_key, key)
+    os.replace(new_cert, cert)
+    renewed = Webhook(cluster.webhook_port, new_ca)
+
+    def tls_refused(e):
+        return isinstance(e, ssl.SSLError) or isinstance(getattr(e, "reason", None), ssl.SSLError)
+
+    def serves_the_new_one():
+        try:
+            return renewed.review("vision", plain)["allowed"] is True
+        except (ssl.SSLError, urllib.error.URLError) as e:
+            assert tls_refused(e), e
+            return False
+    deadline = time.time() + TIMEOUT
+    while not serves_the_new_one():
+        assert time.time() < deadline, "the renewed certificate is not served:\n" + cluster.operator.log()[-3000:]
+        time.sleep(0.3)
+    with pytest.raises((ssl.SSLError, urllib.error.URLError)) as e:
+        Webhook(cluster.webhook_port, old_ca).review("vision", plain)
+    assert tls_refused(e.value), e.value
+    # A half-written renewal (a key that is not PEM): the last good pair stays in service.
+    with open(key, "w") as f:
+        f.write("not a key\n")
+    time.sleep(2.5)
+    assert renewed.review("vision", plain)["allowed"] is True
+    assert "does not load; keeping the last one" in cluster.operator.log()

@@ -66,6 +66,10 @@ pub struct RunArgs {
     /// The webhook's private key (PEM).
     #[arg(long, default_value = "/etc/strata/webhook/tls.key")]
     webhook_key: std::path::PathBuf,
+    /// Seconds between looks at the certificate and key for a change (a renewal is served without a
+    /// restart; a pair that does not load keeps the last good one).
+    #[arg(long, default_value_t = strata_k8s::webhook_server::RELOAD_EVERY.as_secs())]
+    webhook_reload_secs: u64,
     /// The agent admitted pods talk to (their STRATA_AGENT): the node-local Service of deploy/20-agents.yaml.
     #[arg(long, default_value = strata_k8s::NODE_AGENT)]
     node_agent: String,
@@ -117,7 +121,11 @@ async fn serve(a: RunArgs) -> Result<()> {
     let webhook = match a.webhook_listen {
         None => None,
         Some(addr) => {
-            let tls = strata_k8s::webhook_server::tls_config(&a.webhook_cert, &a.webhook_key)?;
+            let tls = strata_k8s::webhook_server::Tls::load(
+                &a.webhook_cert,
+                &a.webhook_key,
+                Duration::from_secs(a.webhook_reload_secs),
+            )?;
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding the webhook to {addr}"))?;

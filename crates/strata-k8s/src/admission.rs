@@ -2,15 +2,19 @@
 //! reads the DataClaim the pod names and answers with [`crate::webhook::admit`]'s verdict as a JSON patch.
 //!
 //! The API server calls webhooks over TLS only; the certificate and key are PEM files (a cert-manager
-//! Certificate's Secret, mounted), read at start. At most [`MAX_CONNECTIONS`] connections are served at once;
+//! Certificate's Secret, mounted). They are read again when either file changes (looked at when a connection
+//! comes, at most every `--webhook-reload-secs`, [`RELOAD_EVERY`] by default): cert-manager renews the Secret and the kubelet updates the
+//! mounted files in place, and a webhook that kept serving the expired certificate would stop every labelled
+//! pod (the webhook fails closed). A pair that does not load keeps the last good one, with a warning. At most
+//! [`MAX_CONNECTIONS`] connections are served at once;
 //! a handshake gets [`HANDSHAKE`]; shutdown stops accepting and drops what is in flight (the API server
 //! retries or fails the pod closed).
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::State;
 use axum::routing::post;
@@ -31,6 +35,76 @@ use crate::webhook::{Verdict, admit, claim_name};
 pub const MAX_CONNECTIONS: usize = 256;
 /// Longest a TLS handshake may take.
 pub const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// How often, at most, the certificate files are looked at for a change, by default.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(10);
+
+/// The TLS configuration of PEM files, read again when they change.
+#[derive(Debug)]
+pub struct Tls {
+    cert: PathBuf,
+    key: PathBuf,
+    every: Duration,
+    state: parking_lot::Mutex<TlsState>,
+}
+
+#[derive(Debug)]
+struct TlsState {
+    config: Arc<rustls::ServerConfig>,
+    stamp: Stamp,
+    looked: Instant,
+}
+
+/// What identifies a version of the two files: their modification times and sizes (the kubelet swaps a
+/// Secret volume's files by renaming a directory, which changes both for a new certificate).
+type Stamp = [(Option<SystemTime>, u64); 2];
+
+fn stamp(cert: &Path, key: &Path) -> Stamp {
+    let one = |p: &Path| std::fs::metadata(p).map_or((None, 0), |m| (m.modified().ok(), m.len()));
+    [one(cert), one(key)]
+}
+
+impl Tls {
+    /// Load `cert` (the chain) and `key`, to be looked at again at most every `every`; an error when they do
+    /// not make a configuration.
+    pub fn load(cert: &Path, key: &Path, every: Duration) -> Result<Self> {
+        let stamp = stamp(cert, key);
+        let config = tls_config(cert, key)?;
+        Ok(Self {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            every,
+            state: parking_lot::Mutex::new(TlsState {
+                config,
+                stamp,
+                looked: Instant::now(),
+            }),
+        })
+    }
+
+    /// The configuration to serve the next connection with: the files read again if they changed.
+    pub fn current(&self) -> Arc<rustls::ServerConfig> {
+        let mut st = self.state.lock();
+        if st.looked.elapsed() >= self.every {
+            st.looked = Instant::now();
+            let now = stamp(&self.cert, &self.key);
+            if now != st.stamp {
+                match tls_config(&self.cert, &self.key) {
+                    Ok(c) => {
+                        tracing::info!(cert = %self.cert.display(), "the webhook's certificate changed; serving the new one");
+                        st.config = c;
+                        st.stamp = now;
+                    }
+                    // Half-written (the key renewed before the chain, say): the next look tries again.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the webhook's new certificate does not load; keeping the last one")
+                    }
+                }
+            }
+        }
+        st.config.clone()
+    }
+}
 
 /// The TLS configuration from PEM files `cert` (the chain) and `key`.
 pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
@@ -63,7 +137,7 @@ struct Ctx {
 /// and admitted pods reach their node's agent at `agent`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    tls: Arc<rustls::ServerConfig>,
+    tls: Tls,
     client: Client,
     agent: String,
     shutdown: impl Future<Output = ()> + Send,
@@ -74,7 +148,6 @@ pub async fn serve(
             client,
             agent: agent.into(),
         });
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
@@ -95,7 +168,7 @@ pub async fn serve(
             },
         };
         while conns.try_join_next().is_some() {}
-        let acceptor = acceptor.clone();
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
         let app = app.clone();
         conns.spawn(async move {
             let _permit = permit;

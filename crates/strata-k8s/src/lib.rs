@@ -44,7 +44,7 @@ pub use run::run;
 pub use webhook::{CLAIM_LABEL, HOSTNAME_LABEL, NODE_AGENT, Verdict, admit, claim_name};
 /// The admission webhook's HTTPS server.
 pub mod webhook_server {
-    pub use crate::admission::{HANDSHAKE, MAX_CONNECTIONS, serve, tls_config};
+    pub use crate::admission::{HANDSHAKE, MAX_CONNECTIONS, RELOAD_EVERY, Tls, serve, tls_config};
 }
 
 #[cfg(test)]
