@@ -550,24 +550,8 @@ async fn serve(a: ServeArgs) -> Result<()> {
         catalog_key: a.catalog_key,
     })?;
     let mut resolved = resolved;
-    if let Some(s) = resolved
-        .sharing
-        .as_ref()
-        .filter(|s| s.kind == strata_server::config::CacheSharing::Kubernetes)
-    {
-        // The members are the ready endpoints of the agents' headless Service (see deploy/20-agents.yaml).
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-        let client = kube::Client::try_default()
-            .await
-            .context("[cluster] cache = \"kubernetes\": connecting to the Kubernetes API (in-cluster, or $KUBECONFIG)")?;
-        let members = strata_k8s::EndpointMembers::start(
-            client,
-            &s.kube_namespace,
-            &s.kube_service,
-            Duration::from_secs(30),
-        )
-        .await;
-        resolved.membership = Some(std::sync::Arc::new(members));
+    if let Some(m) = operator::kube_membership(resolved.sharing.as_ref()).await? {
+        resolved.membership = Some(m);
     }
     strata_server::serve(
         resolved,

@@ -1,4 +1,5 @@
-//! `strata operator`: the Kubernetes operator (reconciles DataClaims into claims on the agents) and its CRDs.
+//! `strata operator`: the Kubernetes operator (reconciles DataClaims into claims on the agents) and its CRDs;
+//! and the agent's side of Kubernetes (`strata serve` with `[cluster] cache = "kubernetes"`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -208,4 +209,28 @@ async fn serve(a: RunArgs) -> Result<()> {
         anyhow::bail!("the operator lost its lease (another replica leads now)");
     }
     Ok(())
+}
+
+/// The cache cluster's members for `strata serve` when `[cluster] cache = "kubernetes"`: the ready endpoints
+/// of the agents' headless Service (see deploy/20-agents.yaml), watched; `None` for every other source.
+pub async fn kube_membership(
+    sharing: Option<&strata_server::cluster::Sharing>,
+) -> Result<Option<std::sync::Arc<strata_k8s::EndpointMembers>>> {
+    let Some(s) = sharing.filter(|s| s.kind == strata_server::config::CacheSharing::Kubernetes)
+    else {
+        return Ok(None);
+    };
+    // As for the operator: the kube client needs the one rustls provider named.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let client = kube::Client::try_default().await.context(
+        "[cluster] cache = \"kubernetes\": connecting to the Kubernetes API (in-cluster, or $KUBECONFIG)",
+    )?;
+    let members = strata_k8s::EndpointMembers::start(
+        client,
+        &s.kube_namespace,
+        &s.kube_service,
+        Duration::from_secs(30),
+    )
+    .await;
+    Ok(Some(std::sync::Arc::new(members)))
 }
