@@ -247,7 +247,7 @@ impl BlockCache {
                     self.inner
                         .meta
                         .lock()
-                        .remove(obj.backend.id(), &obj.meta.key);
+                        .invalidate(obj.backend.id(), Invalidation::Key(obj.meta.key.clone()));
                     return Err(e.context(format!(
                         "{} changed at the backend while being read; reopen it to read the new version",
                         obj.meta.key

@@ -123,7 +123,7 @@ pub use config::{
 pub use get::{ByteRange, ETagMatch, GetBody, GetOptions, GetResult, plain_etag};
 pub use peer::{PeerBlock, PeerSource};
 pub use policy::PolicyKind;
-pub use state::{BlockCache, PinSpec};
+pub use state::{BlockCache, Invalidation, PinSpec};
 pub use stats::{CacheStats, DiskFaults, JobIo, TierStats};
 pub use warm::{Held, PinReport, WarmProgress};
 

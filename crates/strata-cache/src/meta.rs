@@ -21,9 +21,10 @@ impl BlockCache {
         if let Some(obj) = self.revalidate_by_listing(ctx, backend, key).await {
             return Ok(self.object_from_state(ctx, obj));
         }
+        let since = self.meta_generation();
         let meta = backend.head(ctx, key).await?;
         let obj = Arc::new(ObjState::new(backend, meta));
-        self.remember(&obj);
+        self.remember(&obj, since);
         Ok(self.object_from_state(ctx, obj))
     }
 
@@ -128,6 +129,7 @@ impl BlockCache {
             .acquire_budget(units(len))
             .await
             .ok_or_else(|| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?;
+        let since = self.meta_generation();
         let (meta, stream) = match backend.get_head_stream(ctx, key, len).await {
             Ok(v) => v,
             // An empty object has no satisfiable range: fall back to HEAD.
@@ -137,7 +139,7 @@ impl BlockCache {
             Err(e) => return Err(e),
         };
         let state = Arc::new(ObjState::new(backend, meta));
-        self.remember(&state);
+        self.remember(&state, since);
         let obj = self.object_from_state(ctx, state);
         let size = obj.meta().size;
         // The response is the object's first `len` bytes, or all of it: whole blocks (`len` is a multiple of
@@ -208,6 +210,12 @@ impl BlockCache {
             return None;
         }
         let mut m = self.inner.meta.lock();
+        if m.lapsed() {
+            if m.len > 0 {
+                m.drop_all();
+            }
+            return None;
+        }
         let bm = m.by_backend.get_mut(&**backend.id())?;
         let e = bm.entries.get_mut(key)?;
         let age = e.at.elapsed();
@@ -383,20 +391,56 @@ impl BlockCache {
         self.inner.cfg.metadata_ttl_ms > 0 && self.inner.meta.lock().contains(backend.id(), key)
     }
 
-    pub(crate) fn remember(&self, obj: &Arc<ObjState>) {
+    /// The metadata map's generation now: pass it to [`Self::remember`] with the answer of a lookup started
+    /// after this call.
+    pub(crate) fn meta_generation(&self) -> u64 {
+        self.inner.meta.lock().generation
+    }
+
+    /// Remember `obj`'s version, learned by a lookup that started at generation `since`, unless something
+    /// invalidated it since (or the lease ran out): see [`MetaMap`].
+    pub(crate) fn remember(&self, obj: &Arc<ObjState>, since: u64) {
         if self.inner.cfg.metadata_ttl_ms == 0 {
             return;
         }
-        self.inner
-            .meta
-            .lock()
-            .insert(obj.backend.id(), &obj.meta.key, MetaEntry::new(obj.clone()));
+        let mut m = self.inner.meta.lock();
+        if m.admits(obj.backend.id(), &obj.meta.key, since) {
+            m.insert(obj.backend.id(), &obj.meta.key, MetaEntry::new(obj.clone()));
+        }
     }
 
     /// Forget what is known of `key`'s version: call after writing or deleting it, so the next open sees the
-    /// change even with a metadata TTL.
+    /// change even with a metadata TTL (and a lookup already in flight does not bring the old one back).
     pub fn invalidate(&self, backend: &Backend, key: &str) {
-        self.inner.meta.lock().remove(backend.id(), key);
+        self.invalidate_in(backend.id(), Invalidation::Key(key.to_string()));
+    }
+
+    /// [`Self::invalidate`] by the backend's canonical id, for a key or every key under a prefix: what
+    /// another agent of the cluster wrote or deleted.
+    pub fn invalidate_in(&self, backend_id: &str, what: Invalidation) {
+        self.inner.meta.lock().invalidate(backend_id, what);
+    }
+
+    /// Forget every version known, of every backend.
+    pub fn invalidate_all(&self) {
+        self.inner.meta.lock().drop_all();
+    }
+
+    /// Trust metadata only until `until` (`None`: for its TTL, as without a cluster). Past it, opens ask the
+    /// backend and remember nothing; the first look after it, or the next call here, drops every entry, so
+    /// nothing learned before a lapse is used after it. The cluster renews the lease while it is in contact
+    /// with every member (`strata-server`'s `cluster::coherence`).
+    pub fn set_metadata_lease(&self, until: Option<Instant>) {
+        let mut m = self.inner.meta.lock();
+        if m.lapsed() {
+            m.drop_all();
+        }
+        m.lease = until;
+    }
+
+    /// Whether metadata is trusted now (the lease holds, or there is none).
+    pub fn metadata_trusted(&self) -> bool {
+        !self.inner.meta.lock().lapsed()
     }
 
     /// A reader for an object whose metadata the caller already has (from a listing, say).

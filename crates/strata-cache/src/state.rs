@@ -124,10 +124,47 @@ pub(crate) struct Inner {
 }
 
 /// Object metadata by backend id, then key: looked up by `&str`, so a hit allocates nothing.
+///
+/// **Answers older than an invalidation are not remembered.** Every invalidation bumps `generation` and is
+/// kept in `recent` (the last [`RECENT_MAX`]); an open notes the generation before it asks the backend and
+/// remembers the answer only if nothing it covers was invalidated since ([`MetaMap::admits`]): a HEAD sent
+/// before a write (here or, told by the cluster, at another agent) never brings the old version back after it.
+///
+/// **The lease.** In a cluster, metadata is trusted only until `lease` (the cluster renews it while every
+/// member is in contact, see `strata-server`'s `cluster::coherence`): past it nothing is served from or added
+/// to the map, and the first look after the lapse drops every entry.
 #[derive(Default)]
 pub(crate) struct MetaMap {
     pub(crate) by_backend: FastMap<Arc<str>, BackendMeta>,
     pub(crate) len: usize,
+    pub(crate) generation: u64,
+    pub(crate) recent: std::collections::VecDeque<(u64, Arc<str>, Invalidation)>,
+    /// Lookups that started at or before this generation are not remembered (what they could have missed is
+    /// no longer in `recent`, or every entry was dropped).
+    pub(crate) floor: u64,
+    pub(crate) lease: Option<Instant>,
+}
+
+/// Invalidations kept to refuse answers that started before them.
+pub(crate) const RECENT_MAX: usize = 1024;
+
+/// What an invalidation covers, in one backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Invalidation {
+    /// One key.
+    Key(String),
+    /// Every key that starts with this prefix.
+    Prefix(String),
+}
+
+impl Invalidation {
+    pub(crate) fn covers(&self, key: &str) -> bool {
+        match self {
+            Self::Key(k) => k == key,
+            Self::Prefix(p) => key.starts_with(p.as_str()),
+        }
+    }
 }
 
 /// What is known of one backend's objects.
@@ -172,10 +209,71 @@ impl MetaMap {
         }
     }
 
+    /// Forget what `what` covers in `backend`, and refuse answers to lookups started before now.
+    pub(crate) fn invalidate(&mut self, backend: &str, what: Invalidation) {
+        match &what {
+            Invalidation::Key(k) => self.remove(backend, k),
+            Invalidation::Prefix(p) => {
+                if let Some(m) = self.by_backend.get_mut(backend) {
+                    let gone: Vec<String> = m
+                        .entries
+                        .keys()
+                        .filter(|k| k.starts_with(p.as_str()))
+                        .cloned()
+                        .collect();
+                    for k in gone {
+                        if m.remove(&k) {
+                            self.len -= 1;
+                        }
+                    }
+                }
+            }
+        }
+        self.generation += 1;
+        if self.recent.len() >= RECENT_MAX
+            && let Some((g, _, _)) = self.recent.pop_front()
+        {
+            self.floor = self.floor.max(g);
+        }
+        let b = self
+            .by_backend
+            .get_key_value(backend)
+            .map_or_else(|| Arc::from(backend), |(k, _)| k.clone());
+        self.recent.push_back((self.generation, b, what));
+    }
+
+    /// Drop every entry, and refuse answers to lookups started before now.
+    pub(crate) fn drop_all(&mut self) {
+        self.by_backend.clear();
+        self.len = 0;
+        self.generation += 1;
+        self.floor = self.generation;
+        self.recent.clear();
+    }
+
+    /// Whether the lease has run out (never without one).
+    pub(crate) fn lapsed(&self) -> bool {
+        self.lease.is_some_and(|u| Instant::now() >= u)
+    }
+
+    /// Whether an answer about `key` of `backend` to a lookup that started at generation `since` may be
+    /// remembered: nothing covering it was invalidated since, and the lease holds.
+    pub(crate) fn admits(&self, backend: &str, key: &str, since: u64) -> bool {
+        if since < self.floor || self.lapsed() {
+            return false;
+        }
+        self.recent
+            .iter()
+            .rev()
+            .take_while(|(g, _, _)| *g > since)
+            .all(|(_, b, what)| &**b != backend || !what.covers(key))
+    }
+
     pub(crate) fn insert(&mut self, backend: &Arc<str>, key: &str, e: MetaEntry) {
         if self.len >= META_MAX {
-            // A bound, not a policy.
-            *self = Self::default();
+            // A bound, not a policy: the entries go, what they were refused for stays.
+            self.by_backend.clear();
+            self.len = 0;
         }
         let m = match self.by_backend.get_mut(&**backend) {
             Some(m) => m,

@@ -7,4 +7,5 @@
 pub(crate) mod common;
 
 mod cache;
+mod coherence;
 mod peers;

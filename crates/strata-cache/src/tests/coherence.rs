@@ -1,0 +1,125 @@
+//! The metadata cache under invalidations from elsewhere (another agent of the cluster): answers to lookups
+//! started before an invalidation are not remembered, prefix invalidations, and the cluster's lease.
+
+use std::time::{Duration, Instant};
+
+use super::common::*;
+use strata_cache::{Invalidation, PolicyKind};
+use strata_telemetry::Telemetry;
+use strata_testkit::{FaultProxy, S3Server};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_to_a_head_sent_before_an_invalidation_is_not_remembered() {
+    let server = S3Server::start();
+    server.create_bucket("inflight-head").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let backend = s3_backend(&proxy.endpoint(), "inflight-head", Telemetry::new());
+    put(&backend, "k", &pattern(1_000, 1)).await;
+    let mut cfg = config(None, 64, 32, 0, PolicyKind::Tinylfu);
+    cfg.metadata_ttl_ms = 60_000;
+    let cache = open(cfg, Telemetry::new());
+    let heads = || {
+        proxy
+            .requests()
+            .iter()
+            .filter(|r| r.method == "HEAD")
+            .count()
+    };
+    // A HEAD held at the proxy while another agent's write is announced here.
+    proxy.set_delay(Duration::from_millis(400));
+    let open = {
+        let (cache, backend) = (cache.clone(), backend.clone());
+        tokio::spawn(async move { cache.open_object(&ctx(), &backend, "k").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    cache.invalidate_in(backend.id(), Invalidation::Key("k".into()));
+    open.await.unwrap().unwrap();
+    proxy.set_delay(Duration::ZERO);
+    let before = heads();
+    cache.open_object(&ctx(), &backend, "k").await.unwrap();
+    assert_eq!(
+        heads(),
+        before + 1,
+        "the answer that started before the invalidation was not kept: the next open asks again"
+    );
+    // That answer (sent after the invalidation) is remembered as usual.
+    cache.open_object(&ctx(), &backend, "k").await.unwrap();
+    assert_eq!(heads(), before + 1);
+    cache.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_prefix_invalidation_forgets_every_key_under_it_and_no_other() {
+    let backend = memory_backend();
+    let mut cfg = config(None, 64, 32, 0, PolicyKind::Tinylfu);
+    cfg.metadata_ttl_ms = 60_000;
+    let cache = open(cfg, Telemetry::new());
+    for k in ["run/1/a", "run/1/b", "run/10/a", "other"] {
+        put(&backend, k, &pattern(100, 1)).await;
+        cache.open_object(&ctx(), &backend, k).await.unwrap();
+    }
+    for k in ["run/1/a", "run/1/b", "run/10/a", "other"] {
+        put(&backend, k, &pattern(200, 2)).await;
+    }
+    cache.invalidate_in(backend.id(), Invalidation::Prefix("run/1/".into()));
+    let size = |k: &'static str| {
+        let (cache, backend) = (cache.clone(), backend.clone());
+        async move {
+            cache
+                .open_object(&ctx(), &backend, k)
+                .await
+                .unwrap()
+                .meta()
+                .size
+        }
+    };
+    assert_eq!(size("run/1/a").await, 200);
+    assert_eq!(size("run/1/b").await, 200);
+    assert_eq!(size("run/10/a").await, 100, "not under run/1/");
+    assert_eq!(size("other").await, 100);
+    // Another backend id: nothing of this one is forgotten.
+    cache.invalidate_in("s3://elsewhere", Invalidation::Prefix(String::new()));
+    assert_eq!(size("other").await, 100);
+    cache.shutdown().await;
+}
+
+#[tokio::test]
+async fn past_its_lease_the_metadata_cache_is_neither_used_nor_filled_and_a_renewal_starts_empty() {
+    let backend = memory_backend();
+    let mut cfg = config(None, 64, 32, 0, PolicyKind::Tinylfu);
+    cfg.metadata_ttl_ms = 60_000;
+    let cache = open(cfg, Telemetry::new());
+    let t = backend.telemetry().clone();
+    put(&backend, "m", &pattern(100, 1)).await;
+    cache.set_metadata_lease(Some(Instant::now() + Duration::from_secs(600)));
+    cache.open_object(&ctx(), &backend, "m").await.unwrap();
+    put(&backend, "m", &pattern(200, 2)).await;
+    let size = || async {
+        cache
+            .open_object(&ctx(), &backend, "m")
+            .await
+            .unwrap()
+            .meta()
+            .size
+    };
+    assert_eq!(size().await, 100, "trusted while the lease holds");
+    assert!(cache.metadata_trusted());
+    // The lease runs out: every open asks the backend, and keeps nothing.
+    cache.set_metadata_lease(Some(Instant::now()));
+    assert!(!cache.metadata_trusted());
+    let before = t.emitted();
+    assert_eq!(size().await, 200);
+    put(&backend, "m", &pattern(300, 3)).await;
+    assert_eq!(size().await, 300, "nothing learned while lapsed is used");
+    assert!(t.emitted() >= before + 2, "each open asked the backend");
+    // Renewed: nothing from before the lapse survives; what is learned now is used again.
+    cache.set_metadata_lease(Some(Instant::now() + Duration::from_secs(600)));
+    assert!(cache.metadata_trusted());
+    assert_eq!(size().await, 300);
+    put(&backend, "m", &pattern(400, 4)).await;
+    assert_eq!(size().await, 300, "trusted again within the TTL");
+    // No lease: the TTL alone, as without a cluster.
+    cache.set_metadata_lease(None);
+    assert!(cache.metadata_trusted());
+    cache.shutdown().await;
+}
