@@ -64,6 +64,10 @@ pub struct ClusterSection {
     pub kube_service: Option<String>,
     /// `cache = "kubernetes"`: the Service's namespace. Default: `POD_NAMESPACE`, else `strata-system`.
     pub kube_namespace: Option<String>,
+    /// Read-after-write across the agents (`docs/consistency.md`): an agent out of contact with some member
+    /// for this long stops trusting its metadata cache, and a write waits at most about this long for a
+    /// member that does not answer. Milliseconds, default 5000.
+    pub metadata_lease_ms: Option<u64>,
 }
 
 /// Where the members of a shared cache come from (`[cluster] cache`).

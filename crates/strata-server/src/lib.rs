@@ -182,6 +182,8 @@ impl Agent {
                     );
                 }
                 cache.set_peers(cl.clone())?;
+                // Metadata is trusted once every member has been in contact ([`cluster::coherence`]).
+                cache.set_metadata_lease(Some(std::time::Instant::now()));
                 tracing::info!(
                     me = cl.me(),
                     membership = ?sharing.kind,
@@ -377,6 +379,18 @@ impl Agent {
         self.cluster.as_ref()
     }
 
+    /// Forget `changes` (keys or prefixes written or deleted through this agent) in its metadata cache and
+    /// announce them to every member of the cluster ([`cluster::coherence`]); returns once each member has
+    /// applied them, or its lease of contact has surely run out. Call before acknowledging the write.
+    pub async fn announce(&self, changes: Vec<cluster::coherence::Change>) {
+        for c in &changes {
+            self.cache.invalidate_in(&c.backend, c.what.clone());
+        }
+        if let Some(cl) = &self.cluster {
+            cl.coherence.announce(cl, changes).await;
+        }
+    }
+
     /// Principals looked up for peer reads.
     pub(crate) fn peer_principals(&self) -> &PrincipalCache {
         &self.peer_principals
@@ -538,6 +552,11 @@ pub async fn serve(
     let mut cluster_tasks = Vec::new();
     if let Some(c) = &agent.cluster {
         cluster_tasks.push(tokio::spawn(c.clone().watch(stop.clone())));
+        cluster_tasks.push(tokio::spawn(c.coherence.clone().run(
+            c.clone(),
+            agent.cache().clone(),
+            stop.clone(),
+        )));
         if let Some(m) = &agent.catalog_members {
             let s = c.sharing();
             cluster_tasks.push(tokio::spawn(m.clone().run(

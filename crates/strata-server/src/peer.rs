@@ -597,6 +597,7 @@ async fn handoff(
     }
     // The object store: a backend location where the caller may write the run (retention deletes there too).
     let mut charge = None;
+    let mut remote_run = None;
     let remote = match &req.remote_url {
         Some(u) => {
             let u = u.trim_end_matches('/');
@@ -605,6 +606,7 @@ async fn handoff(
                 .await?;
             strata_types::validate_key(&key)?;
             let backend = agent.open_url(u)?;
+            remote_run = Some(crate::cluster::coherence::Change::prefix(&backend, &key));
             // Charged on a configured backend's scope (ad-hoc buckets have no quota scope).
             if let (Some(t), true, false) = (&team, req.upload, scope.contains("://")) {
                 let shard = Tier::local_step(&local, &run, req.step).join(shard_file(req.rank));
@@ -672,6 +674,10 @@ async fn handoff(
             return;
         };
         let result = ck.finish_from_local(step, upload).await;
+        // The step's files, its manifest and what retention deleted: seen by every member before the verdict.
+        if let Some(c) = remote_run {
+            agent.announce(vec![c]).await;
+        }
         if let (Some(c), Some(b)) = (charge, remote) {
             settle_upload(&agent, c, &b, &run, step, rank, result.is_ok()).await;
         }

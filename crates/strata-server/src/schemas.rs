@@ -111,6 +111,14 @@ pub fn request_body(method: &str, path: &str) -> Option<Value> {
                        json!({"key": {"type": "string"}, "size": {"type": "integer", "minimum": 0},
                               "etag": opt_str(), "version": opt_str(), "mtime": {"type": "integer"}}))}}),
         ),
+        ("POST", "/v1/peer/invalidate") => object(
+            &["from"],
+            json!({"from": {"type": "string"},
+                   "changes": {"type": "array", "maxItems": 1000, "items": {
+                       "type": "object", "required": ["backend"],
+                       "properties": {"backend": {"type": "string"}, "key": {"type": "string"},
+                                      "prefix": {"type": "string"}}}}}),
+        ),
         ("POST", "/v1/claims/{id}/attach") | ("POST", "/v1/claims/{id}/detach") => {
             object(&[], json!({}))
         }

@@ -180,6 +180,34 @@ impl PeerClient {
         }
     }
 
+    /// Announce changes to `peer` (`POST /v1/peer/invalidate`, [`super::coherence`]), waiting at most
+    /// `timeout`; `Ok` once it has applied them.
+    pub async fn invalidate(
+        &self,
+        peer: &str,
+        body: &super::coherence::Announcement,
+        timeout: Duration,
+    ) -> Result<()> {
+        let what = "invalidation";
+        let resp = self
+            .http
+            .post(format!("{peer}/v1/peer/invalidate"))
+            .header(strata_client::CLUSTER_KEY_HEADER, &self.secret)
+            .header(CATALOG_HEADER, &self.catalog)
+            .json(body)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| strata_client::transport(peer, what, e))?;
+        let status = resp.status().as_u16();
+        if status == 204 {
+            return Ok(());
+        }
+        let body = resp.bytes().await.unwrap_or_default();
+        Err(strata_client::wire::error_from_response(status, &body)
+            .context(format!("{peer}: invalidation")))
+    }
+
     /// The block from `peer` (see [`Answer`]).
     pub async fn block(&self, peer: &str, b: &PeerBlock<'_>, fill: bool) -> Result<Answer> {
         let meta = b.meta;

@@ -22,6 +22,7 @@
 //!   itself.
 
 pub mod client;
+pub mod coherence;
 pub mod members;
 pub mod routes;
 pub mod stage;
@@ -75,6 +76,8 @@ pub struct Sharing {
     pub kube_service: String,
     /// `kubernetes`: the Service's namespace.
     pub kube_namespace: String,
+    /// How long metadata is trusted without contact with every member ([`coherence`]).
+    pub metadata_lease: Duration,
 }
 
 impl Sharing {
@@ -163,6 +166,7 @@ impl Sharing {
             heartbeat,
             member_ttl,
             peer_timeout: Duration::from_millis(c.peer_timeout_ms.unwrap_or(10_000).max(100)),
+            metadata_lease: Duration::from_millis(c.metadata_lease_ms.unwrap_or(5_000).max(200)),
             kube_service: c
                 .kube_service
                 .clone()
@@ -222,6 +226,8 @@ pub struct Cluster {
     catalog: String,
     /// Counters of the peer path.
     pub counters: PeerCounters,
+    /// Read-after-write across the members.
+    pub coherence: Arc<coherence::Coherence>,
 }
 
 impl Cluster {
@@ -234,6 +240,7 @@ impl Cluster {
         catalog: String,
     ) -> Result<Self> {
         let client = client::PeerClient::new(secret, catalog.clone(), sharing.peer_timeout)?;
+        let sharing_lease = sharing.metadata_lease;
         let current = membership.view();
         // An agent that starts joins a cluster that ran without it: the others hold what it now owns (a
         // joining agent's first view already has everyone in it, a restarted one's blocks were taken over).
@@ -258,6 +265,7 @@ impl Cluster {
             client,
             catalog,
             counters: PeerCounters::default(),
+            coherence: Arc::new(coherence::Coherence::new(sharing_lease)),
         })
     }
 
@@ -476,6 +484,7 @@ impl Cluster {
             suspected: ld(&c.suspected),
             moved: ld(&c.moved),
             busy: ld(&c.busy),
+            coherence: self.coherence.status(),
         }
     }
 }
@@ -580,6 +589,8 @@ pub struct ClusterStatus {
     pub moved: u64,
     /// "Still reading" answers of owners waiting on a slow origin.
     pub busy: u64,
+    /// Read-after-write across the members: the lease, whether it holds, announcements.
+    pub coherence: coherence::CoherenceStatus,
 }
 
 /// The view before the last change.
@@ -678,7 +689,7 @@ mod tests {
         assert!(e.unwrap_err().message().contains("twice"));
     }
 
-    fn cluster(me: &str, peers: &[&str]) -> Cluster {
+    pub(super) fn cluster(me: &str, peers: &[&str]) -> Cluster {
         let peers: Vec<String> = peers.iter().map(|p| p.to_string()).collect();
         let s = Sharing {
             kind: CacheSharing::Static,
@@ -690,6 +701,7 @@ mod tests {
             peer_timeout: Duration::from_secs(1),
             kube_service: "strata-agents".into(),
             kube_namespace: "strata-system".into(),
+            metadata_lease: Duration::from_secs(5),
         };
         Cluster::new(
             s,

@@ -64,6 +64,18 @@ pub fn routes() -> Vec<Route> {
         ),
         (
             RouteDoc {
+                method: "POST",
+                path: "/v1/peer/invalidate",
+                summary: "Another agent's writes and deletes (keys or prefixes of backends), dropped from this agent's metadata cache before the answer; an empty list is a probe of contact",
+                access: "agents of the cluster only (the cluster credential)",
+                rule: Access::Cluster,
+                plane: Plane::Peer,
+            },
+            post(super::coherence::invalidate)
+                .layer(DefaultBodyLimit::max(super::coherence::MAX_BODY)),
+        ),
+        (
+            RouteDoc {
                 method: "GET",
                 path: "/v1/cluster",
                 summary: "The members of the shared cache, their state and share of blocks, and peer counters",

@@ -161,7 +161,32 @@ pub(super) async fn run_plan(
             "max_team_percent must be between 0 and 100",
         )));
     }
-    ok(cleanup::run(a.catalog(), &a.backend_map(), &p.id, &id, &caps).await?)
+    let report = cleanup::run(a.catalog(), &a.backend_map(), &p.id, &id, &caps).await;
+    // Whatever the run moved before it ended, every member forgets it before the answer.
+    announce_items(&a, &id).await;
+    ok(report?)
+}
+
+/// Announce the keys of plan `id` that clean-up moved (to the trash, or back) to the cluster.
+async fn announce_items(a: &Agent, id: &str) {
+    let items = match a.catalog().plan_items(id).await {
+        Ok(items) => items,
+        Err(e) => {
+            tracing::warn!(error = %e, plan = id, "listing a plan's items to announce them; forgetting all metadata");
+            a.cache().invalidate_all();
+            return;
+        }
+    };
+    let backends = a.backend_map();
+    let changes = items
+        .iter()
+        .filter(|i| i.state == "trashed" || i.state == "restored")
+        .filter_map(|i| {
+            let b = backends.get(&i.backend)?;
+            Some(crate::cluster::coherence::Change::key(b, &i.key))
+        })
+        .collect();
+    a.announce(changes).await;
 }
 
 #[derive(Deserialize, Default)]
@@ -182,14 +207,16 @@ pub(super) async fn restore_plan(
     } else {
         body(&b)?
     };
-    let (restored, refused) = cleanup::restore(
+    let restored = cleanup::restore(
         a.catalog(),
         &a.backend_map(),
         &p.id,
         &id,
         req.key_prefix.as_deref(),
     )
-    .await?;
+    .await;
+    announce_items(&a, &id).await;
+    let (restored, refused) = restored?;
     ok(serde_json::json!({"restored": restored, "refused": refused}))
 }
 

@@ -4,6 +4,7 @@
 use super::attributes::*;
 use super::checksums::*;
 use super::*;
+use crate::cluster::coherence::Change;
 
 impl Gateway {
     pub(super) async fn s3_create_multipart_upload(
@@ -526,7 +527,9 @@ impl Gateway {
                 return Err(e);
             }
         };
-        self.agent.cache().invalidate(&backend, &input.key);
+        self.agent
+            .announce(vec![Change::key(&backend, &input.key)])
+            .await;
         let final_etag = etag
             .as_deref()
             .map(|e| e.trim_start_matches("W/").trim_matches('"').to_string())

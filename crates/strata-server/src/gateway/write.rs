@@ -4,6 +4,7 @@
 use super::attributes::*;
 use super::checksums::*;
 use super::*;
+use crate::cluster::coherence::Change;
 
 impl Gateway {
     /// Store a body at `bucket/key`: buffered for small bodies, streamed as a backend multipart upload for
@@ -177,8 +178,10 @@ impl Gateway {
         let etag = self
             .store(&ctx, &backend, &input.key, body, check, mode, &attrs)
             .await;
-        // Whatever happened at the backend, the next read asks it again.
-        self.agent.cache().invalidate(&backend, &input.key);
+        // Whatever happened at the backend, the next read asks it again, here and at every member.
+        self.agent
+            .announce(vec![Change::key(&backend, &input.key)])
+            .await;
         let (etag, received, verified) = match etag {
             Ok(e) => e,
             Err(e) => {
@@ -234,7 +237,9 @@ impl Gateway {
             ));
         }
         let r = backend.delete(&ctx, &req.input.key).await;
-        self.agent.cache().invalidate(&backend, &req.input.key);
+        self.agent
+            .announce(vec![Change::key(&backend, &req.input.key)])
+            .await;
         r.map_err(s3err)?;
         self.tenancy
             .deleted(&req.input.bucket, &req.input.key)
@@ -258,6 +263,7 @@ impl Gateway {
         }
         let quiet = input.delete.quiet.unwrap_or(false);
         let (mut deleted, mut errors) = (Vec::new(), Vec::new());
+        let mut changed = Vec::new();
         for o in input.delete.objects {
             let conditional =
                 o.e_tag.is_some() || o.last_modified_time.is_some() || o.size.is_some();
@@ -274,7 +280,7 @@ impl Gateway {
                     {
                         Ok(_) => {
                             let r = backend.delete(&ctx, &o.key).await;
-                            self.agent.cache().invalidate(&backend, &o.key);
+                            changed.push(Change::key(&backend, &o.key));
                             if r.is_ok() {
                                 self.tenancy.deleted(&input.bucket, &o.key).await;
                             }
@@ -305,6 +311,8 @@ impl Gateway {
                 }
             }
         }
+        // One announcement for the request's keys, before the answer.
+        self.agent.announce(changed).await;
         Ok(S3Response::new(DeleteObjectsOutput {
             deleted: Some(deleted),
             errors: Some(errors),
@@ -384,7 +392,9 @@ impl Gateway {
             self.tenancy.release(res).await;
             return Err(e);
         }
-        self.agent.cache().invalidate(&dst, &input.key);
+        self.agent
+            .announce(vec![Change::key(&dst, &input.key)])
+            .await;
         let new = dst.head(&ctx, &input.key).await.map_err(s3err)?;
         self.tenancy
             .written(

@@ -1,0 +1,199 @@
+"""Read-after-write across the agents of a cluster (docs/consistency.md): a write or delete acknowledged by one
+agent is what every other agent serves next, the new version or 404, never the old one; through the shared
+cache too (an owner never serves a replaced version to a peer).
+
+Two and three agents on loopback, sharing a PostgreSQL catalog (membership from it) and one S3 server (moto),
+each with its own S3 gateway, read with boto3. Metadata TTLs are the default (60 s): without the invalidations
+the other agents would serve the old version for up to a minute. The partition case is in
+test_coherence_netns.py.
+"""
+import concurrent.futures
+import hashlib
+import random
+import threading
+import time
+
+import botocore.exceptions
+import pytest
+
+from conftest import client
+from test_shared_cache import (  # noqa: F401 - fixtures
+    BLOCK, GW_KEY, GW_SECRET, MIB, bucket, catalog_agent, cluster, pg_databases, pg_url, poll, sees)
+
+
+def gateway(agent):
+    return client(f"http://127.0.0.1:{agent.s3_port}", GW_KEY, GW_SECRET)
+
+
+def catalog_cluster(cluster, origin, name, url, n):
+    agents = [catalog_agent(cluster, origin, name, url) for _ in range(n)]
+    for a in agents:
+        a.start(wait=False)
+    for a in agents:
+        a.wait_ready()
+    poll(f"{n} catalog agents see each other", lambda: sees(agents, agents), timeout=20)
+    poll("every agent trusts its metadata (in contact with every member)",
+         lambda: all(a.cluster()["coherence"]["trusted"] for a in agents), timeout=20)
+    return agents
+
+
+def body_of(key, n, size):
+    """Version n of key: its name and number first, then bytes of its own."""
+    head = f"{key}#{n}#".encode()
+    rnd = random.Random(f"{key}/{n}").randbytes(max(0, size - len(head)))
+    return head + rnd
+
+
+def version_in(body):
+    return int(body.split(b"#", 2)[1])
+
+
+def fetch(s3, key):
+    """The body through this gateway, or None for 404."""
+    try:
+        return s3.get_object(Bucket="default", Key=key)["Body"].read()
+    except botocore.exceptions.ClientError as e:
+        if e.response["Error"]["Code"] in ("NoSuchKey", "404"):
+            return None
+        raise
+
+
+def write_and_check(n, gws, agents, keys, rng, history, lock, problems):
+    """300 writes and deletes, each through a random agent, each read at once through every other."""
+    for op in range(1, 301):
+        k = rng.choice(keys)
+        w = rng.randrange(n)
+        if rng.random() < 0.3:
+            gws[w].delete_object(Bucket="default", Key=k)
+            state = None
+        else:
+            # Sizes from one block to past two: blocks owned by different agents, read through the peers.
+            size = rng.choice([1000, BLOCK + 17, 2 * BLOCK + 4321])
+            gws[w].put_object(Bucket="default", Key=k, Body=body_of(k, op, size))
+            state = op
+        with lock:
+            history[k].append(state)
+        # Read at once through every other agent: the new version, or 404 after a delete.
+        for j in range(n):
+            if j == w:
+                continue
+            got = fetch(gws[j], k)
+            v = None if got is None else version_in(got)
+            if v != state:
+                problems.append((agents[j].name, k, "right after op", op, "by", agents[w].name,
+                                 "served", v, "want", state))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_write_or_delete_through_one_agent_is_what_every_other_serves_next(origin, bucket, cluster, pg_url, n):
+    name, _ = bucket
+    agents = catalog_cluster(cluster, origin, name, pg_url, n)
+    gws = [gateway(a) for a in agents]
+    # Ugly names too: the announcement carries the key as the gateway stored it.
+    keys = ["coh/plain.bin", "coh/with space+plus%25.bin", "coh/ünï/日本.bin", "coh/dir/"]
+    rng = random.Random(n)
+    # history[key]: acknowledged states in order, (op, version or None for deleted).
+    history = {k: [] for k in keys}
+    lock = threading.Lock()
+    for k in keys:
+        gws[0].put_object(Bucket="default", Key=k, Body=body_of(k, 0, 3000))
+        with lock:
+            history[k].append(0)
+    # Every agent has the first versions in its metadata cache (and, past one block, in the shared cache).
+    for g in gws:
+        for k in keys:
+            assert version_in(fetch(g, k)) == 0
+    stop = threading.Event()
+    problems, seen = [], []
+
+    def reader(j):
+        s3 = gateway(agents[j % n])
+        r = random.Random(j)
+        while not stop.is_set():
+            k = r.choice(keys)
+            with lock:
+                floor = len(history[k]) - 1  # the last acknowledged state when the read starts
+            got = fetch(s3, k)
+            v = None if got is None else version_in(got)
+            if got is not None and got != body_of(k, v, len(got)):
+                problems.append((agents[j % n].name, k, "bytes of no version", v))
+            seen.append((agents[j % n].name, k, floor, v))
+
+    def reader_checked(j):
+        try:
+            reader(j)
+        except Exception as e:  # noqa: BLE001 - reported below
+            problems.append(("reader", j, repr(e)))
+
+    with concurrent.futures.ThreadPoolExecutor(2 * n) as ex:
+        futs = [ex.submit(reader_checked, j) for j in range(2 * n)]
+        try:
+            write_and_check(n, gws, agents, keys, rng, history, lock, problems)
+        finally:
+            stop.set()
+        for f in futs:
+            f.result()
+    # A concurrent read returns the state acknowledged when it started, or a later one (an op in flight
+    # then, acknowledged since): never an older one.
+    for who, k, floor, v in seen:
+        if v not in history[k][floor:]:
+            problems.append((who, k, "served", v, "after", history[k][floor], "was acknowledged"))
+    assert not problems, (problems[:10], cluster.logs())
+    assert len(seen) > 100, len(seen)
+    st = [a.cluster()["coherence"] for a in agents]
+    assert all(s["received"] > 0 and s["unanswered"] == 0 for s in st), st
+
+
+def test_an_owner_never_serves_a_replaced_version_to_a_peer(origin, bucket, cluster, pg_url):
+    name, _ = bucket
+    agents = catalog_cluster(cluster, origin, name, pg_url, 3)
+    gws = [gateway(a) for a in agents]
+    key = "peer/same-size.bin"
+    size = 8 * BLOCK + 99  # blocks spread over the three owners
+    gws[0].put_object(Bucket="default", Key=key, Body=body_of(key, 0, size))
+    for round_ in range(1, 7):
+        # Every agent holds the current version (its own blocks, its peers' through them).
+        for g in gws:
+            assert version_in(fetch(g, key)) == round_ - 1
+        asked = sum(a.cluster()["asked"] for a in agents)
+        assert asked > 0, "the blocks were read through their owners"
+        # The same size, another version: only the ETag tells them apart.
+        w = round_ % 3
+        new = body_of(key, round_, size)
+        gws[w].put_object(Bucket="default", Key=key, Body=new)
+        for j, g in enumerate(gws):
+            got = fetch(g, key)
+            assert got is not None and hashlib.md5(got).digest() == hashlib.md5(new).digest(), (
+                f"round {round_}: {agents[j].name} served version {version_in(got) if got else None} "
+                f"after {agents[w].name} wrote {round_}", cluster.logs())
+    # Deleted through one: 404 through the others at once, though their blocks are cached.
+    gws[1].delete_object(Bucket="default", Key=key)
+    for g in gws:
+        assert fetch(g, key) is None
+
+
+def test_delete_objects_and_copies_are_announced_too(origin, bucket, cluster, pg_url):
+    name, _ = bucket
+    a, b = catalog_cluster(cluster, origin, name, pg_url, 2)
+    ga, gb = gateway(a), gateway(b)
+    keys = [f"batch/{i:03d}.bin" for i in range(40)]
+    for k in keys:
+        ga.put_object(Bucket="default", Key=k, Body=body_of(k, 0, 500))
+    for k in keys:
+        assert version_in(fetch(gb, k)) == 0
+    r = ga.delete_objects(Bucket="default", Delete={"Objects": [{"Key": k} for k in keys[:20]]})
+    assert len(r.get("Deleted", [])) == 20, r
+    for k in keys[:20]:
+        assert fetch(gb, k) is None, k
+    # A copy onto a key B has cached.
+    gb.put_object(Bucket="default", Key="batch/src.bin", Body=body_of("batch/src.bin", 7, 700))
+    ga.copy_object(Bucket="default", Key=keys[30], CopySource={"Bucket": "default", "Key": "batch/src.bin"})
+    assert version_in(fetch(gb, keys[30])) == 7
+    # A multipart upload completed through B, read through A that had the old version.
+    assert version_in(fetch(ga, keys[31])) == 0
+    up = gb.create_multipart_upload(Bucket="default", Key=keys[31])["UploadId"]
+    part = body_of(keys[31], 9, 5 * MIB)
+    e1 = gb.upload_part(Bucket="default", Key=keys[31], UploadId=up, PartNumber=1, Body=part)["ETag"]
+    gb.complete_multipart_upload(Bucket="default", Key=keys[31], UploadId=up,
+                                 MultipartUpload={"Parts": [{"ETag": e1, "PartNumber": 1}]})
+    assert version_in(fetch(ga, keys[31])) == 9
