@@ -9,16 +9,19 @@ test_coherence_netns.py.
 """
 import concurrent.futures
 import hashlib
+import json
 import random
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import botocore.exceptions
 import pytest
 
-from conftest import client
+from conftest import ADMIN_TOKEN, client
 from test_shared_cache import (  # noqa: F401 - fixtures
-    BLOCK, GW_KEY, GW_SECRET, MIB, bucket, catalog_agent, cluster, pg_databases, pg_url, poll, sees)
+    BLOCK, GW_KEY, GW_SECRET, MIB, bucket, catalog_agent, cluster, pg_databases, pg_url, poll, post_json, sees)
 
 
 def gateway(agent):
@@ -197,3 +200,43 @@ def test_delete_objects_and_copies_are_announced_too(origin, bucket, cluster, pg
     gb.complete_multipart_upload(Bucket="default", Key=keys[31], UploadId=up,
                                  MultipartUpload={"Parts": [{"ETag": e1, "PartNumber": 1}]})
     assert version_in(fetch(ga, keys[31])) == 9
+
+
+def put_json(agent, path, body):
+    req = urllib.request.Request(f"{agent.api}{path}", data=json.dumps(body).encode(), method="PUT",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.status
+
+
+def test_a_clean_up_run_and_restore_through_one_agent_are_seen_through_the_other_at_once(origin, bucket, cluster,
+                                                                                          pg_url):
+    name, s3 = bucket
+    a, b = catalog_cluster(cluster, origin, name, pg_url, 2)
+    keys = [f"vision/tmp/old{i}.bin" for i in range(5)]
+    for k in keys:
+        s3.put_object(Bucket=name, Key=k, Body=body_of(k, 0, 2 * BLOCK + 5))
+    # B knows every one of them (metadata and blocks).
+    for k in keys:
+        assert version_in(b.read(k)) == 0
+    assert post_json(a, "/v1/teams", {"name": "vision"})[0] in (200, 201)
+    assert put_json(a, "/v1/prefixes", {"backend": "default", "prefix": "vision/", "team": "vision"}) in (200, 201)
+    s_, pol = post_json(a, "/v1/policies", {"team": "vision", "backend": "default", "kind": "ttl",
+                                           "prefix": "vision/tmp", "age_secs": 1})
+    assert s_ in (200, 201), pol
+    time.sleep(2.1)
+    s_, plan = post_json(a, "/v1/cleanup/plans", {"team": "vision"})
+    assert s_ in (200, 201) and sorted(i["key"] for i in plan["items"]) == keys, plan
+    s_, run = post_json(a, "/v1/cleanup/plans/" + plan["plan"]["id"] + "/run", {})
+    assert s_ == 200 and run["trashed"] == 5, run
+    # Moved to the trash through A: 404 through B at once, though B had them cached.
+    for k in keys:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            b.read(k)
+        assert e.value.code == 404, k
+        assert fetch(gateway(b), k) is None, k
+    s_, restored = post_json(a, "/v1/cleanup/plans/" + plan["plan"]["id"] + "/restore", {})
+    assert s_ == 200 and restored["restored"] == 5, restored
+    for k in keys:
+        assert version_in(b.read(k)) == 0
+    assert b.cluster()["coherence"]["applied"] >= 10
