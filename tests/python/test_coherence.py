@@ -10,7 +10,10 @@ test_coherence_netns.py.
 import concurrent.futures
 import hashlib
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -21,7 +24,7 @@ import pytest
 
 from conftest import ADMIN_TOKEN, client
 from test_shared_cache import (  # noqa: F401 - fixtures
-    BLOCK, GW_KEY, GW_SECRET, MIB, bucket, catalog_agent, cluster, pg_databases, pg_url, poll, post_json, sees)
+    BLOCK, CAPS, CATALOG_CLUSTER, CATALOG_KEY, GW_KEY, GW_SECRET, MIB, bucket, catalog_agent, cluster, pg_databases, pg_url, poll, post_json, sees)
 
 
 def gateway(agent):
@@ -240,3 +243,58 @@ def test_a_clean_up_run_and_restore_through_one_agent_are_seen_through_the_other
     for k in keys:
         assert version_in(b.read(k)) == 0
     assert b.cluster()["coherence"]["applied"] >= 10
+
+
+SAVE = r"""
+import sys, numpy as np, strata
+local, remote, agent, step = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+c = strata.Checkpointer("run-c", local, remote, rank=0, world_size=1, agent=agent, keep_remote=1)
+h = c.save(step, {"w": np.full(1 << 18, step, dtype=np.float32), "step": step})
+print(h.wait_released(), flush=True)
+"""
+
+
+def test_a_handed_over_checkpoint_save_and_its_retention_are_seen_through_the_other_agent_at_once(
+        origin, bucket, cluster, pg_url):
+    name, s3 = bucket
+    agents = []
+    for i in range(2):
+        nvme = os.path.join(cluster.root, f"nvme{i}")
+        os.makedirs(nvme)
+        agents.append(cluster.add(
+            origin, name, CATALOG_CLUSTER,
+            extra=f'[catalog]\nurl = "{pg_url}"\n[[backends]]\nname = "nvme"\nurl = "file://{nvme}"',
+            disk=f"{CAPS[f'agent{i}'] // MIB}MiB", env={"STRATA_CATALOG_KEY": CATALOG_KEY}))
+    for a in agents:
+        a.start()
+    poll("two agents see each other", lambda: sees(agents, agents), timeout=20)
+    poll("both trust their metadata", lambda: all(a.cluster()["coherence"]["trusted"] for a in agents), timeout=20)
+    a, b = agents
+    local = os.path.join(cluster.root, "nvme0", "ckpt")
+    remote = f"s3://{name}/ckpt"
+
+    def save(step):
+        out = subprocess.run([sys.executable, "-c", SAVE, local, remote, a.api, str(step)], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        poll(f"step {step} uploaded by the agent",
+             lambda: json.loads(urllib.request.urlopen(urllib.request.Request(
+                 f"{a.api}/v1/ckpt/handoff?run=run-c&step={step}&rank=0",
+                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})).read())["state"] == "done", timeout=60)
+
+    def stored():
+        return sorted(o["Key"] for o in s3.list_objects_v2(Bucket=name, Prefix="ckpt/").get("Contents", []))
+
+    save(1)
+    step1 = [k for k in stored() if k.startswith("ckpt/run-c/")]
+    assert step1, stored()
+    # B reads step 1 (and keeps its metadata for the TTL).
+    for k in step1:
+        b.read(k)
+    save(2)  # keep_remote=1: the agent's retention deletes step 1 before the save is done
+    gone = [k for k in step1 if k not in stored()]
+    assert gone, (step1, stored())
+    for k in gone:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            b.read(k)
+        assert e.value.code == 404, k

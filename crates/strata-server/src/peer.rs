@@ -606,7 +606,12 @@ async fn handoff(
                 .await?;
             strata_types::validate_key(&key)?;
             let backend = agent.open_url(u)?;
-            remote_run = Some(crate::cluster::coherence::Change::prefix(&backend, &key));
+            // Announced as readers name it: the configured backend the URL lies under, and the run's prefix
+            // there (the backend opened for the URL is rooted at it, with an id of its own).
+            remote_run = agent
+                .resolve(&format!("{u}/{run}/"))
+                .ok()
+                .map(|(b, k)| crate::cluster::coherence::Change::prefix(&b, &k));
             // Charged on a configured backend's scope (ad-hoc buckets have no quota scope).
             if let (Some(t), true, false) = (&team, req.upload, scope.contains("://")) {
                 let shard = Tier::local_step(&local, &run, req.step).join(shard_file(req.rank));
