@@ -16,7 +16,7 @@ import botocore.exceptions
 import pytest
 
 from conftest import ADMIN_TOKEN, client
-from test_shared_cache_netns import API_PORT, S3_PORT, Net, addr, cleanup_net, ns
+from test_shared_cache_netns import API_PORT, S3_PORT, Net, addr, ns, running
 
 LEASE_S = 2.0
 KEY, SECRET = "netns-coherence-key", "netns-coherence-secret-0123456789"
@@ -68,15 +68,7 @@ principal = "writer"
 
 @pytest.fixture(scope="module")
 def lnet():
-    try:
-        n = LeaseNet()
-    except BaseException:
-        cleanup_net()
-        raise
-    try:
-        yield n
-    finally:
-        n.close()
+    yield from running(LeaseNet)
 
 
 def body(key, v, size=3 * BLOCK + 11):

@@ -190,10 +190,10 @@ peer_timeout_ms = 3000
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def net():
+def running(make):
+    """The harness `make()` builds, closed (and the network cleaned up) whatever happens: a fixture's body."""
     try:
-        n = Net()
+        n = make()
     except BaseException:
         cleanup_net()
         raise
@@ -201,6 +201,11 @@ def net():
         yield n
     finally:
         n.close()
+
+
+@pytest.fixture(scope="module")
+def net():
+    yield from running(Net)
 
 
 def dataset(net, prefix, count=8, seed=0):
