@@ -24,7 +24,7 @@ import pytest
 
 from conftest import ADMIN_TOKEN, client
 from test_shared_cache import (  # noqa: F401 - fixtures
-    BLOCK, CAPS, CATALOG_CLUSTER, CATALOG_KEY, GW_KEY, GW_SECRET, MIB, bucket, catalog_agent, cluster, pg_databases, pg_url, poll, post_json, sees)
+    BLOCK, CAPS, CATALOG_CLUSTER, CATALOG_KEY, GW_KEY, SECRET, GW_SECRET, MIB, bucket, catalog_agent, cluster, pg_databases, pg_url, poll, post_json, sees)
 
 
 def gateway(agent):
@@ -298,3 +298,25 @@ def test_a_handed_over_checkpoint_save_and_its_retention_are_seen_through_the_ot
         with pytest.raises(urllib.error.HTTPError) as e:
             b.read(k)
         assert e.value.code == 404, k
+
+
+def test_announcements_take_only_the_cluster_credential_and_a_member_id(origin, bucket, cluster, pg_url):
+    name, _ = bucket
+    a, b = catalog_cluster(cluster, origin, name, pg_url, 2)
+    gateway(a).put_object(Bucket="default", Key="guard/k", Body=body_of("guard/k", 0, 100))
+    assert version_in(fetch(gateway(b), "guard/k")) == 0
+    change = {"from": a.me, "changes": [{"backend": "x", "key": "guard/k"}]}
+    cluster_key = {"x-strata-cluster-key": SECRET}
+    # No credential, a user's (the administrator's) token, a wrong secret: refused, nothing dropped.
+    assert post_json(b, "/v1/peer/invalidate", change, token=None)[0] in (401, 403)
+    assert post_json(b, "/v1/peer/invalidate", change)[0] == 403
+    assert post_json(b, "/v1/peer/invalidate", change, token=None,
+                     headers={"x-strata-cluster-key": "not-the-secret-0123456789"})[0] in (401, 403)
+    # Malformed: a clear 400 naming what is wrong.
+    for bad, word in [({"from": "garbage", "changes": []}, "member id"),
+                      ({"from": a.me, "changes": [{"backend": "x", "key": "k"}] * 1001}, "at most 1000"),
+                      ({"from": a.me, "changes": [{"backend": "x"}]}, "announcement"),
+                      ({"from": a.me, "bogus": 1}, "announcement")]:
+        s_, err = post_json(b, "/v1/peer/invalidate", bad, token=None, headers=cluster_key)
+        assert s_ == 400 and word in err["message"], (bad if len(str(bad)) < 200 else word, s_, err)
+    assert b.cluster()["coherence"]["received"] >= 1  # the real ones, from a's write and probes

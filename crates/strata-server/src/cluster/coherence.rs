@@ -172,7 +172,11 @@ impl Coherence {
         let mut out = cluster.others();
         let now = Instant::now();
         let mut h = self.heard.lock();
+        // Bounded: members (and callers) not exchanged with for four leases are forgotten on both maps.
         h.retain(|_, at| now.duration_since(*at) < self.lease * 4);
+        self.granted
+            .lock()
+            .retain(|_, at| now.duration_since(*at) < self.lease * 4);
         for (m, at) in h.iter() {
             if now.duration_since(*at) < self.lease * 2 && !out.contains(m) {
                 out.push(m.clone());
@@ -363,6 +367,16 @@ pub(super) async fn invalidate(
     if a.from == c.me() {
         return Err(Error::invalid_input("announcement: sent from this agent's own id").into());
     }
+    // A member id is an agent's address as the others reach it (`http://host:port`).
+    let from = crate::config::normalize_peer(&a.from)
+        .ok()
+        .filter(|f| *f == a.from && f.len() <= 256)
+        .ok_or_else(|| {
+            Error::invalid_input(format!(
+                "announcement: from {:?} is no member id (http://host:port, at most 256 bytes)",
+                a.from.chars().take(300).collect::<String>()
+            ))
+        })?;
     for ch in a.changes.iter() {
         agent.cache().invalidate_in(&ch.backend, ch.what.clone());
     }
@@ -370,7 +384,7 @@ pub(super) async fn invalidate(
     co.counters
         .applied
         .fetch_add(a.changes.len() as u64, Ordering::Relaxed);
-    co.exchanged(&a.from, received, received);
+    co.exchanged(&from, received, received);
     Ok(StatusCode::NO_CONTENT)
 }
 
