@@ -189,11 +189,12 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<()> {
         let what = "invalidation";
+        // No read context: an announcement is for no principal.
         let resp = self
-            .http
-            .post(format!("{peer}/v1/peer/invalidate"))
-            .header(strata_client::CLUSTER_KEY_HEADER, &self.secret)
-            .header(CATALOG_HEADER, &self.catalog)
+            .for_ctx(
+                self.http.post(format!("{peer}/v1/peer/invalidate")),
+                &IoContext::default(),
+            )
             .json(body)
             .timeout(timeout)
             .send()
