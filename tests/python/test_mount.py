@@ -201,9 +201,14 @@ class Mounter:
         self.made.append((str(d), state))
         return str(d), state
 
+    def hot_dir(self):
+        """The hot copies of this test's mounts (never the machine's default directory)."""
+        return os.path.join(self.base, "hot")
+
     def args(self, api, location, d, state, *opts, token=ADMIN_TOKEN):
+        hot = [] if "--hot-dir" in opts else ["--hot-dir", self.hot_dir()]
         return [STRATA, "mount", location, d, "--api", api, "--state-dir", state,
-                *([] if token is None else ["--token", token]), *opts]
+                *([] if token is None else ["--token", token]), *hot, *opts]
 
     def mount(self, api, location, *opts, token=ADMIN_TOKEN, d=None, check=True):
         d, state = self._paths(d)
@@ -629,8 +634,10 @@ def _at(path):
         return None
 
 
-def test_kill_9_of_the_server_is_not_seen_by_a_reader(gw, dataset, mounts, tmp_path):
-    m = mounts.mount(gw.api, "origin/" + DS)
+@pytest.mark.parametrize("hot", ["passthrough", "page-cache"])
+def test_kill_9_of_the_server_is_not_seen_by_a_reader(gw, dataset, mounts, tmp_path, hot):
+    # passthrough: from the second pass on, the files are opened through their hot copies.
+    m = mounts.mount(gw.api, "origin/" + DS, *([] if hot == "passthrough" else ["--hot-size", "0"]))
     holders, servers = m.procs()
     assert len(holders) == 1 and len(servers) == 1, (holders, servers)
     holder = holders[0]
@@ -679,6 +686,8 @@ def test_kill_9_of_the_server_is_not_seen_by_a_reader(gw, dataset, mounts, tmp_p
     assert len(servers) == 1 and servers[0] not in killed, (servers, killed)
     assert m.log().count("the mount's server died") == 3, m.log()[-3000:]
     assert sha_file(m.path(BIG[0])) == want[m.path(BIG[0])]
+    copies = [f for f in os.listdir(mounts.hot_dir()) if f != "tmp"] if os.path.isdir(mounts.hot_dir()) else []
+    assert len(copies) == (2 if hot == "passthrough" else 0), copies
     print("passes (s):", [round(p["secs"], 2) for p in passes], "killed at:", kill_points)
 
 

@@ -43,6 +43,14 @@ pub struct MountArgs {
     /// else $XDG_RUNTIME_DIR/strata/mounts/<id>, else /tmp/strata-<uid>/mounts/<id>.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Where large files read whole are kept as local copies that later opens read through FUSE
+    /// passthrough, at local-disk speed (Linux 6.9, root; mounts of a user make none). Shared by mounts;
+    /// a copy is found only for the exact version it holds. Default for root: /var/cache/strata/mount-hot.
+    #[arg(long, value_name = "DIR")]
+    pub hot_dir: Option<PathBuf>,
+    /// At most this many bytes of copies in --hot-dir (the least recently opened go first); 0: no copies.
+    #[arg(long, value_name = "SIZE", default_value = "16GiB")]
+    pub hot_size: strata_types::ByteSize,
     #[command(flatten)]
     pub api: ApiArgs,
 }
@@ -138,6 +146,11 @@ pub async fn run(a: MountArgs) -> Result<()> {
         allow_other: a.allow_other,
         agent_wait_secs: a.agent_wait,
         threads: a.threads,
+        hot_dir: a
+            .hot_dir
+            .clone()
+            .or_else(|| (caller.0 == 0).then(|| PathBuf::from("/var/cache/strata/mount-hot"))),
+        hot_bytes: a.hot_size.bytes(),
     };
     let exe = std::env::current_exe().context("the strata binary's path")?;
     let server: Vec<OsString> = vec![exe.into(), "__mount-serve".into()];

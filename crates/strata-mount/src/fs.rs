@@ -7,7 +7,7 @@
 //! started after a crash answers requests about handles the old one opened.
 
 use std::ffi::OsStr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -18,6 +18,8 @@ use fuser::{
 };
 use strata_types::ErrorKind;
 
+use crate::hot::Hot;
+use crate::passthrough::{Handles, Mode, PASSTHROUGH_FH};
 use crate::reader::Reader;
 use crate::snapshot::{Kind, Tree};
 
@@ -44,6 +46,10 @@ pub struct StrataFs {
     own: Ownership,
     /// Largest read and write the kernel is told to send (bounded by the relay's message size).
     max_io: u32,
+    /// Open handles by mode, kept across servers ([`crate::passthrough`]); `None` when the table could not be made.
+    handles: Option<Arc<Handles>>,
+    /// The hot copies, once the server knows passthrough works.
+    hot: Arc<OnceLock<Arc<Hot>>>,
 }
 
 impl StrataFs {
@@ -61,7 +67,16 @@ impl StrataFs {
             rt,
             own,
             max_io,
+            handles: None,
+            hot: Arc::default(),
         }
+    }
+
+    /// Open files through their hot copies (once `hot` is filled), counting handles in `handles`.
+    pub fn with_passthrough(mut self, handles: Arc<Handles>, hot: Arc<OnceLock<Arc<Hot>>>) -> Self {
+        self.handles = Some(handles);
+        self.hot = hot;
+        self
     }
 
     fn attr(&self, ino: u64) -> Option<FileAttr> {
@@ -155,8 +170,12 @@ impl Filesystem for StrataFs {
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_HAS_RESEND;
+            | InitFlags::FUSE_HAS_RESEND
+            | InitFlags::FUSE_PASSTHROUGH;
         let _ = config.add_capabilities(wanted & config.capabilities());
+        // Backing files may be on a stacked file system (overlayfs) themselves; this mount then cannot be
+        // the lower layer of an overlay.
+        let _ = config.set_max_stack_depth(2);
         let _ = config.set_max_write(self.max_io);
         let _ = config.set_max_readahead(self.max_io);
         let _ = config.set_max_background(64);
@@ -186,7 +205,29 @@ impl Filesystem for StrataFs {
             return reply.error(Errno::EROFS);
         }
         match self.tree.node(ino.0).map(|n| &n.kind) {
-            Some(Kind::File(_)) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Some(Kind::File(i)) => {
+                let Some(handles) = &self.handles else {
+                    return reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+                };
+                let obj = &self.tree.snapshot.objects[*i];
+                let copy = || self.hot.get().and_then(|h| h.open(obj));
+                match handles.open_inode(ino.0, copy) {
+                    Mode::Passthrough(id) => {
+                        // SAFETY: `id` is registered on this mount's connection and stays registered while
+                        // `handles` counts a passthrough handle of this inode; the wrapper is forgotten
+                        // (`into_raw`), never dropped, so fuser closes nothing.
+                        #[allow(unsafe_code)]
+                        let backing = unsafe { reply.wrap_backing(id) };
+                        reply.opened_passthrough(
+                            FileHandle(PASSTHROUGH_FH),
+                            FopenFlags::empty(),
+                            &backing,
+                        );
+                        let _ = backing.into_raw();
+                    }
+                    Mode::Cached => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+                }
+            }
             Some(Kind::Dir(_)) => reply.error(Errno::EISDIR),
             None => reply.error(Errno::ENOENT),
         }
@@ -222,6 +263,22 @@ impl Filesystem for StrataFs {
         });
     }
 
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if let Some(handles) = &self.handles {
+            handles.release(ino.0, fh.0);
+        }
+        reply.ok();
+    }
+
     fn flush(
         &self,
         _req: &Request,
@@ -230,7 +287,9 @@ impl Filesystem for StrataFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // ENOSYS: nothing to flush on a read-only file, and the kernel then sends no flush again. A close
+        // never waits for the server (it might be restarting, or stopped), which passthrough files rely on.
+        reply.error(Errno::ENOSYS);
     }
 
     fn getxattr(

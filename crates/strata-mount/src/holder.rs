@@ -17,7 +17,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -25,6 +25,8 @@ use strata_client::{AgentClient, ClientOptions};
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::fs::{Ownership, StrataFs, now_unix};
+use crate::hot::Hot;
+use crate::passthrough::{self, Handles};
 use crate::reader::Reader;
 use crate::relay::{Relay, Stopped};
 use crate::snapshot::{Object, Snapshot, Tree, normalize_location};
@@ -47,6 +49,12 @@ pub struct MountConfig {
     pub agent_wait_secs: u64,
     /// fuser threads answering the kernel.
     pub threads: usize,
+    /// Where hot copies of large files are kept for passthrough ([`crate::hot`]); none: no copies.
+    #[serde(default)]
+    pub hot_dir: Option<PathBuf>,
+    /// At most this many bytes of hot copies in `hot_dir` (0: no copies).
+    #[serde(default)]
+    pub hot_bytes: u64,
 }
 
 /// Files in a state directory.
@@ -473,6 +481,34 @@ fn recv_fd(stream: &UnixStream) -> Result<OwnedFd> {
     Err(Error::internal("the mount's holder sent no descriptor"))
 }
 
+/// Fill `slot` with the mount's hot copies if they are configured and the connection takes backing files
+/// (`CAP_SYS_ADMIN`, Linux 6.9, negotiated at `INIT`); whether it did.
+fn start_hot_copies(
+    cfg: &MountConfig,
+    state: &Path,
+    relay: &Relay,
+    location: &str,
+    slot: &OnceLock<Arc<Hot>>,
+) -> bool {
+    let Some(dir) = cfg.hot_dir.as_ref().filter(|_| cfg.hot_bytes > 0) else {
+        return false;
+    };
+    if let Err(e) = passthrough::probe(relay.dev(), &state.join(SNAPSHOT)) {
+        tracing::info!(error = %e, "no FUSE passthrough here (root and Linux 6.9 needed): no hot copies");
+        return false;
+    }
+    match Hot::new(dir, cfg.hot_bytes, &cfg.api, location) {
+        Ok(hot) => {
+            let _ = slot.set(Arc::new(hot));
+            true
+        }
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "the hot-copy directory is unusable: no hot copies");
+            false
+        }
+    }
+}
+
 /// Serve the mount whose state directory is `state` (the holder starts this), until it is unmounted
 /// (`Ok(Stopped::Unmounted)`). The token is read from `STRATA_TOKEN`.
 pub fn serve(state: &Path) -> Result<Stopped> {
@@ -509,13 +545,20 @@ pub fn serve(state: &Path) -> Result<Stopped> {
     let resuming = Relay::resuming(state);
     let (relay, far) = Relay::new(dev, state)?;
     let relay = Arc::new(relay);
-    let fs = StrataFs::new(
+    let hot_slot = reader.hot_slot();
+    let location = tree.snapshot.location.clone();
+    let mut fs = StrataFs::new(
         tree,
         reader,
         rt.handle().clone(),
         cfg.ownership,
         relay.max_io(),
     );
+    // Counted from the first open on, before the kernel can send one (passthrough or not is decided later).
+    match Handles::open(state, resuming, relay.dev_shared()) {
+        Ok(h) => fs = fs.with_passthrough(Arc::new(h), hot_slot.clone()),
+        Err(e) => tracing::warn!(error = %e, "no handle table: no passthrough"),
+    }
     let mut fcfg = fuser::Config::default();
     fcfg.mount_options = vec![
         fuser::MountOption::RO,
@@ -545,8 +588,12 @@ pub fn serve(state: &Path) -> Result<Stopped> {
             std::thread::spawn(move || r.run())
         }
     };
+    let _enter = rt.enter();
+    let passthrough = start_hot_copies(&cfg, state, &relay, &location, &hot_slot);
+    drop(_enter);
     std::fs::write(state.join(READY), b"").map_err(io(state.join(READY).display()))?;
     tracing::info!(
+        passthrough,
         mountpoint = %cfg.mountpoint.display(),
         resumed = resuming,
         max_io = relay.max_io(),

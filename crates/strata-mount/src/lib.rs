@@ -9,12 +9,18 @@
 //! and starts a new server, which takes the connection over through a relay ([`relay`], [`holder`]). Readers
 //! see one slow request, not `Transport endpoint is not connected`.
 //!
+//! Large files read whole are kept as local hot copies ([`hot`]) that later opens hand to the kernel as
+//! backing files ([`passthrough`], Linux 6.9, root): hot reads then run at local-disk speed.
+//!
 //! Layout: `snapshot` (listing → tree, inode numbers), `reader` (ranges through the agent, chunks,
 //! read-ahead), `fs` (the `fuser::Filesystem`), `relay` (`/dev/fuse` ⇄ `fuser`, INIT replay, resend),
-//! `holder` (mount, hand the descriptor over, restart the server).
+//! `holder` (mount, hand the descriptor over, restart the server), `hot` (copies of files read whole),
+//! `passthrough` (backing files, the open-handle table kept across servers).
 
 pub mod fs;
 pub mod holder;
+pub mod hot;
+pub mod passthrough;
 pub mod reader;
 pub mod relay;
 pub mod snapshot;

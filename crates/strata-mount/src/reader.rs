@@ -7,13 +7,14 @@
 //! page cache keeps what was read (files are opened with `FOPEN_KEEP_CACHE`: a version never changes), so a
 //! chunk is rarely wanted twice. Files up to [`WHOLE`] are read whole by their first read (many small files:
 //! one request each). A read that does not follow on from the chunks already fetched (random access) asks the
-//! agent for exactly its range.
+//! agent for exactly its range. Fetched chunks of large files are also offered to the mount's hot copies
+//! ([`crate::hot`]), which later opens read through passthrough.
 //!
 //! An agent that is away (restarting) is waited for, up to [`Reader::new`]'s `wait`, retrying with backoff:
 //! a reader sees a slow read, not an error.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -22,6 +23,7 @@ use strata_client::{AgentClient, Method};
 use strata_types::{Error, ErrorKind, Result};
 use tokio::sync::OnceCell;
 
+use crate::hot::Hot;
 use crate::snapshot::Object;
 
 /// Bytes of one chunk (the agent's default block size).
@@ -47,6 +49,8 @@ pub struct Reader {
     chunks: Mutex<VecDeque<((u64, u64), Cell)>>,
     /// Per inode: how far the agent was asked to prefetch.
     prefetched: Mutex<VecDeque<(u64, u64)>>,
+    /// Where fetched chunks of large files are copied (set once the server knows passthrough works).
+    hot: Arc<OnceLock<Arc<Hot>>>,
 }
 
 impl Reader {
@@ -59,7 +63,13 @@ impl Reader {
             wait,
             chunks: Mutex::new(VecDeque::new()),
             prefetched: Mutex::new(VecDeque::new()),
+            hot: Arc::default(),
         }
+    }
+
+    /// The slot for the mount's hot copies: fetched chunks are offered to them once it is filled.
+    pub fn hot_slot(&self) -> Arc<OnceLock<Arc<Hot>>> {
+        self.hot.clone()
     }
 
     /// Bytes `offset..offset + size` of `obj` (inode `ino`), cut at its end. `next` is the file a reader
@@ -232,7 +242,14 @@ impl Reader {
             }
         };
         match cell.get_or_try_init(|| self.fetch(obj, range)).await {
-            Ok(b) => Ok(b.clone()),
+            Ok(b) => {
+                // Fetched now or kept from before: a copy made later (evicted, or of a file re-read) still
+                // gets every chunk.
+                if let Some(hot) = self.hot.get() {
+                    hot.offer(ino, obj, idx, b.clone());
+                }
+                Ok(b.clone())
+            }
             Err(e) => {
                 // Not kept: the next read tries again.
                 self.chunks

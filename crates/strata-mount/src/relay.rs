@@ -190,6 +190,11 @@ impl Relay {
     pub fn dev(&self) -> std::os::fd::BorrowedFd<'_> {
         self.dev.as_fd()
     }
+
+    /// The descriptor of `/dev/fuse`, shared (backing-file ioctls, [`crate::passthrough`]).
+    pub fn dev_shared(&self) -> Arc<OwnedFd> {
+        self.dev.clone()
+    }
 }
 
 fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -1,0 +1,391 @@
+//! Hot copies: large files a mount has read whole, kept as plain local files so that later opens are handed
+//! to the kernel with FUSE passthrough ([`crate::passthrough`]) and read at local-disk speed, without the
+//! server, the relay or FUSE's own read path.
+//!
+//! A copy is made from the chunks a sequential reader fetched anyway ([`crate::reader`]): each chunk is written
+//! at its offset into `tmp/` as it arrives, and once every chunk of the file is there the file is synced and
+//! renamed into place, so a copy is either complete or absent (a crash leaves only `tmp/` files, removed by
+//! the next server after [`STALE_TMP`]). Bytes come only from the agent, which verified them and pinned them
+//! to the listed ETag; a copy's name is a digest of the agent, the location, the key, the ETag and the size,
+//! so a copy is only ever found for exactly the version it holds, by mounts of that location through that
+//! agent (whose reads were authorised by the same listing). The directory is made `0700`.
+//!
+//! Bounded: at most [`Hot::new`]'s `budget` bytes of copies (the least recently opened go first; a copy is
+//! touched on each open), at most [`IN_PROGRESS`] files copied at once (the oldest is abandoned), files larger
+//! than [`crate::reader::WHOLE`] only (small files are one request each and hot in the page cache already).
+//! Copy I/O errors are logged and the copy dropped: copies are advisory, reads never fail because of them.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::reader::{CHUNK, WHOLE};
+use crate::snapshot::Object;
+
+/// Files copied at once; a further file abandons the oldest copy in progress.
+pub const IN_PROGRESS: usize = 16;
+/// `tmp/` files untouched this long belong to a dead server and are removed.
+pub const STALE_TMP: Duration = Duration::from_secs(600);
+
+/// One copy being written.
+#[derive(Debug)]
+struct Writing {
+    file: Arc<File>,
+    tmp: PathBuf,
+    name: String,
+    size: u64,
+    have: Vec<bool>,
+    left: usize,
+}
+
+/// The hot copies of one mount (the directory may be shared by several mounts).
+#[derive(Debug)]
+pub struct Hot {
+    dir: PathBuf,
+    budget: u64,
+    /// The agent and location the mount reads: part of every copy's name.
+    salt: String,
+    writing: Mutex<VecDeque<(u64, Writing)>>,
+    /// Inodes known to have a complete copy (forgotten whenever copies are evicted): offers of their
+    /// chunks return at once.
+    complete: Mutex<std::collections::HashSet<u64>>,
+    /// Numbers the `tmp/` files of this server.
+    seq: std::sync::atomic::AtomicU64,
+    /// Bytes of copies in the directory (recounted after each new copy).
+    used: Mutex<u64>,
+}
+
+impl Hot {
+    /// Copies in `dir` (made if missing), at most `budget` bytes, of objects under `location` read through
+    /// the agent at `api`.
+    pub fn new(dir: &Path, budget: u64, api: &str, location: &str) -> std::io::Result<Self> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir.join("tmp"))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        let hot = Self {
+            dir: dir.to_path_buf(),
+            budget,
+            salt: format!("{api}\n{location}"),
+            writing: Mutex::new(VecDeque::new()),
+            complete: Mutex::default(),
+            seq: Default::default(),
+            used: Mutex::new(0),
+        };
+        hot.remove_stale_tmp();
+        hot.recount_and_evict(0);
+        Ok(hot)
+    }
+
+    /// Whether `obj` is a file copies are made of.
+    pub fn wanted(&self, obj: &Object) -> bool {
+        obj.size > WHOLE && obj.size <= self.budget
+    }
+
+    /// The copy's file name: a digest of everything that identifies the bytes.
+    fn name(&self, obj: &Object) -> String {
+        let mut h = blake3::Hasher::new();
+        h.update(self.salt.as_bytes());
+        h.update(b"\n");
+        h.update(obj.name.as_bytes());
+        h.update(b"\n");
+        h.update(obj.etag.as_deref().unwrap_or("").as_bytes());
+        h.update(b"\n");
+        h.update(&obj.size.to_le_bytes());
+        h.finalize().to_hex()[..32].to_string()
+    }
+
+    /// The complete copy of `obj`, opened for reading (and touched: recently used), if there is one. Objects
+    /// without an ETag get no copies (nothing would tell two versions apart).
+    pub fn open(&self, obj: &Object) -> Option<File> {
+        if obj.etag.is_none() || !self.wanted(obj) {
+            return None;
+        }
+        let path = self.dir.join(self.name(obj));
+        let file = File::open(&path).ok()?;
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() || meta.len() != obj.size {
+            return None;
+        }
+        // Least recently opened goes first: the mtime says when.
+        let _ = File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(SystemTime::now()));
+        Some(file)
+    }
+
+    /// Whether a complete copy of `obj` is in place (not touched).
+    fn exists(&self, obj: &Object) -> bool {
+        std::fs::metadata(self.dir.join(self.name(obj)))
+            .is_ok_and(|m| m.is_file() && m.len() == obj.size)
+    }
+
+    /// Chunk `idx` of `obj` (inode `ino`), as the agent answered it: written into the copy in progress
+    /// (started here if this is the file's first chunk); the copy is put in place once it is complete.
+    pub fn offer(self: &Arc<Self>, ino: u64, obj: &Object, idx: u64, bytes: Bytes) {
+        if obj.etag.is_none() || !self.wanted(obj) {
+            return;
+        }
+        let chunks = obj.size.div_ceil(CHUNK) as usize;
+        let expected = obj.size.min((idx + 1) * CHUNK) - idx * CHUNK;
+        if idx as usize >= chunks
+            || bytes.len() as u64 != expected
+            || self.complete.lock().contains(&ino)
+        {
+            return;
+        }
+        let file = {
+            let mut w = self.writing.lock();
+            match w.iter_mut().find(|(i, _)| *i == ino) {
+                Some((_, c)) if c.have[idx as usize] => return,
+                Some((_, c)) => c.file.clone(),
+                None => {
+                    if self.exists(obj) {
+                        let mut done = self.complete.lock();
+                        if done.len() >= 65_536 {
+                            done.clear();
+                        }
+                        done.insert(ino);
+                        return;
+                    }
+                    let name = self.name(obj);
+                    // A file of its own: a copy never writes into another's, even of the same object.
+                    let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let tmp = self
+                        .dir
+                        .join("tmp")
+                        .join(format!("{name}.{}.{seq}", std::process::id()));
+                    let file = match File::options().write(true).create_new(true).open(&tmp) {
+                        Ok(f) => Arc::new(f),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "a hot copy could not be started");
+                            return;
+                        }
+                    };
+                    if w.len() >= IN_PROGRESS
+                        && let Some((_, old)) = w.pop_front()
+                    {
+                        let _ = std::fs::remove_file(&old.tmp);
+                    }
+                    w.push_back((
+                        ino,
+                        Writing {
+                            file: file.clone(),
+                            tmp,
+                            name,
+                            size: obj.size,
+                            have: vec![false; chunks],
+                            left: chunks,
+                        },
+                    ));
+                    file
+                }
+            }
+        };
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let wrote = file.write_all_at(&bytes, idx * CHUNK);
+            me.wrote(ino, &file, idx, wrote);
+        });
+    }
+
+    /// Chunk `idx` of the copy of `ino` was written (or failed): note it, and finish the copy if it was the last.
+    fn wrote(&self, ino: u64, file: &Arc<File>, idx: u64, wrote: std::io::Result<()>) {
+        let done = {
+            let mut w = self.writing.lock();
+            let Some(pos) = w
+                .iter()
+                .position(|(i, c)| *i == ino && Arc::ptr_eq(&c.file, file))
+            else {
+                return; // abandoned meanwhile
+            };
+            if let Err(e) = wrote {
+                tracing::debug!(error = %e, "writing a hot copy failed; dropped");
+                let (_, c) = w.remove(pos).expect("position is in range");
+                let _ = std::fs::remove_file(&c.tmp);
+                return;
+            }
+            let c = &mut w[pos].1;
+            if !c.have[idx as usize] {
+                c.have[idx as usize] = true;
+                c.left -= 1;
+            }
+            if c.left > 0 {
+                return;
+            }
+            // Counted complete before it leaves the list, so no offer starts another copy while this one
+            // is put in place.
+            self.complete.lock().insert(ino);
+            w.remove(pos).expect("position is in range").1
+        };
+        let place = || -> std::io::Result<()> {
+            if done.file.metadata()?.len() != done.size {
+                return Err(std::io::Error::other("the copy has the wrong length"));
+            }
+            done.file.sync_data()?;
+            self.recount_and_evict(done.size);
+            std::fs::rename(&done.tmp, self.dir.join(&done.name))
+        };
+        match place() {
+            Ok(()) => {
+                *self.used.lock() += done.size;
+                tracing::debug!(name = %done.name, size = done.size, "a hot copy is in place");
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "a hot copy could not be put in place; dropped");
+                let _ = std::fs::remove_file(&done.tmp);
+                self.complete.lock().remove(&ino);
+            }
+        }
+    }
+
+    /// Count the copies' bytes and remove the least recently opened until `room` more bytes fit the budget.
+    fn recount_and_evict(&self, room: u64) {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut files: Vec<(SystemTime, u64, PathBuf)> = rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                m.is_file().then(|| {
+                    (
+                        m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                        m.len(),
+                        e.path(),
+                    )
+                })
+            })
+            .collect();
+        files.sort();
+        let mut used: u64 = files.iter().map(|f| f.1).sum();
+        for (_, len, path) in &files {
+            if used.saturating_add(room) <= self.budget {
+                break;
+            }
+            // A copy still open (passthrough) stays readable: its inode lives until the last close.
+            if std::fs::remove_file(path).is_ok() {
+                used -= len;
+                self.complete.lock().clear();
+            }
+        }
+        *self.used.lock() = used;
+    }
+
+    /// Bytes of complete copies in the directory, as last counted.
+    pub fn used(&self) -> u64 {
+        *self.used.lock()
+    }
+
+    fn remove_stale_tmp(&self) {
+        let Ok(rd) = std::fs::read_dir(self.dir.join("tmp")) else {
+            return;
+        };
+        for e in rd.filter_map(|e| e.ok()) {
+            let stale = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE_TMP);
+            if stale {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+    use super::*;
+
+    fn obj(size: u64) -> Object {
+        Object {
+            name: "dir/big.bin".into(),
+            size,
+            etag: Some("\"e1\"".into()),
+            mtime: 0,
+        }
+    }
+
+    fn body(size: u64) -> Vec<u8> {
+        (0..size).map(|i| (i * 31 % 251) as u8).collect()
+    }
+
+    fn chunk(b: &[u8], idx: u64) -> Bytes {
+        let from = (idx * CHUNK) as usize;
+        let to = b.len().min(from + CHUNK as usize);
+        Bytes::copy_from_slice(&b[from..to])
+    }
+
+    async fn complete(hot: &Hot, o: &Object) -> File {
+        for _ in 0..500 {
+            if let Some(f) = hot.open(o) {
+                return f;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("no complete copy");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn chunks_offered_again_while_a_copy_is_put_in_place_never_spoil_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let hot = Arc::new(Hot::new(dir.path(), 1 << 30, "http://a", "b/").unwrap());
+        let o = obj(2 * CHUNK + 5);
+        let b = body(o.size);
+        // Every chunk, then the last one again and again (a reader at the end, served from the chunk cache),
+        // while the copy is synced and renamed.
+        for idx in [0, 1, 2] {
+            hot.offer(7, &o, idx, chunk(&b, idx));
+        }
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(400) {
+            hot.offer(7, &o, 2, chunk(&b, 2));
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        let f = complete(&hot, &o).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut got = vec![0u8; o.size as usize];
+        f.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == b, "the copy holds other bytes");
+        let again = hot.open(&o).unwrap();
+        let mut got = vec![0u8; o.size as usize];
+        again.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == b, "the copy in place holds other bytes");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_is_made_only_of_the_whole_file_and_found_only_for_its_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let hot = Arc::new(Hot::new(dir.path(), 1 << 30, "http://a", "b/").unwrap());
+        let o = obj(CHUNK + 1);
+        let b = body(o.size);
+        hot.offer(1, &o, 0, chunk(&b, 0));
+        // A short chunk (not what the listing says) is not taken.
+        hot.offer(1, &o, 1, Bytes::from_static(b"xx"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(hot.open(&o).is_none(), "a copy with a chunk missing");
+        hot.offer(1, &o, 1, chunk(&b, 1));
+        complete(&hot, &o).await;
+        let mut other = o.clone();
+        other.etag = Some("\"e2\"".into());
+        assert!(hot.open(&other).is_none(), "found for another version");
+        let mut no_etag = o.clone();
+        no_etag.etag = None;
+        assert!(hot.open(&no_etag).is_none());
+        assert!(hot.open(&obj(WHOLE)).is_none(), "small files get none");
+        assert_eq!(hot.used(), o.size);
+    }
+}
