@@ -78,7 +78,7 @@ def kill_server(m):
 
 
 def test_a_file_read_whole_is_then_read_through_its_copy_without_the_server(gw, dataset, mounts):
-    m = mounts.mount(gw.api, "origin/" + DS)
+    m = mounts.mount(gw.api, "origin/" + DS, "--hot-size", "1GiB")
     want = sha(dataset["files"][BIG[0]])
     # Random reads first (none in the first 8 MiB chunk, so none starts a sequential run): no copy.
     with open(m.path(BIG[0]), "rb", buffering=0) as f:
@@ -108,7 +108,7 @@ def test_a_file_read_whole_is_then_read_through_its_copy_without_the_server(gw, 
 
 
 def test_an_inode_open_through_the_page_cache_is_not_also_opened_passthrough(gw, dataset, mounts):
-    m = mounts.mount(gw.api, "origin/" + DS)
+    m = mounts.mount(gw.api, "origin/" + DS, "--hot-size", "1GiB")
     body = dataset["files"][BIG[1]]
     want = sha(body)
     held = open(m.path(BIG[1]), "rb", buffering=0)  # a cached handle, held across the rest

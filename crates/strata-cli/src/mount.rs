@@ -48,8 +48,9 @@ pub struct MountArgs {
     /// a copy is found only for the exact version it holds. Default for root: /var/cache/strata/mount-hot.
     #[arg(long, value_name = "DIR")]
     pub hot_dir: Option<PathBuf>,
-    /// At most this many bytes of copies in --hot-dir (the least recently opened go first); 0: no copies.
-    #[arg(long, value_name = "SIZE", default_value = "16GiB")]
+    /// At most this many bytes of copies in --hot-dir (the least recently opened go first). Default 0: no
+    /// copies; writing them slows the cold read that makes them where the disk is slow (docs/mount.md).
+    #[arg(long, value_name = "SIZE", default_value = "0")]
     pub hot_size: strata_types::ByteSize,
     #[command(flatten)]
     pub api: ApiArgs,

@@ -493,9 +493,29 @@ fn start_hot_copies(
     let Some(dir) = cfg.hot_dir.as_ref().filter(|_| cfg.hot_bytes > 0) else {
         return false;
     };
-    if let Err(e) = passthrough::probe(relay.dev(), &state.join(SNAPSHOT)) {
-        tracing::info!(error = %e, "no FUSE passthrough here (root and Linux 6.9 needed): no hot copies");
+    if !rustix::process::geteuid().is_root() {
+        tracing::info!(
+            "no FUSE passthrough for a user's mount (it needs CAP_SYS_ADMIN): no hot copies"
+        );
         return false;
+    }
+    // The kernel takes backing files once it has the handshake's answer, which the relay may still be
+    // forwarding when fuser's handshake returns: a refusal is tried again for a moment.
+    let started = Instant::now();
+    loop {
+        match passthrough::probe(relay.dev(), &state.join(SNAPSHOT)) {
+            Ok(()) => break,
+            Err(e)
+                if e.raw_os_error() == Some(libc::EPERM)
+                    && started.elapsed() < Duration::from_secs(3) =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "no FUSE passthrough here (Linux 6.9 needed): no hot copies");
+                return false;
+            }
+        }
     }
     match Hot::new(dir, cfg.hot_bytes, &cfg.api, location) {
         Ok(hot) => {

@@ -3,16 +3,22 @@
 //! server, the relay or FUSE's own read path.
 //!
 //! A copy is made from the chunks a sequential reader fetched anyway ([`crate::reader`]): each chunk is written
-//! at its offset into `tmp/` as it arrives, and once every chunk of the file is there the file is synced and
-//! renamed into place, so a copy is either complete or absent (a crash leaves only `tmp/` files, removed by
-//! the next server after [`STALE_TMP`]). Bytes come only from the agent, which verified them and pinned them
+//! at its offset into `tmp/` as it arrives, and once every chunk of the file is there it is renamed into place,
+//! so a copy is either complete or absent (a crash leaves only `tmp/` files, removed by the next server after
+//! [`STALE_TMP`]). It is never synced (a forced write-back of every copy halved the speed of the cold read
+//! that makes it, bench/RESULTS.md): its name carries this boot's id (`<digest>.b<boot>`), since until the
+//! machine restarts the page cache is the truth, and copies of an earlier boot (a power loss may have torn
+//! them) are removed at start. Only where the boot id cannot be read is a copy synced before it is used
+//! (named `<digest>`). Bytes come only from the agent, which verified them and pinned them
 //! to the listed ETag; a copy's name is a digest of the agent, the location, the key, the ETag and the size,
 //! so a copy is only ever found for exactly the version it holds, by mounts of that location through that
 //! agent (whose reads were authorised by the same listing). The directory is made `0700`.
 //!
-//! Bounded: at most [`Hot::new`]'s `budget` bytes of copies (the least recently opened go first; a copy is
-//! touched on each open), at most [`IN_PROGRESS`] files copied at once (the oldest is abandoned), files larger
-//! than [`crate::reader::WHOLE`] only (small files are one request each and hot in the page cache already).
+//! Bounded: at most [`Hot::new`]'s `budget` bytes of copies, those in progress included (room is made before a
+//! copy starts: the least recently opened go first; a copy is touched on each open), never a copy that would
+//! leave its file system less than a tenth free, at most [`IN_PROGRESS`] files copied at once (the oldest is
+//! abandoned), files larger than [`crate::reader::WHOLE`] only (small files are one request each and hot in
+//! the page cache already).
 //! Copy I/O errors are logged and the copy dropped: copies are advisory, reads never fail because of them.
 
 use std::collections::VecDeque;
@@ -55,6 +61,9 @@ pub struct Hot {
     /// Inodes known to have a complete copy (forgotten whenever copies are evicted): offers of their
     /// chunks return at once.
     complete: Mutex<std::collections::HashSet<u64>>,
+    /// The first characters of this boot's id (`/proc/sys/kernel/random/boot_id`); none: copies are synced
+    /// before they are used.
+    boot: Option<String>,
     /// Numbers the `tmp/` files of this server.
     seq: std::sync::atomic::AtomicU64,
     /// Bytes of copies in the directory (recounted after each new copy).
@@ -77,10 +86,21 @@ impl Hot {
             salt: format!("{api}\n{location}"),
             writing: Mutex::new(VecDeque::new()),
             complete: Mutex::default(),
+            boot: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()
+                .map(|b| {
+                    b.trim()
+                        .replace('-', "")
+                        .chars()
+                        .take(12)
+                        .collect::<String>()
+                })
+                .filter(|b| b.len() == 12),
             seq: Default::default(),
             used: Mutex::new(0),
         };
         hot.remove_stale_tmp();
+        hot.remove_unsynced_of_other_boots();
         hot.recount_and_evict(0);
         Ok(hot)
     }
@@ -109,8 +129,11 @@ impl Hot {
         if obj.etag.is_none() || !self.wanted(obj) {
             return None;
         }
-        let path = self.dir.join(self.name(obj));
-        let file = File::open(&path).ok()?;
+        let name = self.name(obj);
+        let (path, file) = self
+            .places(&name)
+            .into_iter()
+            .find_map(|p| File::open(&p).ok().map(|f| (p, f)))?;
         let meta = file.metadata().ok()?;
         if !meta.is_file() || meta.len() != obj.size {
             return None;
@@ -123,10 +146,41 @@ impl Hot {
         Some(file)
     }
 
+    /// Whether a copy of `size` bytes may start beside copies in progress of `pending` bytes: the budget is
+    /// made room in (the least recently opened copies go), and the file system keeps a tenth of it free
+    /// (the agent's cache may share it).
+    fn room_for(&self, size: u64, pending: u64) -> bool {
+        if size.saturating_add(pending) > self.budget {
+            return false;
+        }
+        if let Ok(st) = rustix::fs::statvfs(&self.dir) {
+            let free = st.f_bavail.saturating_mul(st.f_frsize);
+            let total = st.f_blocks.saturating_mul(st.f_frsize);
+            if free.saturating_sub(size.saturating_add(pending)) < total / 10 {
+                tracing::debug!(free, size, "no hot copy: the file system is nearly full");
+                return false;
+            }
+        }
+        if *self.used.lock() + size + pending > self.budget {
+            self.recount_and_evict(size + pending);
+        }
+        true
+    }
+
     /// Whether a complete copy of `obj` is in place (not touched).
     fn exists(&self, obj: &Object) -> bool {
-        std::fs::metadata(self.dir.join(self.name(obj)))
-            .is_ok_and(|m| m.is_file() && m.len() == obj.size)
+        self.places(&self.name(obj))
+            .iter()
+            .any(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() == obj.size))
+    }
+
+    /// Where the copy named `name` may be: synced, or placed in this boot and not synced yet.
+    fn places(&self, name: &str) -> Vec<PathBuf> {
+        let mut v = vec![self.dir.join(name)];
+        if let Some(b) = &self.boot {
+            v.push(self.dir.join(format!("{name}.b{b}")));
+        }
+        v
     }
 
     /// Chunk `idx` of `obj` (inode `ino`), as the agent answered it: written into the copy in progress
@@ -149,6 +203,10 @@ impl Hot {
                 Some((_, c)) if c.have[idx as usize] => return,
                 Some((_, c)) => c.file.clone(),
                 None => {
+                    let pending: u64 = w.iter().map(|(_, c)| c.size).sum();
+                    if !self.room_for(obj.size, pending) {
+                        return;
+                    }
                     if self.exists(obj) {
                         let mut done = self.complete.lock();
                         if done.len() >= 65_536 {
@@ -227,18 +285,31 @@ impl Hot {
             self.complete.lock().insert(ino);
             w.remove(pos).expect("position is in range").1
         };
-        let place = || -> std::io::Result<()> {
+        let synced = self.dir.join(&done.name);
+        let place = || -> std::io::Result<PathBuf> {
             if done.file.metadata()?.len() != done.size {
                 return Err(std::io::Error::other("the copy has the wrong length"));
             }
-            done.file.sync_data()?;
             self.recount_and_evict(done.size);
-            std::fs::rename(&done.tmp, self.dir.join(&done.name))
+            match &self.boot {
+                // Usable now; synced below.
+                Some(b) => {
+                    let unsynced = self.dir.join(format!("{}.b{b}", done.name));
+                    std::fs::rename(&done.tmp, &unsynced)?;
+                    Ok(unsynced)
+                }
+                None => {
+                    done.file.sync_data()?;
+                    std::fs::rename(&done.tmp, &synced)?;
+                    Ok(synced.clone())
+                }
+            }
         };
         match place() {
-            Ok(()) => {
+            Ok(at) => {
                 *self.used.lock() += done.size;
                 tracing::debug!(name = %done.name, size = done.size, "a hot copy is in place");
+                let _ = at;
             }
             Err(e) => {
                 tracing::debug!(error = %e, "a hot copy could not be put in place; dropped");
@@ -284,6 +355,21 @@ impl Hot {
     /// Bytes of complete copies in the directory, as last counted.
     pub fn used(&self) -> u64 {
         *self.used.lock()
+    }
+
+    /// Remove copies placed before they were synced in an earlier boot (a power loss may have torn them).
+    fn remove_unsynced_of_other_boots(&self) {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mine = self.boot.as_ref().map(|b| format!(".b{b}"));
+        for e in rd.filter_map(|e| e.ok()) {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.contains(".b") && mine.as_ref().is_none_or(|m| !name.ends_with(m.as_str())) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 
     fn remove_stale_tmp(&self) {
