@@ -26,6 +26,10 @@ pub struct PinSpec {
     pub backend: String,
     /// Key prefix.
     pub prefix: String,
+    /// The member of the cluster whose pin this is, kept here for the blocks this agent owns; none: this
+    /// agent's own pin ([`BlockCache::set_member_pins`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
 }
 
 impl PinSpec {

@@ -249,6 +249,7 @@ impl BlockCache {
         let spec = PinSpec {
             backend: backend.to_string(),
             prefix: prefix.to_string(),
+            from: None,
         };
         {
             let mut pins = self.inner.pins.write();
@@ -257,7 +258,16 @@ impl BlockCache {
             }
         }
         self.save_pins()?;
-        let (pinned, refused) = match &self.inner.disk {
+        let (pinned, refused) = self.pin_blocks(&spec);
+        Ok(PinReport {
+            pinned_blocks: pinned,
+            refused_blocks: refused,
+        })
+    }
+
+    /// Pin the blocks held that `spec` covers: (pinned, refused by the pinned-bytes cap).
+    fn pin_blocks(&self, spec: &PinSpec) -> (u64, u64) {
+        match &self.inner.disk {
             Some(disk) => disk.pin_matching(|k| spec.matches(k)),
             None => {
                 let mut ram = self.inner.ram.lock();
@@ -274,11 +284,7 @@ impl BlockCache {
                 }
                 (ok, refused)
             }
-        };
-        Ok(PinReport {
-            pinned_blocks: pinned,
-            refused_blocks: refused,
-        })
+        }
     }
 
     /// Remove a pin. Returns whether it existed. Blocks still covered by another pin stay pinned.
@@ -286,6 +292,7 @@ impl BlockCache {
         let spec = PinSpec {
             backend: backend.to_string(),
             prefix: prefix.to_string(),
+            from: None,
         };
         let existed = {
             let mut pins = self.inner.pins.write();
@@ -294,8 +301,82 @@ impl BlockCache {
             before != pins.len()
         };
         self.save_pins()?;
+        self.unpin_blocks(&[spec]);
+        Ok(existed)
+    }
+
+    /// This agent's own pins (not those kept for other members).
+    pub fn own_pins(&self) -> Vec<PinSpec> {
+        self.inner
+            .pins
+            .read()
+            .iter()
+            .filter(|p| p.from.is_none())
+            .cloned()
+            .collect()
+    }
+
+    /// The members whose pins are kept here.
+    pub fn pinning_members(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .inner
+            .pins
+            .read()
+            .iter()
+            .filter_map(|p| p.from.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Make `pins` (backend, prefix) the pins member `member` holds, here: in a cluster a pin is kept by
+    /// every member, since the blocks of a pinned prefix are spread over their owners. Pins of the member
+    /// not in `pins` are removed (an empty list removes all of them); blocks another pin covers stay pinned.
+    /// Kept across restarts like this agent's own pins.
+    pub fn set_member_pins(&self, member: &str, pins: &[(String, String)]) -> Result<PinReport> {
+        let want: Vec<PinSpec> = pins
+            .iter()
+            .map(|(backend, prefix)| PinSpec {
+                backend: backend.clone(),
+                prefix: prefix.clone(),
+                from: Some(member.to_string()),
+            })
+            .collect();
+        let (added, removed) = {
+            let mut all = self.inner.pins.write();
+            let removed: Vec<PinSpec> = all
+                .iter()
+                .filter(|p| p.from.as_deref() == Some(member) && !want.contains(p))
+                .cloned()
+                .collect();
+            let added: Vec<PinSpec> = want.iter().filter(|p| !all.contains(p)).cloned().collect();
+            if added.is_empty() && removed.is_empty() {
+                return Ok(PinReport::default());
+            }
+            all.retain(|p| !removed.contains(p));
+            all.extend(added.iter().cloned());
+            (added, removed)
+        };
+        self.save_pins()?;
+        self.unpin_blocks(&removed);
+        let mut report = PinReport::default();
+        for spec in &added {
+            let (ok, refused) = self.pin_blocks(spec);
+            report.pinned_blocks += ok;
+            report.refused_blocks += refused;
+        }
+        Ok(report)
+    }
+
+    /// Unpin the blocks `gone` covered that no remaining pin covers.
+    fn unpin_blocks(&self, gone: &[PinSpec]) {
+        if gone.is_empty() {
+            return;
+        }
         let rest = self.inner.pins.read().clone();
-        let release = |k: &BlockKey| spec.matches(k) && !rest.iter().any(|p| p.matches(k));
+        let release =
+            |k: &BlockKey| gone.iter().any(|s| s.matches(k)) && !rest.iter().any(|p| p.matches(k));
         match &self.inner.disk {
             Some(disk) => disk.unpin_matching(release),
             None => {
@@ -308,7 +389,6 @@ impl BlockCache {
                 }
             }
         }
-        Ok(existed)
     }
 
     pub(crate) fn save_pins(&self) -> Result<()> {

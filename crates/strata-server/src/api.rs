@@ -379,6 +379,7 @@ async fn pin(
         };
         agent.catalog().commit_write(vec![res], &rec).await?;
     }
+    agent.pins_changed();
     Ok(Json(report))
 }
 
@@ -409,6 +410,7 @@ async fn unpin(
         }
     }
     let removed = agent.cache().unpin(backend.id(), &prefix)?;
+    agent.pins_changed();
     agent
         .catalog()
         .commit_delete(CACHE_SCOPE, &pin_key(&backend, &prefix))

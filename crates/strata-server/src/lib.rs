@@ -391,6 +391,13 @@ impl Agent {
         }
     }
 
+    /// This agent's pins changed: send them to the other members at once ([`cluster::pins`]).
+    pub fn pins_changed(&self) {
+        if let Some(cl) = &self.cluster {
+            cl.pins.changed();
+        }
+    }
+
     /// Principals looked up for peer reads.
     pub(crate) fn peer_principals(&self) -> &PrincipalCache {
         &self.peer_principals
@@ -553,6 +560,11 @@ pub async fn serve(
     if let Some(c) = &agent.cluster {
         cluster_tasks.push(tokio::spawn(c.clone().watch(stop.clone())));
         cluster_tasks.push(tokio::spawn(c.coherence.clone().run(
+            c.clone(),
+            agent.cache().clone(),
+            stop.clone(),
+        )));
+        cluster_tasks.push(tokio::spawn(c.pins.clone().run(
             c.clone(),
             agent.cache().clone(),
             stop.clone(),

@@ -119,6 +119,13 @@ pub fn request_body(method: &str, path: &str) -> Option<Value> {
                        "properties": {"backend": {"type": "string"}, "key": {"type": "string"},
                                       "prefix": {"type": "string"}}}}}),
         ),
+        ("POST", "/v1/peer/pins") => object(
+            &["from", "pins"],
+            json!({"from": {"type": "string"},
+                   "pins": {"type": "array", "maxItems": 10000, "items": {
+                       "type": "object", "required": ["backend", "prefix"],
+                       "properties": {"backend": {"type": "string"}, "prefix": {"type": "string"}}}}}),
+        ),
         ("POST", "/v1/claims/{id}/attach") | ("POST", "/v1/claims/{id}/detach") => {
             object(&[], json!({}))
         }

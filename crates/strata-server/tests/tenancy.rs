@@ -361,6 +361,8 @@ fn request(w: &World, method: &str, path: &str) -> (String, Option<Value>) {
         ("POST", "/v1/peer/stage") => Some(json!({"backend": "default", "block_size": 1048576,
                                                   "objects": [{"key": "team-b/secret.bin", "size": 1,
                                                                "etag": null, "version": null, "mtime": 0}]})),
+        ("POST", "/v1/peer/pins") => Some(json!({"from": "http://127.0.0.1:9",
+                                                 "pins": [{"backend": "memory://tenancy", "prefix": "team-b/"}]})),
         ("POST", "/v1/peer/invalidate") => Some(json!({"from": "http://127.0.0.1:9",
                                                        "changes": [{"backend": "memory://tenancy",
                                                                     "key": "team-b/secret.bin"}]})),

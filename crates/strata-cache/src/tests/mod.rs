@@ -9,3 +9,4 @@ pub(crate) mod common;
 mod cache;
 mod coherence;
 mod peers;
+mod pins;

@@ -273,6 +273,7 @@ async fn take(
     for (d, r) in spec.datasets.iter().zip(resolved) {
         if d.mode == Mode::Pin {
             a.cache().pin(r.backend.id(), &r.prefix)?;
+            a.pins_changed();
         }
     }
     Ok(())

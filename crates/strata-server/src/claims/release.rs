@@ -36,6 +36,7 @@ pub(crate) async fn release(a: &Agent, id: &str, reason: &str, actor: &str) -> R
         let (backend, prefix) = a.resolve(&d.location)?;
         if !pinned_elsewhere(a, &rec, &backend, &prefix).await? {
             a.cache().unpin(backend.id(), &prefix)?;
+            a.pins_changed();
         }
     }
     if let Some(sid) = &rec.scratch_id

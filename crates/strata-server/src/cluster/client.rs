@@ -209,6 +209,34 @@ impl PeerClient {
             .context(format!("{peer}: invalidation")))
     }
 
+    /// Send every pin of this agent to `peer` (`POST /v1/peer/pins`, [`super::pins`]), waiting at most
+    /// `timeout`.
+    pub async fn pins(
+        &self,
+        peer: &str,
+        body: &super::pins::PinList,
+        timeout: Duration,
+    ) -> Result<()> {
+        let what = "pins";
+        let resp = self
+            .for_ctx(
+                self.http.post(format!("{peer}/v1/peer/pins")),
+                &IoContext::default(),
+            )
+            .json(body)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| strata_client::transport(peer, what, e))?;
+        let status = resp.status().as_u16();
+        if status == 204 {
+            return Ok(());
+        }
+        let body = resp.bytes().await.unwrap_or_default();
+        Err(strata_client::wire::error_from_response(status, &body)
+            .context(format!("{peer}: pins")))
+    }
+
     /// The block from `peer` (see [`Answer`]).
     pub async fn block(&self, peer: &str, b: &PeerBlock<'_>, fill: bool) -> Result<Answer> {
         let meta = b.meta;

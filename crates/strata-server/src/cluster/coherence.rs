@@ -364,19 +364,8 @@ pub(super) async fn invalidate(
         .into());
     };
     let co = &c.coherence;
-    if a.from == c.me() {
-        return Err(Error::invalid_input("announcement: sent from this agent's own id").into());
-    }
-    // A member id is an agent's address as the others reach it (`http://host:port`).
-    let from = crate::config::normalize_peer(&a.from)
-        .ok()
-        .filter(|f| *f == a.from && f.len() <= 256)
-        .ok_or_else(|| {
-            Error::invalid_input(format!(
-                "announcement: from {:?} is no member id (http://host:port, at most 256 bytes)",
-                a.from.chars().take(300).collect::<String>()
-            ))
-        })?;
+    let from = member_id(&a.from, c.me())
+        .map_err(|e| Error::invalid_input(format!("announcement: {e}")))?;
     for ch in a.changes.iter() {
         agent.cache().invalidate_in(&ch.backend, ch.what.clone());
     }
@@ -386,6 +375,22 @@ pub(super) async fn invalidate(
         .fetch_add(a.changes.len() as u64, Ordering::Relaxed);
     co.exchanged(&from, received, received);
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `from` as the member id of another agent (`http://host:port`, normalized, at most 256 bytes), or why not.
+pub(super) fn member_id(from: &str, me: &str) -> std::result::Result<String, String> {
+    if from == me {
+        return Err("sent from this agent's own id".into());
+    }
+    crate::config::normalize_peer(from)
+        .ok()
+        .filter(|f| *f == from && f.len() <= 256)
+        .ok_or_else(|| {
+            format!(
+                "from {:?} is no member id (http://host:port, at most 256 bytes)",
+                from.chars().take(300).collect::<String>()
+            )
+        })
 }
 
 /// The coherence state for `GET /v1/cluster`.

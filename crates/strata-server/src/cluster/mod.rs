@@ -24,6 +24,7 @@
 pub mod client;
 pub mod coherence;
 pub mod members;
+pub mod pins;
 pub mod routes;
 pub mod stage;
 
@@ -228,6 +229,8 @@ pub struct Cluster {
     pub counters: PeerCounters,
     /// Read-after-write across the members.
     pub coherence: Arc<coherence::Coherence>,
+    /// Pins kept by every member ([`pins`]).
+    pub pins: Arc<pins::PinSync>,
 }
 
 impl Cluster {
@@ -266,6 +269,7 @@ impl Cluster {
             catalog,
             counters: PeerCounters::default(),
             coherence: Arc::new(coherence::Coherence::new(sharing_lease)),
+            pins: Arc::default(),
         })
     }
 
@@ -485,6 +489,7 @@ impl Cluster {
             moved: ld(&c.moved),
             busy: ld(&c.busy),
             coherence: self.coherence.status(),
+            pins: self.pins.status(),
         }
     }
 }
@@ -591,6 +596,8 @@ pub struct ClusterStatus {
     pub busy: u64,
     /// Read-after-write across the members: the lease, whether it holds, announcements.
     pub coherence: coherence::CoherenceStatus,
+    /// Pins sent to and kept for the other members.
+    pub pins: pins::PinStatus,
 }
 
 /// The view before the last change.

@@ -76,6 +76,17 @@ pub fn routes() -> Vec<Route> {
         ),
         (
             RouteDoc {
+                method: "POST",
+                path: "/v1/peer/pins",
+                summary: "Every pin of another agent (backend ids and prefixes), kept here for the blocks this agent owns; replaces what was kept for it",
+                access: "agents of the cluster only (the cluster credential)",
+                rule: Access::Cluster,
+                plane: Plane::Peer,
+            },
+            post(super::pins::receive).layer(DefaultBodyLimit::max(super::pins::MAX_BODY)),
+        ),
+        (
+            RouteDoc {
                 method: "GET",
                 path: "/v1/cluster",
                 summary: "The members of the shared cache, their state and share of blocks, and peer counters",
@@ -271,6 +282,7 @@ async fn status(State(agent): State<Arc<Agent>>) -> Result<Json<serde_json::Valu
                 .map_err(|e| Error::internal(format!("cluster status: {e}")))?;
             v["shared"] = true.into();
             v["cache"] = cache;
+            v["pins"]["kept_for"] = serde_json::json!(agent.cache().pinning_members());
             v
         }
     }))
