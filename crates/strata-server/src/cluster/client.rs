@@ -188,25 +188,8 @@ impl PeerClient {
         body: &super::coherence::Announcement,
         timeout: Duration,
     ) -> Result<()> {
-        let what = "invalidation";
-        // No read context: an announcement is for no principal.
-        let resp = self
-            .for_ctx(
-                self.http.post(format!("{peer}/v1/peer/invalidate")),
-                &IoContext::default(),
-            )
-            .json(body)
-            .timeout(timeout)
-            .send()
+        self.post_for_no_one(peer, "/v1/peer/invalidate", "invalidation", body, timeout)
             .await
-            .map_err(|e| strata_client::transport(peer, what, e))?;
-        let status = resp.status().as_u16();
-        if status == 204 {
-            return Ok(());
-        }
-        let body = resp.bytes().await.unwrap_or_default();
-        Err(strata_client::wire::error_from_response(status, &body)
-            .context(format!("{peer}: invalidation")))
     }
 
     /// Send every pin of this agent to `peer` (`POST /v1/peer/pins`, [`super::pins`]), waiting at most
@@ -217,10 +200,23 @@ impl PeerClient {
         body: &super::pins::PinList,
         timeout: Duration,
     ) -> Result<()> {
-        let what = "pins";
+        self.post_for_no_one(peer, "/v1/peer/pins", "pins", body, timeout)
+            .await
+    }
+
+    /// POST `body` to `path` on `peer` with the cluster credential and no read context (the message is for
+    /// no principal); `Ok` on 204, else the peer's error, named `what`.
+    async fn post_for_no_one(
+        &self,
+        peer: &str,
+        path: &str,
+        what: &str,
+        body: &impl serde::Serialize,
+        timeout: Duration,
+    ) -> Result<()> {
         let resp = self
             .for_ctx(
-                self.http.post(format!("{peer}/v1/peer/pins")),
+                self.http.post(format!("{peer}{path}")),
                 &IoContext::default(),
             )
             .json(body)
@@ -234,7 +230,7 @@ impl PeerClient {
         }
         let body = resp.bytes().await.unwrap_or_default();
         Err(strata_client::wire::error_from_response(status, &body)
-            .context(format!("{peer}: pins")))
+            .context(format!("{peer}: {what}")))
     }
 
     /// The block from `peer` (see [`Answer`]).

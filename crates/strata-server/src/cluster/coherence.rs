@@ -340,15 +340,13 @@ pub(super) async fn invalidate(
     body: axum::body::Bytes,
 ) -> std::result::Result<StatusCode, ApiError> {
     let received = Instant::now();
-    if cluster.is_none() {
-        return Err(Error::new(
-            ErrorKind::PermissionDenied,
-            "only the other agents of the cluster (with the cluster credential) may announce changes",
-        )
-        .into());
-    }
-    let a: Announcement = serde_json::from_slice(&body)
-        .map_err(|e| Error::invalid_input(format!("announcement: {e}")))?;
+    let (a, c): (Announcement, _) = from_member(
+        &agent,
+        cluster.is_some(),
+        &body,
+        "announcement",
+        "announce changes",
+    )?;
     if a.changes.len() > MAX_CHANGES {
         return Err(Error::invalid_input(format!(
             "announcement: {} changes, at most {MAX_CHANGES}",
@@ -356,13 +354,6 @@ pub(super) async fn invalidate(
         ))
         .into());
     }
-    let Some(c) = agent.cluster() else {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            "this agent does not share its cache with a cluster",
-        )
-        .into());
-    };
     let co = &c.coherence;
     let from = member_id(&a.from, c.me())
         .map_err(|e| Error::invalid_input(format!("announcement: {e}")))?;
@@ -375,6 +366,33 @@ pub(super) async fn invalidate(
         .fetch_add(a.changes.len() as u64, Ordering::Relaxed);
     co.exchanged(&from, received, received);
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A message of another member to this agent (`what` names it in errors) and the cluster it is for: refused
+/// to callers without the cluster credential (`credential` false: they may not `may`), unreadable bodies,
+/// and agents that share no cache.
+pub(super) fn from_member<T: serde::de::DeserializeOwned>(
+    agent: &Agent,
+    credential: bool,
+    body: &[u8],
+    what: &str,
+    may: &str,
+) -> Result<(T, Arc<Cluster>), Error> {
+    if !credential {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            format!("only the other agents of the cluster (with the cluster credential) may {may}"),
+        ));
+    }
+    let msg: T =
+        serde_json::from_slice(body).map_err(|e| Error::invalid_input(format!("{what}: {e}")))?;
+    let Some(c) = agent.cluster() else {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            "this agent does not share its cache with a cluster",
+        ));
+    };
+    Ok((msg, c.clone()))
 }
 
 /// `from` as the member id of another agent (`http://host:port`, normalized, at most 256 bytes), or why not.

@@ -21,7 +21,7 @@ use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use strata_types::{Error, ErrorKind};
+use strata_types::Error;
 
 use super::Cluster;
 use crate::Agent;
@@ -186,15 +186,8 @@ pub(super) async fn receive(
     cluster: Option<Extension<ClusterCall>>,
     body: axum::body::Bytes,
 ) -> std::result::Result<StatusCode, ApiError> {
-    if cluster.is_none() {
-        return Err(Error::new(
-            ErrorKind::PermissionDenied,
-            "only the other agents of the cluster (with the cluster credential) may send pins",
-        )
-        .into());
-    }
-    let list: PinList =
-        serde_json::from_slice(&body).map_err(|e| Error::invalid_input(format!("pins: {e}")))?;
+    let (list, c): (PinList, _) =
+        super::coherence::from_member(&agent, cluster.is_some(), &body, "pins", "send pins")?;
     if list.pins.len() > MAX_PINS {
         return Err(Error::invalid_input(format!(
             "pins: {} pins, at most {MAX_PINS}",
@@ -202,13 +195,6 @@ pub(super) async fn receive(
         ))
         .into());
     }
-    let Some(c) = agent.cluster() else {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            "this agent does not share its cache with a cluster",
-        )
-        .into());
-    };
     let from = super::coherence::member_id(&list.from, c.me())
         .map_err(|e| Error::invalid_input(format!("pins: {e}")))?;
     if let Some(p) = list
