@@ -105,14 +105,16 @@ def test_the_operators_rbac_is_least_privilege():
 OPERATOR_SA = {"kind": "ServiceAccount", "name": "strata-operator", "namespace": NAMESPACE}
 # Everything the operator may do, as (namespace or None for cluster-wide, apiGroup, resource, verb, resourceName
 # or None for any): read DataClaims (and patch their finalizers), patch their status, read Datasets and Namespaces
-# (the team label), write Events; in its own namespace, its Lease and the agents' EndpointSlices (a Ready
-# DataClaim's status.nodes). The webhook needs nothing more: the API server sends it the pod, and it reads the
+# (the team label), list and watch pods (those naming a claim: mounted for on the node they are bound to), write
+# Events; in its own namespace, its Lease and the agents' EndpointSlices (a Ready DataClaim's status.nodes and
+# the agent of each node). The webhook needs nothing more: the API server sends it the pod, and it reads the
 # DataClaim with the same get.
 OPERATOR_GRANTS = (
     {(None, "strata.dev", "dataclaims", v, None) for v in ("get", "list", "watch", "patch")}
     | {(None, "strata.dev", "dataclaims/status", v, None) for v in ("get", "patch")}
     | {(None, "strata.dev", "datasets", v, None) for v in ("get", "list", "watch")}
     | {(None, "", "namespaces", "get", None)}
+    | {(None, "", "pods", v, None) for v in ("list", "watch")}
     | {(None, "events.k8s.io", "events", v, None) for v in ("create", "patch")}
     | {(NAMESPACE, "coordination.k8s.io", "leases", "create", None)}
     | {(NAMESPACE, "coordination.k8s.io", "leases", v, "strata-operator") for v in ("get", "update")}
@@ -184,7 +186,9 @@ def test_the_operators_grants_are_exactly_what_it_needs_endpointslices_in_its_ow
                      lambda o: role(o, "strata-operator")["rules"].append(
                          {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}),
                      lambda o: role(o, "strata-operator")["rules"].append(
-                         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}),
+                         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}),
+                     lambda o: role(o, "strata-operator")["rules"].append(
+                         {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]}),
                      lambda o: o.append(crb),
                      lambda o: find(o, "Deployment", "strata-operator")["spec"]["template"]["spec"].pop("serviceAccountName")]:
         bad = copy.deepcopy(objects)

@@ -20,6 +20,7 @@ reads from the EndpointSlices of `strata-agents` into `status.nodes`), and denie
 """
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -27,6 +28,7 @@ import shutil
 import signal
 import ssl
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -34,9 +36,10 @@ import uuid
 
 import jsonpatch
 import pytest
+import yaml
 
-from conftest import ADMIN_TOKEN, STRATA, free_port, wait_port
-from test_claims import MIB, Agent, put_dataset, s3  # noqa: F401  (s3 is a fixture)
+from conftest import ADMIN_TOKEN, ROOT, STRATA, free_port, wait_port
+from test_claims import BUCKET, MIB, Agent, put_dataset, s3  # noqa: F401  (s3 is a fixture)
 from kube_api import FakeKubeApi, dataclaims, endpointslices, events, leases, namespaces, resource_path
 from deploy_manifests import structure_problems
 
@@ -49,9 +52,11 @@ TIMEOUT = 30
 class Operator:
     """One `strata operator run` against the fake API server and one agent; its log in a file."""
 
-    def __init__(self, agent_api, kubeconfig, log_path, holder="op-a", webhook=None, agents_service=None):
+    def __init__(self, agent_api, kubeconfig, log_path, holder="op-a", webhook=None, agents_service=None,
+                 extra_args=()):
         """`webhook`: (port, certfile, keyfile) to serve the admission webhook on 127.0.0.1:port with that
-        certificate; `agents_service`: --agents-service (else the binary's default, strata-agents)."""
+        certificate; `agents_service`: --agents-service (else the binary's default, strata-agents);
+        `extra_args`: more flags of `strata operator run`."""
         self.metrics_port = free_port()
         self.metrics = f"http://127.0.0.1:{self.metrics_port}"
         self.log_path = log_path
@@ -72,6 +77,7 @@ class Operator:
                      "--webhook-reload-secs", "1"]
         if agents_service is not None:
             args += ["--agents-service", agents_service]
+        args += list(extra_args)
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL, env=env)
         # A start that fails is recorded, not raised: each test asserts it first (`Cluster.ready`), so a broken
         # operator is a failed test with the reason, not a fixture error.
@@ -180,7 +186,8 @@ def _tail(text, lines):
 @contextlib.contextmanager
 def _running_cluster(origin, tmp_path, before_operator=None, **operator_kw):
     """A fresh fake API server, one agent (team `vision`) and an operator between them; all stopped after.
-    `before_operator(kube_client)` puts what a cluster already has in the API before the operator's first look;
+    `before_operator(kube_client, agent)` puts what a cluster already has in the API before the operator's first
+    look;
     `operator_kw` go to `Operator`."""
     agent = Agent(origin)
     kube = op = None
@@ -189,7 +196,7 @@ def _running_cluster(origin, tmp_path, before_operator=None, **operator_kw):
         assert s in (200, 201, 409), (s, v)
         kube = FakeKubeApi(log_path=str(tmp_path / "kube-api.log"))
         if before_operator is not None:
-            before_operator(kube.client)
+            before_operator(kube.client, agent)
         op = Operator(agent.api, kube.kubeconfig(str(tmp_path / "kubeconfig")), str(tmp_path / "operator.log"),
                       **operator_kw)
         yield Cluster(kube, agent, op)
@@ -371,7 +378,7 @@ def _endpoint_slice(name, service, endpoints):
                           for address, node, ready in endpoints]}
 
 
-def _agents_endpoints(api):
+def _agents_endpoints(api, agent=None):
     """The agents as a cluster publishes them before the operator starts: ready on node-a and node-b, still
     starting (not ready) on node-c; and a slice of another Service in the namespace, which is not the agents'."""
     api.create(endpointslices(OPERATOR_NAMESPACE), _endpoint_slice(
@@ -660,3 +667,169 @@ def test_a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_n
     time.sleep(2.5)
     assert renewed.review("vision", plain)["allowed"] is True
     assert "does not load; keeping the last one" in cluster.operator.log()
+
+
+# --- Dataset volumes: a Job's pod gets its DataClaim's datasets as volumes, mounted on the node it is bound to ---
+
+from test_claims import _ensure_group_member, _ensure_outsider, _fuse_or_skip, _mounted, _read_as  # noqa: E402
+
+JOB_USER, OUTSIDER = "op-vision-job", "op-outsider"
+
+
+def _agent_on_node_a(api, agent):
+    """The agents as the cluster publishes them: this test's real agent ready on node-a (its loopback address
+    and API port), one still starting on node-c."""
+    port = int(agent.api.rsplit(":", 1)[1])
+    sl = _endpoint_slice("strata-agents-m0unt", "strata-agents",
+                         [("127.0.0.1", "node-a", True), ("10.0.2.5", "node-c", False)])
+    sl["ports"][0]["port"] = port
+    api.create(endpointslices(OPERATOR_NAMESPACE), sl)
+
+
+@pytest.fixture()
+def mount_cluster(origin, s3, tmp_path):  # noqa: F811
+    """`webhook_cluster` whose agents' endpoint is the real agent, on node-a, and whose operator has the agents
+    mount DataClaims under a root of the test's (`.mount_root`, readable by the job's user)."""
+    _fuse_or_skip()
+    _ensure_group_member("vision", JOB_USER)
+    _ensure_outsider(OUTSIDER)
+    root = tempfile.mkdtemp(prefix="strata-k8s-mounts-")
+    os.chmod(root, 0o755)
+    cert, key = _self_signed(tmp_path)
+    port = free_port()
+    try:
+        with _running_cluster(origin, tmp_path, before_operator=_agent_on_node_a, webhook=(port, cert, key),
+                              extra_args=["--mount-root", root, "--mounts-image", "registry.local/strata:test"]) as c:
+            c.webhook = Webhook(port, cert)
+            c.mount_root = root
+            yield c
+    finally:
+        for line in open("/proc/mounts").read().splitlines():
+            point = line.split()[1]
+            if point.startswith(root):
+                subprocess.run(["umount", "-l", point], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _sample_job_pod():
+    """The pod the Job controller creates from deploy/samples/job.yaml's template."""
+    with open(os.path.join(ROOT, "deploy", "samples", "job.yaml")) as f:
+        job = yaml.safe_load(f)
+    tpl = job["spec"]["template"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": f"{job['metadata']['name']}-", "namespace": job["metadata"]["namespace"],
+                         "labels": dict(tpl["metadata"]["labels"], **{"job-name": job["metadata"]["name"]})},
+            "spec": dict(tpl["spec"], securityContext={}), "status": {}}
+
+
+def _wait_mounts(path, timeout):
+    return subprocess.run([STRATA, "wait-mounts", "--timeout-secs", str(timeout), path],
+                          capture_output=True, text=True, timeout=timeout + 30)
+
+
+def test_a_job_pod_gets_its_datasets_as_volumes_mounted_on_its_node_and_reads_them_byte_exact(mount_cluster, s3):  # noqa: F811
+    cluster = mount_cluster
+    cluster.ready()
+    cluster.namespace("vision", team="vision")
+    prefix = _prefix("vol")
+    sizes = [3 * MIB + 5, 17, 0, MIB, 2 * MIB, 100]
+    objs = put_dataset(s3, prefix, sizes)
+    cluster.api.create(dataclaims("vision"), {
+        "apiVersion": "strata.dev/v1alpha1", "kind": "DataClaim",
+        "metadata": {"name": "resnet-run-7", "namespace": "vision"},
+        "spec": {"datasets": [{"name": "train", "location": f"origin/{prefix}", "mountPath": "/data/train"}]},
+    })
+    dc = cluster.wait_phase("vision", "resnet-run-7", "Ready")
+    st = dc["status"]
+    uid8 = dc["metadata"]["uid"].replace("-", "")[:8]
+    node_path = f"{cluster.mount_root}/vision/resnet-run-7-{uid8}/train"
+    assert st["mounts"] == [{"name": "train", "mountPath": "/data/train", "nodePath": node_path}], st
+    gid = int(subprocess.run(["getent", "group", "vision"], capture_output=True, text=True).stdout.split(":")[2])
+    assert st["mountGroup"] == gid, st
+    assert st["nodes"] == ["node-a"], st
+    # Accounted to the job: every byte of the dataset staged.
+    assert st["usage"]["stagedBytes"] + st["usage"]["stagedCachedBytes"] == sum(sizes), st
+    # The agent that staged it mounted it on its node; take it down, as on a node the pod lands on that is not
+    # the staging agent's (the claim's mounts are made per node, on demand).
+    assert _mounted(node_path), "Ready means mounted on the staging agent's node"
+    cluster.agent.ok("POST", f"/v1/claims/{st['claimId']}/detach")
+    assert not _mounted(node_path)
+    # What the pod's init container runs: without the mount it does not finish, and says what it waits for.
+    r = _wait_mounts(node_path, 1)
+    assert r.returncode != 0 and node_path in r.stderr and "not Strata mounts" in r.stderr, r
+
+    # The sample Job's pod (deploy/samples/job.yaml), as the Job controller creates it and the API server
+    # admits it through the webhook.
+    pod = _sample_job_pod()
+    assert pod["metadata"]["labels"][CLAIM_LABEL] == "resnet-run-7"
+    resp = cluster.webhook.review("vision", pod)
+    assert resp["allowed"] is True, resp
+    out, _ = _patched(pod, resp)
+    spec = out["spec"]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["strata-train"]["hostPath"] == {"path": node_path, "type": "Directory"}, vols
+    want = {"name": "strata-train", "mountPath": "/data/train", "readOnly": True, "mountPropagation": "HostToContainer"}
+    for c in spec["containers"] + spec["initContainers"]:
+        assert want in c["volumeMounts"], c
+    init = spec["initContainers"][0]
+    assert init["name"] == "strata-mounts" and init["image"] == "registry.local/strata:test", init
+    assert init["args"] == ["wait-mounts", "--timeout-secs", "600", "/data/train"], init
+    assert gid in spec["securityContext"]["supplementalGroups"], spec["securityContext"]
+    env = _env(spec["containers"][0])
+    assert env["STRATA_CLAIM"] == st["claimId"] and env["STRATA_AGENT"] == NODE_AGENT, env
+    # Scheduled near the cache: node-a, where the agent holding the claim's blocks is.
+    pref = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert {"weight": 100, "preference": {"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}]}} in pref, pref
+
+    # The scheduler binds it to node-a: the operator has node-a's agent mount the claim there.
+    out["metadata"]["name"] = "train-x7k2q"
+    out["spec"]["nodeName"] = "node-a"
+    cluster.api.create(resource_path("v1", "pods", "vision"), out)
+    cluster.wait("the claim mounted on node-a", lambda: (cluster.get("vision", "resnet-run-7").get("status") or {}),
+                 lambda s: s.get("mountedNodes") == ["node-a"])
+    assert _mounted(node_path)
+    r = _wait_mounts(node_path, 30)
+    assert r.returncode == 0, r
+    # The job's containers read every file byte-exact as the job's user (the mounts' group is among its
+    # groups, as the pod's supplementalGroups give it); a user of another team cannot.
+    for key, digest in objs.items():
+        path = os.path.join(node_path, key[len(prefix):])
+        got = _read_as(JOB_USER, path)
+        assert got.returncode == 0, (path, got.stderr)
+        assert hashlib.sha256(got.stdout).hexdigest() == digest, path
+    first = os.path.join(node_path, next(iter(objs))[len(prefix):])
+    assert _read_as(OUTSIDER, first).returncode != 0
+    # Not written again while nothing changes.
+    before = cluster.get("vision", "resnet-run-7")["metadata"]["resourceVersion"]
+    time.sleep(2)
+    assert cluster.get("vision", "resnet-run-7")["metadata"]["resourceVersion"] == before
+
+    # The DataClaim deleted: the claim is released and its mount goes; the dataset stays.
+    cluster.api.delete(dataclaims("vision", "resnet-run-7"))
+    cluster.wait_gone("vision", "resnet-run-7")
+    cluster.wait("the mount to go", lambda: _mounted(node_path), lambda m: not m)
+    assert len(s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]) == len(objs)
+
+
+def test_a_pod_bound_to_a_node_without_a_ready_agent_is_a_warning_event_and_no_mount(mount_cluster, s3):  # noqa: F811
+    cluster = mount_cluster
+    cluster.ready()
+    cluster.namespace("vision", team="vision")
+    prefix = _prefix("nodeless")
+    put_dataset(s3, prefix, [MIB, 10])
+    cluster.api.create(dataclaims("vision"), {
+        "apiVersion": "strata.dev/v1alpha1", "kind": "DataClaim",
+        "metadata": {"name": "nodeless", "namespace": "vision"},
+        "spec": {"datasets": [{"name": "train", "location": f"origin/{prefix}", "mountPath": "/data/train"}]},
+    })
+    cluster.wait_phase("vision", "nodeless", "Ready")
+    out, _ = _patched(_job_pod("vision", "nodeless"), cluster.webhook.review("vision", _job_pod("vision", "nodeless")))
+    out["metadata"]["name"] = "train-c0c0c"
+    out["spec"]["nodeName"] = "node-c"  # its agent is not ready
+    cluster.api.create(resource_path("v1", "pods", "vision"), out)
+    ev = cluster.wait("a MountFailed event", lambda: cluster.events("vision", "nodeless"),
+                      lambda evs: any(e.get("reason") == "MountFailed" for e in evs))
+    note = next(e for e in ev if e.get("reason") == "MountFailed")["note"]
+    assert "node-c" in note and "no ready Strata agent" in note, note
+    assert "node-c" not in (cluster.get("vision", "nodeless")["status"].get("mountedNodes") or [])

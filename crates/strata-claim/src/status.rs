@@ -165,6 +165,10 @@ pub struct ClaimStatus {
     pub scratch_path: Option<String>,
     /// What the job's environment gets (`STRATA_CLAIM`, `STRATA_DATASET_<NAME>`, `STRATA_SCRATCH`, ...).
     pub env: BTreeMap<String, String>,
+    /// The group the claim's mounts are readable by (the gid of the Unix group named like its team on the
+    /// agent's node), when it has mounts: a job's processes need it among their groups to read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_gid: Option<u32>,
     /// Accounting so far (final once released).
     pub usage: JobUsage,
     /// The claim as submitted.

@@ -60,6 +60,8 @@ enum Command {
     /// `fusermount3 -u DIR`), or SIGTERM to the holder, unmounts. Root mounts with mount(2); other users
     /// through the setuid fusermount3 (Debian's fuse3), on a directory they may write.
     Mount(mount::MountArgs),
+    /// Wait until each DIR is a Strata mount (what a pod's strata-mounts init container runs).
+    WaitMounts(mount::WaitArgs),
     /// One server of a mount (started by the mount's holder).
     #[command(name = "__mount-serve", hide = true)]
     MountServe {
@@ -485,6 +487,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Cache(c) => cache(c).await,
         Command::Mount(a) => mount::run(a).await,
+        Command::WaitMounts(a) => mount::wait(a).await,
         Command::MountServe { .. } => unreachable!("served before the runtime starts"),
         Command::Cluster(ClusterCommand::Status { json, api }) => cluster::status(&api, json).await,
         Command::Doctor(DoctorCommand::Slurm { json, api }) => doctor::slurm(&api, json).await,

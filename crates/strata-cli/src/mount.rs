@@ -243,3 +243,118 @@ pub fn serve(state: &Path) -> ! {
         }
     }
 }
+
+/// `strata wait-mounts` arguments.
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// The directories that must be Strata mounts (as this process sees them: in a pod, its own paths).
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// Give up after this many seconds, with the directories that are not mounted yet.
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    pub timeout_secs: u64,
+}
+
+/// A path as `/proc/self/mountinfo` writes it: space, tab, newline and backslash as octal escapes.
+fn mountinfo_escaped(p: &Path) -> String {
+    let mut out = String::new();
+    for c in p.to_string_lossy().chars() {
+        match c {
+            ' ' | '\t' | '\n' | '\\' => out.push_str(&format!("\\{:03o}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Which of `dirs` are not Strata mounts (file system type `fuse.strata`) in `mountinfo`.
+fn not_mounted<'a>(mountinfo: &str, dirs: &'a [PathBuf]) -> Vec<&'a Path> {
+    let points: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split(' ').next() == Some("fuse.strata")).then_some(())?;
+            left.split(' ').nth(4)
+        })
+        .collect();
+    dirs.iter()
+        .map(PathBuf::as_path)
+        .filter(|d| {
+            let want = mountinfo_escaped(d);
+            let want = want.trim_end_matches('/');
+            !points.contains(&want)
+        })
+        .collect()
+}
+
+/// `strata wait-mounts DIR...`: return once every directory is a Strata mount; an error naming those that are
+/// not after `--timeout-secs`.
+pub async fn wait(a: WaitArgs) -> Result<()> {
+    let started = Instant::now();
+    let limit = Duration::from_secs(a.timeout_secs);
+    let mut said = false;
+    loop {
+        let info = std::fs::read_to_string("/proc/self/mountinfo")
+            .context("reading /proc/self/mountinfo")?;
+        let missing = not_mounted(&info, &a.dirs);
+        if missing.is_empty() {
+            println!(
+                "mounted: {}",
+                a.dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            return Ok(());
+        }
+        let names: Vec<String> = missing.iter().map(|d| d.display().to_string()).collect();
+        if started.elapsed() >= limit {
+            bail!(
+                "not Strata mounts after {} s: {} (the operator has the agent of this node mount a DataClaim's \
+                 datasets once the pod is bound here: see the DataClaim's events)",
+                a.timeout_secs,
+                names.join(" ")
+            );
+        }
+        if !said {
+            eprintln!("waiting for the Strata mounts on {}", names.join(" "));
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_strata_mounts_at_exactly_the_paths_count() {
+        let info = "\
+36 25 0:32 / /data/train rw,nosuid,nodev - fuse.strata strata rw,user_id=0,group_id=0
+37 25 0:33 / /data/with\\040space rw - fuse.strata strata rw
+38 25 0:34 / /data/other rw - fuse.s3fs s3fs rw
+39 25 8:1 / /data/val rw - ext4 /dev/vda rw
+";
+        let dirs: Vec<PathBuf> = [
+            "/data/train/",
+            "/data/with space",
+            "/data/other",
+            "/data/val",
+            "/data/none",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let missing = not_mounted(info, &dirs);
+        assert_eq!(
+            missing,
+            [
+                Path::new("/data/other"),
+                Path::new("/data/val"),
+                Path::new("/data/none")
+            ]
+        );
+    }
+}

@@ -74,6 +74,15 @@ pub struct RunArgs {
     /// The agent admitted pods talk to (their STRATA_AGENT): the node-local Service of deploy/20-agents.yaml.
     #[arg(long, default_value = strata_k8s::NODE_AGENT)]
     node_agent: String,
+    /// Where the agents mount a DataClaim's datasets on the nodes (<root>/<namespace>/<name>-<uid8>/<dataset>):
+    /// a directory of the agents' hostPath whose mounts propagate to the node. Admitted pods get each as a
+    /// hostPath volume at the dataset's mountPath.
+    #[arg(long, default_value = strata_k8s::MOUNT_ROOT)]
+    mount_root: String,
+    /// The image of the init container (strata-mounts) that holds an admitted pod until its datasets are
+    /// mounted on its node (`strata wait-mounts`): the operator's own image, with `strata` as its entrypoint.
+    #[arg(long, default_value = strata_k8s::MOUNTS_IMAGE)]
+    mounts_image: String,
 }
 
 pub async fn run(cmd: OperatorCommand) -> Result<()> {
@@ -99,6 +108,7 @@ async fn serve(a: RunArgs) -> Result<()> {
         staging_poll: Duration::from_millis(a.staging_poll_ms.max(100)),
         force_release_after: Duration::from_secs(a.force_release_after_secs),
         refused_retry: Duration::from_secs(a.refused_retry_secs.max(1)),
+        mount_root: a.mount_root.clone(),
     };
     let listener = tokio::net::TcpListener::bind(a.metrics_addr)
         .await
@@ -136,7 +146,10 @@ async fn serve(a: RunArgs) -> Result<()> {
                 listener,
                 tls,
                 client.clone(),
-                a.node_agent.clone(),
+                strata_k8s::NodeSide {
+                    agent: a.node_agent.clone(),
+                    mounts_image: a.mounts_image.clone(),
+                },
                 async move {
                     let _ = rx.wait_for(|s| *s).await;
                 },

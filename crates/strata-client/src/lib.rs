@@ -152,6 +152,25 @@ impl AgentClient {
         })
     }
 
+    /// A client of another agent of the same cluster (`api`, as in [`AgentClient::new`]) that sends what this
+    /// one sends (its token, its cluster credential) with the same retries and connections pool. Only for
+    /// addresses the deployment names (a Service's endpoints), never one a caller chose: the credentials go
+    /// along.
+    pub fn at(&self, api: &str) -> Result<Self> {
+        let base = if api.contains("://") {
+            api.to_string()
+        } else {
+            format!("http://{api}")
+        };
+        url::Url::parse(&base)
+            .map_err(|e| Error::invalid_input(format!("agent address {api:?}: {e}")))?;
+        Ok(Self {
+            base: base.trim_end_matches('/').to_string(),
+            http: self.http.clone(),
+            retry: self.retry,
+        })
+    }
+
     /// The agent's address (`http://host:port`, no trailing slash).
     pub fn base(&self) -> &str {
         &self.base

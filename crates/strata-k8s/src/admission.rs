@@ -29,7 +29,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::crd::DataClaim;
-use crate::webhook::{Verdict, admit, claim_name};
+use crate::webhook::{NodeSide, Verdict, admit, claim_name};
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -130,23 +130,23 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> 
 #[derive(Clone)]
 struct Ctx {
     client: Client,
-    agent: Arc<str>,
+    side: Arc<NodeSide>,
 }
 
 /// Serve the webhook on `listener` with `tls` until `shutdown` resolves; DataClaims are read with `client`,
-/// and admitted pods reach their node's agent at `agent`.
+/// and admitted pods get `side` (their node's agent, the image waiting for their mounts).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Tls,
     client: Client,
-    agent: String,
+    side: NodeSide,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     let app = Router::new()
         .route("/mutate-pods", post(mutate))
         .with_state(Ctx {
             client,
-            agent: agent.into(),
+            side: Arc::new(side),
         });
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut conns = tokio::task::JoinSet::new();
@@ -259,7 +259,7 @@ async fn respond(ctx: &Ctx, req: &AdmissionRequest<Pod>) -> AdmissionResponse {
             }
         }
     };
-    match admit(pod, &namespace, claim.as_ref(), &ctx.agent) {
+    match admit(pod, &namespace, claim.as_ref(), &ctx.side) {
         Verdict::Untouched => res,
         Verdict::Deny(why) => {
             tracing::info!(namespace, pod = ?pod.metadata.name.as_ref().or(pod.metadata.generate_name.as_ref()), reason = %why, "pod denied");

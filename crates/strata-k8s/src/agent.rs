@@ -25,6 +25,9 @@ pub trait Claims: Send + Sync + 'static {
     fn heartbeat(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
     /// Release claim `id` (idempotent).
     fn release(&self, id: &str, reason: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Have the agent at `agent` (a node's, from the agents' EndpointSlices) mount claim `id`'s datasets on
+    /// its node (`POST /v1/claims/{id}/attach`; idempotent: a mount already there is kept).
+    fn attach(&self, agent: &str, id: &str) -> impl Future<Output = Result<()>> + Send;
 }
 
 fn enc(s: &str) -> String {
@@ -51,6 +54,17 @@ impl Claims for AgentClient {
         let _: serde_json::Value = self
             .post_json(
                 &format!("/v1/claims/{}/heartbeat", enc(id)),
+                &serde_json::json!({}),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn attach(&self, agent: &str, id: &str) -> Result<()> {
+        let _: serde_json::Value = self
+            .at(agent)?
+            .post_json(
+                &format!("/v1/claims/{}/attach", enc(id)),
                 &serde_json::json!({}),
             )
             .await?;

@@ -10,7 +10,8 @@ use strata_claim::{
 use strata_types::{ByteSize, Error, ErrorKind, Result};
 
 use crate::crd::{
-    ClaimPhase, ClaimProgress, ClaimUsage, Condition, DataClaim, DataClaimStatus, TEAM_LABEL,
+    ClaimMount, ClaimPhase, ClaimProgress, ClaimUsage, Condition, DataClaim, DataClaimStatus,
+    TEAM_LABEL,
 };
 
 /// Longest job id the agent takes.
@@ -46,11 +47,66 @@ pub fn team_of(dc: &DataClaim, namespace_labels: &BTreeMap<String, String>) -> R
     }
 }
 
+/// Where the agents mount DataClaims' datasets on the nodes by default: under the agents' hostPath
+/// (`deploy/20-agents.yaml`), whose mounts propagate to the node and from there into pods.
+pub const MOUNT_ROOT: &str = "/var/lib/strata/mounts";
+
+/// The node path of dataset `dataset` of `dc` under `root`: `root/<namespace>/<name>-<uid8>/<dataset>`, one
+/// directory per DataClaim object (one created again under its name mounts elsewhere), the name cut so that
+/// the component fits a file name.
+pub fn node_path(root: &str, dc: &DataClaim, dataset: &str) -> String {
+    let ns = dc.metadata.namespace.as_deref().unwrap_or("default");
+    let name: String = dc
+        .metadata
+        .name
+        .as_deref()
+        .unwrap_or_default()
+        .chars()
+        .take(200)
+        .collect();
+    let uid8: String = dc
+        .metadata
+        .uid
+        .as_deref()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| *c != '-')
+        .take(8)
+        .collect();
+    format!(
+        "{}/{ns}/{name}-{uid8}/{dataset}",
+        root.trim_end_matches('/')
+    )
+}
+
+/// Why `path` cannot be where a pod's containers see a dataset (`None`: it can).
+fn pod_path_problem(path: &str) -> Option<&'static str> {
+    let p = std::path::Path::new(path);
+    if !p.is_absolute() {
+        return Some("must be an absolute path");
+    }
+    if p.components().count() < 2 {
+        return Some("cannot be /");
+    }
+    if p.components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Some("must not contain '..'");
+    }
+    if path.contains(':') {
+        return Some("must not contain ':'");
+    }
+    None
+}
+
 /// The agent's claim for `dc`, charged to `team`; `dataset_source` resolves a `datasetRef` to its Dataset's
-/// `source` in the claim's namespace (`None`: no such Dataset). Errors name the field, as the agent's do.
+/// `source` in the claim's namespace (`None`: no such Dataset). A dataset's `mountPath` is where its pods see
+/// it; the agents mount it on the nodes under `mount_root` ([`node_path`]). Errors name the field, as the
+/// agent's do.
 pub fn claim_spec(
     dc: &DataClaim,
     team: &str,
+    mount_root: &str,
     dataset_source: impl Fn(&str) -> Option<String>,
 ) -> Result<ClaimSpec> {
     let ns = dc.metadata.namespace.as_deref().unwrap_or("default");
@@ -83,11 +139,31 @@ pub fn claim_spec(
                 )));
             }
         };
+        let mount = match &d.mount_path {
+            None => None,
+            Some(p) => {
+                if let Some(why) = pod_path_problem(p) {
+                    return Err(Error::invalid_input(format!(
+                        "{field}.mountPath: {p:?} {why}"
+                    )));
+                }
+                let clash = dc.spec.datasets[..i].iter().any(|o| {
+                    o.mount_path.as_deref().map(|q| q.trim_end_matches('/'))
+                        == Some(p.trim_end_matches('/'))
+                });
+                if clash {
+                    return Err(Error::invalid_input(format!(
+                        "{field}.mountPath: {p:?} is another dataset's mountPath too"
+                    )));
+                }
+                Some(node_path(mount_root, dc, &d.name))
+            }
+        };
         datasets.push(DatasetClaim {
             name: d.name.clone(),
             location,
             mode,
-            mount: d.mount_path.clone(),
+            mount,
         });
     }
     let scratch = match &dc.spec.scratch {
@@ -139,8 +215,10 @@ fn k8s_field(field: &str) -> String {
         .replace("stage_deadline_secs", "stageDeadlineSeconds")
 }
 
-/// The DataClaim status for the agent's `claim`, keeping `old`'s condition times where nothing changed.
+/// The DataClaim status for the agent's `claim` of `dc`, keeping `old`'s condition times where nothing
+/// changed.
 pub fn status_of(
+    dc: &DataClaim,
     claim: &ClaimStatus,
     generation: Option<i64>,
     old: Option<&DataClaimStatus>,
@@ -213,8 +291,34 @@ pub fn status_of(
         usage,
         env: claim.env.clone(),
         nodes: old.map(|o| o.nodes.clone()).unwrap_or_default(),
+        mounts: mounts_of(dc, claim),
+        mount_group: claim.mount_gid,
+        mounted_nodes: old.map(|o| o.mounted_nodes.clone()).unwrap_or_default(),
         conditions,
     }
+}
+
+/// The DataClaim's datasets with a `mountPath`, each with the node path the agent's claim mounts it on.
+fn mounts_of(dc: &DataClaim, claim: &ClaimStatus) -> Vec<ClaimMount> {
+    dc.spec
+        .datasets
+        .iter()
+        .filter_map(|d| {
+            let mount_path = d.mount_path.clone()?;
+            let node_path = claim
+                .spec
+                .datasets
+                .iter()
+                .find(|c| c.name == d.name)?
+                .mount
+                .clone()?;
+            Some(ClaimMount {
+                name: d.name.clone(),
+                mount_path,
+                node_path,
+            })
+        })
+        .collect()
 }
 
 /// The status of a DataClaim the operator refuses (bad spec, wrong team): Failed with the reason, no claim.

@@ -231,9 +231,32 @@ pub struct DataClaimStatus {
     /// Nodes whose agents hold the claim's blocks.
     #[serde(default)]
     pub nodes: Vec<String>,
+    /// The datasets pods get as volumes: where in the pod, and the agent's mount on the node behind it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<ClaimMount>,
+    /// The group the mounts are readable by (files `root:<gid>`, mode 0440): admitted pods get it among their
+    /// supplemental groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_group: Option<u32>,
+    /// Nodes where the operator had the claim's datasets mounted for a pod bound there (sorted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounted_nodes: Vec<String>,
     /// Conditions (`Admitted`, `Ready`).
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// A dataset of a DataClaim as a volume of its pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimMount {
+    /// The dataset's name in the claim.
+    pub name: String,
+    /// Where the pod's containers see it (the DataClaim's `mountPath`).
+    pub mount_path: String,
+    /// The agent's read-only mount on the node (under the operator's `--mount-root`), which pods get as a
+    /// hostPath volume.
+    pub node_path: String,
 }
 
 /// Staging progress of a DataClaim.

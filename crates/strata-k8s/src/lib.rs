@@ -30,18 +30,26 @@ mod run;
 mod webhook;
 
 pub use agent::Claims;
-pub use convert::{CLAIM_TTL_SECS, HEARTBEAT_SECS, claim_spec, job_id, status_of, team_of};
+pub use convert::{
+    CLAIM_TTL_SECS, HEARTBEAT_SECS, MOUNT_ROOT, claim_spec, job_id, node_path, status_of, team_of,
+};
 pub use crd::{
-    CachePolicy, ClaimCheckpoint, ClaimDataset, ClaimPhase, ClaimProgress, ClaimScratch,
-    ClaimUsage, Condition, DataClaim, DataClaimSpec, DataClaimStatus, Dataset, DatasetSpec,
-    DatasetStatus, DatasetVersionStatus, GROUP, PrefetchMode, TEAM_LABEL, VERSION, crds, crds_yaml,
+    CachePolicy, ClaimCheckpoint, ClaimDataset, ClaimMount, ClaimPhase, ClaimProgress,
+    ClaimScratch, ClaimUsage, Condition, DataClaim, DataClaimSpec, DataClaimStatus, Dataset,
+    DatasetSpec, DatasetStatus, DatasetVersionStatus, GROUP, PrefetchMode, TEAM_LABEL, VERSION,
+    crds, crds_yaml,
 };
 pub use lease::Elector;
-pub use members::{API_PORT_NAME, EndpointMembers, SERVICE_NAME_LABEL, members_of, nodes_of};
+pub use members::{
+    API_PORT_NAME, EndpointMembers, SERVICE_NAME_LABEL, agents_by_node_of, members_of, nodes_of,
+};
 pub use metrics::Metrics;
 pub use reconcile::{Context, FINALIZER, MANAGER, Settings, error_policy, kube_error, reconcile};
 pub use run::run;
-pub use webhook::{CLAIM_LABEL, HOSTNAME_LABEL, NODE_AGENT, Verdict, admit, claim_name};
+pub use webhook::{
+    CLAIM_LABEL, HOSTNAME_LABEL, MOUNTS_IMAGE, MOUNTS_INIT, NODE_AGENT, NodeSide, Verdict, admit,
+    claim_name,
+};
 /// The admission webhook's HTTPS server.
 pub mod webhook_server {
     pub use crate::admission::{HANDSHAKE, MAX_CONNECTIONS, RELOAD_EVERY, Tls, serve, tls_config};

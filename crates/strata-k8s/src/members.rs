@@ -9,6 +9,7 @@
 //! with backoff while the last view stays current: a partitioned API server freezes the membership, it
 //! does not empty it.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -29,7 +30,8 @@ pub const API_PORT_NAME: &str = "api";
 pub struct EndpointMembers {
     view: Arc<RwLock<Arc<View>>>,
     nodes: Arc<RwLock<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
+    agents: Arc<RwLock<BTreeMap<String, String>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl EndpointMembers {
@@ -42,8 +44,10 @@ impl EndpointMembers {
         let (reader, writer) = reflector::store();
         let view = Arc::new(RwLock::new(Arc::new(View::default())));
         let nodes = Arc::new(RwLock::new(Vec::new()));
+        let agents = Arc::new(RwLock::new(BTreeMap::new()));
         let shared = view.clone();
         let shared_nodes = nodes.clone();
+        let shared_agents = agents.clone();
         let store = reader.clone();
         let what = format!("{namespace}/{service}");
         let task = tokio::spawn(async move {
@@ -58,6 +62,8 @@ impl EndpointMembers {
                         let slices = store.state();
                         *shared_nodes.write().unwrap_or_else(|p| p.into_inner()) =
                             nodes_of(&slices);
+                        *shared_agents.write().unwrap_or_else(|p| p.into_inner()) =
+                            agents_by_node_of(&slices);
                         let next = Arc::new(members_of(&slices));
                         let mut v = shared.write().unwrap_or_else(|p| p.into_inner());
                         if **v != *next {
@@ -89,9 +95,33 @@ impl EndpointMembers {
             // The first listing is in the store; publish it before the agent reads its first view.
             let slices = reader.state();
             *nodes.write().unwrap_or_else(|p| p.into_inner()) = nodes_of(&slices);
+            *agents.write().unwrap_or_else(|p| p.into_inner()) = agents_by_node_of(&slices);
             *view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(members_of(&slices));
         }
-        Self { view, nodes, task }
+        Self {
+            view,
+            nodes,
+            agents,
+            task: Some(task),
+        }
+    }
+
+    /// Members as `slices` name them, not watched (for tests and tools).
+    pub fn fixed(slices: &[Arc<EndpointSlice>]) -> Self {
+        Self {
+            view: Arc::new(RwLock::new(Arc::new(members_of(slices)))),
+            nodes: Arc::new(RwLock::new(nodes_of(slices))),
+            agents: Arc::new(RwLock::new(agents_by_node_of(slices))),
+            task: None,
+        }
+    }
+
+    /// The agent (`http://address:port`) of each node with a ready one.
+    pub fn agents_by_node(&self) -> BTreeMap<String, String> {
+        self.agents
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The nodes (`nodeName`) of the ready agents, sorted: where a claim staged over the cluster is cached.
@@ -102,7 +132,9 @@ impl EndpointMembers {
 
 impl Drop for EndpointMembers {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(t) = &self.task {
+            t.abort();
+        }
     }
 }
 
@@ -134,7 +166,30 @@ pub fn nodes_of(slices: &[Arc<EndpointSlice>]) -> Vec<String> {
 /// `http://address:port` (`[address]` for IPv6). Slices of FQDN addresses and slices without a usable port
 /// name nobody.
 pub fn members_of(slices: &[Arc<EndpointSlice>]) -> View {
-    let mut members = Vec::new();
+    View::new(
+        endpoints_of(slices)
+            .into_iter()
+            .map(|(_, id)| Member::new(id, 1.0))
+            .collect(),
+    )
+}
+
+/// The agent of each node, as [`members_of`] names it (the first address, in order, of a node with several).
+pub fn agents_by_node_of(slices: &[Arc<EndpointSlice>]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut all = endpoints_of(slices);
+    all.sort();
+    for (node, id) in all {
+        if let Some(node) = node {
+            out.entry(node).or_insert(id);
+        }
+    }
+    out
+}
+
+/// Every ready endpoint's address at the API port, with the node it is on.
+fn endpoints_of(slices: &[Arc<EndpointSlice>]) -> Vec<(Option<String>, String)> {
+    let mut out = Vec::new();
     for s in slices {
         let ports = s.ports.as_deref().unwrap_or_default();
         let port = ports
@@ -160,11 +215,11 @@ pub fn members_of(slices: &[Arc<EndpointSlice>]) -> View {
                 } else {
                     format!("http://{a}:{port}")
                 };
-                members.push(Member::new(id, 1.0));
+                out.push((e.node_name.clone(), id));
             }
         }
     }
-    View::new(members)
+    out
 }
 
 #[cfg(test)]
@@ -250,6 +305,14 @@ mod tests {
             ],
         )];
         assert_eq!(nodes_of(&slices), ["node-a", "node-b"]);
+        let agents = agents_by_node_of(&slices);
+        assert_eq!(
+            agents.into_iter().collect::<Vec<_>>(),
+            [
+                ("node-a".to_string(), "http://a:7070".to_string()),
+                ("node-b".to_string(), "http://b:7070".to_string())
+            ]
+        );
     }
 
     #[test]

@@ -20,13 +20,13 @@
 //! then the finalizer goes anyway with a Warning event `ForcedRelease`: the agents release the claim on their
 //! own when its TTL ([`crate::convert::CLAIM_TTL_SECS`]) passes without a heartbeat. Nothing waits forever.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -39,6 +39,7 @@ use crate::agent::Claims;
 use crate::convert::{self, HEARTBEAT_SECS};
 use crate::crd::{ClaimPhase, DataClaim, DataClaimStatus, Dataset};
 use crate::metrics::Metrics;
+use crate::webhook::CLAIM_LABEL;
 
 /// The finalizer the operator puts on every DataClaim.
 pub const FINALIZER: &str = "strata.dev/release";
@@ -56,6 +57,9 @@ pub struct Settings {
     /// at again, so that fixing the namespace or creating the Dataset is enough (default 60 s). The agent's
     /// own refusals (quota, missing data) are final.
     pub refused_retry: Duration,
+    /// Where the agents mount DataClaims' datasets on the nodes ([`convert::MOUNT_ROOT`] by default): a
+    /// directory the agents' mounts propagate from to the node, which pods get as hostPath volumes.
+    pub mount_root: String,
 }
 
 impl Default for Settings {
@@ -64,6 +68,7 @@ impl Default for Settings {
             staging_poll: Duration::from_secs(2),
             force_release_after: Duration::from_secs(300),
             refused_retry: Duration::from_secs(60),
+            mount_root: convert::MOUNT_ROOT.to_string(),
         }
     }
 }
@@ -183,7 +188,9 @@ async fn apply<C: Claims>(
         },
         None => {
             let datasets = dataset_sources(ctx, &ns, dc).await?;
-            let spec = match convert::claim_spec(dc, &team, |r| datasets.get(r).cloned()) {
+            let spec = match convert::claim_spec(dc, &team, &ctx.settings.mount_root, |r| {
+                datasets.get(r).cloned()
+            }) {
                 Ok(s) => s,
                 Err(e) => {
                     return settle(dc, ctx, api, refuse(&e), ctx.settings.refused_retry).await;
@@ -207,16 +214,106 @@ async fn apply<C: Claims>(
     if live && stale_heartbeat {
         ctx.claims.heartbeat(&claim.id).await?;
     }
-    let mut status = convert::status_of(&claim, generation, old, &now);
+    let mut status = convert::status_of(dc, &claim, generation, old, &now);
     status.nodes = match (&status.phase, &ctx.agent_nodes) {
         (ClaimPhase::Ready, Some(m)) => m.nodes(),
         _ => Vec::new(),
     };
+    let mut attach_failed = false;
+    if status.phase == ClaimPhase::Ready && !status.mounts.is_empty() {
+        let (mounted, failed) = attach_for_pods(dc, ctx, &claim.id, &status.mounted_nodes).await?;
+        status.mounted_nodes = mounted;
+        attach_failed = failed;
+    }
     let next = match status.phase {
         ClaimPhase::Pending | ClaimPhase::Staging => ctx.settings.staging_poll,
+        _ if attach_failed => ctx.settings.staging_poll,
         _ => Duration::from_secs(HEARTBEAT_SECS),
     };
     settle(dc, ctx, api, status, next).await
+}
+
+/// Most nodes asked to mount a claim's datasets at once.
+const ATTACH_CONCURRENCY: usize = 16;
+/// Longest one node's agent may take to mount them.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Have the agent of each node a pod of `dc` is bound to, and not started on yet, mount claim `id`'s datasets
+/// there (idempotent on the agent: a mount already there is kept, so a node whose agent lost its mounts gets
+/// them again). The pods wait for the mounts in their `strata-mounts` init container. Returns the nodes
+/// mounted so far (`done` and those mounted now, sorted) and whether a node could not be mounted (each such
+/// node is a Warning event; the caller looks again soon).
+async fn attach_for_pods<C: Claims>(
+    dc: &DataClaim,
+    ctx: &Context<C>,
+    id: &str,
+    done: &[String],
+) -> Result<(Vec<String>, bool)> {
+    use futures::StreamExt;
+    let ns = dc.namespace().unwrap_or_else(|| "default".into());
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("{CLAIM_LABEL}={}", dc.name_any())))
+        .await
+        .map_err(|e| kube_error("listing the DataClaim's pods", e))?;
+    // Bound to a node and not started there yet: a pod that runs already has its mounts.
+    let nodes: BTreeSet<String> = list
+        .items
+        .iter()
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            matches!(phase, None | Some("Pending"))
+        })
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    let agents = ctx
+        .agent_nodes
+        .as_ref()
+        .map(|m| m.agents_by_node())
+        .unwrap_or_default();
+    let results: Vec<(String, Result<()>)> = futures::stream::iter(nodes)
+        .map(|node| {
+            let agent = agents.get(&node).cloned();
+            async move {
+                let r = match agent {
+                    None => Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "node {node} runs no ready Strata agent: the DataClaim's datasets cannot be \
+                             mounted there (its pods wait in their strata-mounts init container)"
+                        ),
+                    )),
+                    Some(a) => match tokio::time::timeout(ATTACH_TIMEOUT, ctx.claims.attach(&a, id)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(Error::new(
+                            ErrorKind::Timeout,
+                            format!("the agent of node {node} did not mount the datasets in {} s", ATTACH_TIMEOUT.as_secs()),
+                        )),
+                    },
+                };
+                (node, r)
+            }
+        })
+        .buffer_unordered(ATTACH_CONCURRENCY)
+        .collect()
+        .await;
+    let mut mounted: BTreeSet<String> = done.iter().cloned().collect();
+    let mut failed = false;
+    for (node, r) in results {
+        match r {
+            Ok(()) => {
+                if mounted.insert(node.clone()) {
+                    tracing::info!(claim = %id, %node, "datasets mounted for a pod");
+                }
+            }
+            Err(e) => {
+                failed = true;
+                let note = format!("mounting the datasets on node {node}: {e}");
+                publish(ctx, dc, EventType::Warning, "MountFailed", "Attach", note).await;
+            }
+        }
+    }
+    Ok((mounted.into_iter().collect(), failed))
 }
 
 /// Write `status` if it differs from what `dc` has (and say so with an event when the phase changed); then

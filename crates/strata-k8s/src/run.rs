@@ -1,20 +1,25 @@
 //! The controller loop: every DataClaim of the cluster (all namespaces), reconciled by [`crate::reconcile`]
-//! whenever it changes and when a reconcile asked to be looked at again; stops when `shutdown` resolves.
+//! whenever it or one of the pods naming it changes and when a reconcile asked to be looked at again; stops
+//! when `shutdown` resolves.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::Recorder;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::agent::Claims;
 use crate::crd::DataClaim;
 use crate::metrics::Metrics;
 use crate::reconcile::{Context, MANAGER, Settings, error_policy, reconcile};
+use crate::webhook::{CLAIM_LABEL, claim_name};
 
 /// How the operator watches DataClaims: every one of the cluster, as kube-runtime lists and watches by default
 /// (a watch answered 410 Gone lists again).
@@ -41,8 +46,20 @@ pub async fn run<C: Claims>(
         metrics,
         agent_nodes,
     });
-    let api: Api<DataClaim> = Api::all(client);
+    let api: Api<DataClaim> = Api::all(client.clone());
+    // A pod naming a claim that is bound to a node (or changes) is a reason to look at its DataClaim: the
+    // claim's datasets are mounted on that node for it.
+    let pods: Api<Pod> = Api::all(client);
     Controller::new(api, watch_config())
+        .watches(
+            pods,
+            watcher::Config::default().labels(CLAIM_LABEL),
+            |pod: Pod| {
+                let name = claim_name(&pod)?.to_string();
+                let ns = pod.namespace()?;
+                Some(ObjectRef::<DataClaim>::new(&name).within(&ns))
+            },
+        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {

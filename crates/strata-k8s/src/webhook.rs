@@ -14,7 +14,14 @@
 //! - the claim's environment from its status (`STRATA_CLAIM`, `STRATA_DATASET_<NAME>`, `STRATA_SCRATCH`,
 //!   ...);
 //! - node affinity toward `status.nodes`: preferred (weight 100) by default, required when the claim says
-//!   `requireCacheAffinity` (then ANDed into every required term the pod already has).
+//!   `requireCacheAffinity` (then ANDed into every required term the pod already has);
+//! - for each dataset with a `mountPath` ([`crate::crd::DataClaimStatus::mounts`]): a hostPath volume of the
+//!   agent's mount on the node (`type: Directory`), mounted read-only at `mountPath` in every container with
+//!   `mountPropagation: HostToContainer` (a mount the agent makes or makes again later reaches the
+//!   container); the mounts' group among the pod's `supplementalGroups`; and a first init container,
+//!   [`MOUNTS_INIT`], that waits until every path is a Strata mount (`strata wait-mounts`), so no container
+//!   of the pod starts on an empty directory. The operator has the agent of the node the pod is bound to mount
+//!   them ([`crate::reconcile`]).
 //!
 //! The webhook's own failure never admits a pod unchanged: the MutatingWebhookConfiguration selects only pods
 //! with the label and fails closed, so other pods never depend on it.
@@ -22,11 +29,40 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, Pod, PreferredSchedulingTerm,
+    Affinity, Container, EnvVar, HostPathVolumeSource, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSecurityContext, PodSpec,
+    PreferredSchedulingTerm, Volume, VolumeMount,
 };
 
-use crate::crd::{ClaimPhase, DataClaim};
+use crate::crd::{ClaimMount, ClaimPhase, DataClaim};
+
+/// The init container that waits for a pod's dataset mounts.
+pub const MOUNTS_INIT: &str = "strata-mounts";
+/// How long [`MOUNTS_INIT`] waits for the mounts before it fails (the kubelet then starts it again, with
+/// backoff, and the pod's events say why).
+pub const MOUNTS_WAIT_SECS: u64 = 600;
+/// The image [`MOUNTS_INIT`] runs by default: the operator's own (`deploy/10-operator.yaml`).
+pub const MOUNTS_IMAGE: &str = "ghcr.io/strata-data/strata:0.1.0";
+
+/// What admitted pods are given besides their claim's status: the agent of their node, and the image that
+/// waits for their mounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSide {
+    /// `STRATA_AGENT` of admitted pods ([`NODE_AGENT`] by default).
+    pub agent: String,
+    /// The image of [`MOUNTS_INIT`] ([`MOUNTS_IMAGE`] by default): one with the `strata` binary as its
+    /// entrypoint.
+    pub mounts_image: String,
+}
+
+impl Default for NodeSide {
+    fn default() -> Self {
+        Self {
+            agent: NODE_AGENT.to_string(),
+            mounts_image: MOUNTS_IMAGE.to_string(),
+        }
+    }
+}
 
 /// The label a pod names its DataClaim (in the pod's namespace) with.
 pub const CLAIM_LABEL: &str = "strata.dev/claim";
@@ -58,7 +94,7 @@ pub fn claim_name(pod: &Pod) -> Option<&str> {
 }
 
 /// Decide for `pod` in `namespace`, given its DataClaim as the API server has it (`None`: there is none).
-pub fn admit(pod: &Pod, namespace: &str, claim: Option<&DataClaim>, agent: &str) -> Verdict {
+pub fn admit(pod: &Pod, namespace: &str, claim: Option<&DataClaim>, side: &NodeSide) -> Verdict {
     let Some(name) = claim_name(pod) else {
         return Verdict::Untouched;
     };
@@ -113,12 +149,13 @@ pub fn admit(pod: &Pod, namespace: &str, claim: Option<&DataClaim>, agent: &str)
     }
     let mut out = pod.clone();
     if let Some(spec) = out.spec.as_mut() {
-        let mut env = vec![("STRATA_AGENT".to_string(), agent.to_string())];
+        let mut env = vec![("STRATA_AGENT".to_string(), side.agent.clone())];
         env.extend(status.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         for c in spec
             .containers
             .iter_mut()
             .chain(spec.init_containers.iter_mut().flatten())
+            .filter(|c| c.name != MOUNTS_INIT)
         {
             add_env(c, &env);
         }
@@ -160,8 +197,91 @@ pub fn admit(pod: &Pod, namespace: &str, claim: Option<&DataClaim>, agent: &str)
                 }
             }
         }
+        if !status.mounts.is_empty() {
+            add_mounts(spec, &status.mounts, status.mount_group, &side.mounts_image);
+        }
     }
     Verdict::Admit(Box::new(out))
+}
+
+/// The volume name of a dataset's mount: `strata-` and the dataset's name as a DNS label (its `_` as `-`).
+fn volume_name(dataset: &str) -> String {
+    format!("strata-{}", dataset.replace('_', "-"))
+        .chars()
+        .take(63)
+        .collect()
+}
+
+/// Give `spec` the claim's `mounts`: the volumes, a read-only mount of each in every container (where the
+/// container has nothing at that path already), `gid` among the supplemental groups, and [`MOUNTS_INIT`]
+/// first among the init containers. Admitting an admitted pod again changes nothing.
+fn add_mounts(spec: &mut PodSpec, mounts: &[ClaimMount], gid: Option<u32>, image: &str) {
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    let mut mounted = Vec::new();
+    for m in mounts {
+        let name = volume_name(&m.name);
+        if !volumes.iter().any(|v| v.name == name) {
+            volumes.push(Volume {
+                name: name.clone(),
+                host_path: Some(HostPathVolumeSource {
+                    path: m.node_path.clone(),
+                    type_: Some("Directory".into()),
+                }),
+                ..Default::default()
+            });
+        }
+        mounted.push(VolumeMount {
+            name,
+            mount_path: m.mount_path.clone(),
+            read_only: Some(true),
+            mount_propagation: Some("HostToContainer".into()),
+            ..Default::default()
+        });
+    }
+    let inits = spec.init_containers.get_or_insert_with(Vec::new);
+    if !inits.iter().any(|c| c.name == MOUNTS_INIT) {
+        let mut args: Vec<String> = vec![
+            "wait-mounts".into(),
+            "--timeout-secs".into(),
+            MOUNTS_WAIT_SECS.to_string(),
+        ];
+        args.extend(mounts.iter().map(|m| m.mount_path.clone()));
+        inits.insert(
+            0,
+            Container {
+                name: MOUNTS_INIT.into(),
+                image: Some(image.into()),
+                args: Some(args),
+                ..Default::default()
+            },
+        );
+    }
+    for c in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+    {
+        let have = c.volume_mounts.get_or_insert_with(Vec::new);
+        for vm in &mounted {
+            let taken = have.iter().any(|h| {
+                h.name == vm.name
+                    || h.mount_path.trim_end_matches('/') == vm.mount_path.trim_end_matches('/')
+            });
+            if !taken {
+                have.push(vm.clone());
+            }
+        }
+    }
+    if let Some(gid) = gid.map(i64::from) {
+        let groups = spec
+            .security_context
+            .get_or_insert_with(PodSecurityContext::default)
+            .supplemental_groups
+            .get_or_insert_with(Vec::new);
+        if !groups.contains(&gid) {
+            groups.push(gid);
+        }
+    }
 }
 
 /// Add `env` to `c`, leaving every variable the container already sets as it is.
@@ -238,11 +358,17 @@ mod tests {
     #[test]
     fn a_pod_without_the_label_is_untouched_and_one_naming_a_missing_claim_is_denied() {
         let p = pod(json!({"app": "x"}), two_containers());
-        assert_eq!(admit(&p, "vision", None, NODE_AGENT), Verdict::Untouched);
+        assert_eq!(
+            admit(&p, "vision", None, &NodeSide::default()),
+            Verdict::Untouched
+        );
         let p = pod(json!({CLAIM_LABEL: ""}), two_containers());
-        assert_eq!(admit(&p, "vision", None, NODE_AGENT), Verdict::Untouched);
+        assert_eq!(
+            admit(&p, "vision", None, &NodeSide::default()),
+            Verdict::Untouched
+        );
         let p = pod(json!({CLAIM_LABEL: "imagenet"}), two_containers());
-        let Verdict::Deny(why) = admit(&p, "vision", None, NODE_AGENT) else {
+        let Verdict::Deny(why) = admit(&p, "vision", None, &NodeSide::default()) else {
             panic!()
         };
         assert!(
@@ -263,9 +389,12 @@ mod tests {
             ("Failed", "failed: missing object x"),
             ("Released", "released"),
         ] {
-            let Verdict::Deny(why) =
-                admit(&p, "vision", Some(&claim(phase, &[], false)), NODE_AGENT)
-            else {
+            let Verdict::Deny(why) = admit(
+                &p,
+                "vision",
+                Some(&claim(phase, &[], false)),
+                &NodeSide::default(),
+            ) else {
                 panic!("{phase} admitted")
             };
             assert!(why.contains(want), "{phase}: {why}");
@@ -279,7 +408,7 @@ mod tests {
             &p,
             "vision",
             Some(&claim("Ready", &[], false)),
-            NODE_AGENT,
+            &NodeSide::default(),
         ));
         let train = env_of(&out, 0);
         assert!(
@@ -304,7 +433,7 @@ mod tests {
                 &out,
                 "vision",
                 Some(&claim("Ready", &[], false)),
-                NODE_AGENT
+                &NodeSide::default()
             )),
             out
         );
@@ -317,7 +446,7 @@ mod tests {
             &p,
             "vision",
             Some(&claim("Ready", &["n2", "n1"], false)),
-            NODE_AGENT,
+            &NodeSide::default(),
         ));
         let na = out
             .spec
@@ -356,7 +485,7 @@ mod tests {
             &p,
             "vision",
             Some(&claim("Ready", &["n1"], true)),
-            NODE_AGENT,
+            &NodeSide::default(),
         ));
         let terms = out
             .spec
@@ -379,10 +508,130 @@ mod tests {
             assert_eq!(keys, ["gpu", HOSTNAME_LABEL]);
         }
         // Required with no node holding the data yet: denied, not scheduled anywhere.
-        let Verdict::Deny(why) = admit(&p, "vision", Some(&claim("Ready", &[], true)), NODE_AGENT)
-        else {
+        let Verdict::Deny(why) = admit(
+            &p,
+            "vision",
+            Some(&claim("Ready", &[], true)),
+            &NodeSide::default(),
+        ) else {
             panic!()
         };
         assert!(why.contains("requires cache affinity"), "{why}");
+    }
+
+    #[test]
+    fn a_ready_claims_mounts_are_volumes_of_every_container_behind_an_init_container_that_waits() {
+        let mut spec = two_containers();
+        // The author's own volume at the sidecar's /data/train stays: the sidecar does not get the dataset.
+        spec["containers"][1]["volumeMounts"] =
+            json!([{"name": "own", "mountPath": "/data/train/"}]);
+        spec["volumes"] = json!([{"name": "own", "emptyDir": {}}]);
+        spec["securityContext"] = json!({"supplementalGroups": [7]});
+        let p = pod(json!({CLAIM_LABEL: "imagenet"}), spec);
+        let mut dc = claim("Ready", &[], false);
+        let st = dc.status.as_mut().unwrap();
+        st.mounts = vec![
+            ClaimMount {
+                name: "train".into(),
+                mount_path: "/data/train".into(),
+                node_path: "/var/lib/strata/mounts/vision/imagenet-0a1b2c3d/train".into(),
+            },
+            ClaimMount {
+                name: "val_set".into(),
+                mount_path: "/data/val".into(),
+                node_path: "/var/lib/strata/mounts/vision/imagenet-0a1b2c3d/val_set".into(),
+            },
+        ];
+        st.mount_group = Some(4242);
+        let side = NodeSide {
+            agent: NODE_AGENT.into(),
+            mounts_image: "registry.local/strata:9".into(),
+        };
+        let out = admitted(admit(&p, "vision", Some(&dc), &side));
+        let spec = out.spec.as_ref().unwrap();
+        let vols = spec.volumes.as_ref().unwrap();
+        let host = |name: &str| {
+            vols.iter()
+                .find(|v| v.name == name)
+                .and_then(|v| v.host_path.clone())
+                .unwrap()
+        };
+        assert_eq!(
+            host("strata-train").path,
+            "/var/lib/strata/mounts/vision/imagenet-0a1b2c3d/train"
+        );
+        assert_eq!(host("strata-train").type_.as_deref(), Some("Directory"));
+        assert!(host("strata-val-set").path.ends_with("/val_set"));
+        let mounts = |c: &Container| -> Vec<(String, String, bool, String)> {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .map(|m| {
+                    (
+                        m.name.clone(),
+                        m.mount_path.clone(),
+                        m.read_only == Some(true),
+                        m.mount_propagation.clone().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        };
+        let ro = |n: &str, at: &str| {
+            (
+                n.to_string(),
+                at.to_string(),
+                true,
+                "HostToContainer".to_string(),
+            )
+        };
+        assert_eq!(
+            mounts(&spec.containers[0]),
+            [
+                ro("strata-train", "/data/train"),
+                ro("strata-val-set", "/data/val")
+            ]
+        );
+        let side_mounts = mounts(&spec.containers[1]);
+        assert_eq!(side_mounts[0].0, "own");
+        assert_eq!(side_mounts[1..], [ro("strata-val-set", "/data/val")]);
+        // The waiting init container comes first, runs the image asked for, sees the mounts where the
+        // containers do, and gets no environment of the claim (it needs none).
+        let inits = spec.init_containers.as_ref().unwrap();
+        assert_eq!(inits[0].name, MOUNTS_INIT);
+        assert_eq!(inits[0].image.as_deref(), Some("registry.local/strata:9"));
+        assert_eq!(
+            inits[0].args.as_deref().unwrap(),
+            [
+                "wait-mounts",
+                "--timeout-secs",
+                "600",
+                "/data/train",
+                "/data/val"
+            ]
+        );
+        assert_eq!(mounts(&inits[0]).len(), 2);
+        assert!(inits[0].env.is_none());
+        assert_eq!(inits[1].name, "fetch");
+        assert_eq!(mounts(&inits[1]).len(), 2);
+        assert_eq!(
+            spec.security_context
+                .as_ref()
+                .unwrap()
+                .supplemental_groups
+                .as_deref(),
+            Some(&[7, 4242][..])
+        );
+        // A reinvoked webhook changes nothing.
+        assert_eq!(admitted(admit(&out, "vision", Some(&dc), &side)), out);
+        // No mounts, no volumes nor init container.
+        let plain = admitted(admit(
+            &p,
+            "vision",
+            Some(&claim("Ready", &[], false)),
+            &side,
+        ));
+        let plain_spec = plain.spec.unwrap();
+        assert_eq!(plain_spec.init_containers.unwrap().len(), 1);
+        assert_eq!(plain_spec.volumes.unwrap().len(), 1);
     }
 }

@@ -503,6 +503,7 @@ pub(crate) async fn status(a: &Agent, c: &ClaimRecord) -> Result<ClaimStatus> {
         datasets: serde_json::from_str(&c.datasets).map_err(|e| bad("datasets", e))?,
         scratch_path,
         env,
+        mount_gid: mounts::gid_of(&spec),
         usage,
         spec,
         created_at: c.created_at,

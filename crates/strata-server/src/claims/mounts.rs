@@ -31,6 +31,14 @@ fn group_id(name: &str) -> Option<u32> {
     })
 }
 
+/// The gid a claim's mounts are readable by, when it has any (and its team's group exists here).
+pub(super) fn gid_of(spec: &ClaimSpec) -> Option<u32> {
+    if spec.datasets.iter().all(|d| d.mount.is_none()) {
+        return None;
+    }
+    group_id(&spec.team)
+}
+
 /// Refuse, at admission, a mount this node cannot make: `field` names it in the error.
 pub(super) fn check(spec: &ClaimSpec, location: &str, mount: &str, field: &str) -> Result<()> {
     let unsupported = |why: String| Error::new(ErrorKind::Unsupported, format!("{field}: {why}"));
