@@ -695,6 +695,10 @@ def mount_cluster(origin, s3, tmp_path):  # noqa: F811
     _ensure_outsider(OUTSIDER)
     root = tempfile.mkdtemp(prefix="strata-k8s-mounts-")
     os.chmod(root, 0o755)
+    # As the agents' hostPath is on a node (Bidirectional propagation needs it shared): mounts made under it
+    # reach the mount namespaces that have a slave copy of it, as pods' HostToContainer volumes do.
+    subprocess.run(["mount", "--bind", root, root], check=True)
+    subprocess.run(["mount", "--make-shared", root], check=True)
     cert, key = _self_signed(tmp_path)
     port = free_port()
     try:
@@ -704,10 +708,9 @@ def mount_cluster(origin, s3, tmp_path):  # noqa: F811
             c.mount_root = root
             yield c
     finally:
-        for line in open("/proc/mounts").read().splitlines():
-            point = line.split()[1]
-            if point.startswith(root):
-                subprocess.run(["umount", "-l", point], capture_output=True)
+        points = [line.split()[1] for line in open("/proc/mounts").read().splitlines()]
+        for point in sorted((p for p in points if p.startswith(root)), key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -722,12 +725,38 @@ def _sample_job_pod():
             "spec": dict(tpl["spec"], securityContext={}), "status": {}}
 
 
+# A pod's container as the runtime makes it (simplified): its own mount namespace, the node's mounts a slave copy
+# (HostToContainer), the hostPath bound at the container's path; then what the pod runs: the strata-mounts init
+# container's `strata wait-mounts`, and the job reading every file as its user.
+CONTAINER = '''
+mount --make-rslave "$ROOT" && mount --rbind "$NODE_PATH" "$CTR" && mount --make-rslave "$CTR" && touch "$BOUND" &&
+"$STRATA" wait-mounts --timeout-secs 60 "$CTR" >&2 &&
+runuser -u "$JOB_USER" -- /usr/bin/python3 -c '
+import hashlib, json, os, sys
+r = sys.argv[1]
+print(json.dumps({os.path.relpath(os.path.join(d, f), r): hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
+                  for d, _, fs in os.walk(r) for f in fs}))' "$CTR"
+'''
+
+
+def _container(root, node_path, tmp_path):
+    """Start CONTAINER for `node_path`; returns (process, its path, the file it touches once bound)."""
+    ctr = tempfile.mkdtemp(prefix="strata-k8s-ctr-")
+    os.chmod(ctr, 0o755)
+    bound = str(tmp_path / "container-bound")
+    env = dict(os.environ, ROOT=root, NODE_PATH=node_path, CTR=ctr, BOUND=bound, STRATA=STRATA, JOB_USER=JOB_USER)
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "unchanged", "sh", "-c", CONTAINER],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return proc, ctr, bound
+
+
 def _wait_mounts(path, timeout):
     return subprocess.run([STRATA, "wait-mounts", "--timeout-secs", str(timeout), path],
                           capture_output=True, text=True, timeout=timeout + 30)
 
 
-def test_a_job_pod_gets_its_datasets_as_volumes_mounted_on_its_node_and_reads_them_byte_exact(mount_cluster, s3):  # noqa: F811
+def test_a_job_pod_gets_its_datasets_as_volumes_mounted_on_its_node_and_reads_them_byte_exact(
+        mount_cluster, s3, tmp_path):  # noqa: F811
     cluster = mount_cluster
     cluster.ready()
     cluster.namespace("vision", team="vision")
@@ -782,22 +811,25 @@ def test_a_job_pod_gets_its_datasets_as_volumes_mounted_on_its_node_and_reads_th
     assert {"weight": 100, "preference": {"matchExpressions": [
         {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}]}} in pref, pref
 
-    # The scheduler binds it to node-a: the operator has node-a's agent mount the claim there.
+    # The pod's container starts on node-a with its volume bound while the node has no mount yet: it waits.
+    container, ctr, bound = _container(cluster.mount_root, node_path, tmp_path)
+    cluster.wait("the container's volume bound", lambda: os.path.exists(bound) or container.poll(), bool)
+    assert container.poll() is None, container.communicate()
+    # The scheduler binds the pod to node-a: the operator has node-a's agent mount the claim there.
     out["metadata"]["name"] = "train-x7k2q"
     out["spec"]["nodeName"] = "node-a"
     cluster.api.create(resource_path("v1", "pods", "vision"), out)
     cluster.wait("the claim mounted on node-a", lambda: (cluster.get("vision", "resnet-run-7").get("status") or {}),
                  lambda s: s.get("mountedNodes") == ["node-a"])
     assert _mounted(node_path)
-    r = _wait_mounts(node_path, 30)
-    assert r.returncode == 0, r
-    # The job's containers read every file byte-exact as the job's user (the mounts' group is among its
-    # groups, as the pod's supplementalGroups give it); a user of another team cannot.
-    for key, digest in objs.items():
-        path = os.path.join(node_path, key[len(prefix):])
-        got = _read_as(JOB_USER, path)
-        assert got.returncode == 0, (path, got.stderr)
-        assert hashlib.sha256(got.stdout).hexdigest() == digest, path
+    # The mount reached the waiting container through propagation: its init step returned and the job read
+    # every file byte-exact as the job's user (the mounts' group is among its groups, as the pod's
+    # supplementalGroups give it).
+    stdout, stderr = container.communicate(timeout=120)
+    assert container.returncode == 0, (container.returncode, stderr)
+    assert json.loads(stdout) == {k[len(prefix):]: d for k, d in objs.items()}, stdout
+    shutil.rmtree(ctr, ignore_errors=True)
+    # A user of another team cannot read it.
     first = os.path.join(node_path, next(iter(objs))[len(prefix):])
     assert _read_as(OUTSIDER, first).returncode != 0
     # Not written again while nothing changes.
