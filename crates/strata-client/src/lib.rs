@@ -93,6 +93,18 @@ impl ClientOptions {
     }
 }
 
+/// An agent's address as a base URL: `http://` when it names no scheme, no trailing slash.
+fn base_of(api: &str) -> Result<String> {
+    let base = if api.contains("://") {
+        api.to_string()
+    } else {
+        format!("http://{api}")
+    };
+    url::Url::parse(&base)
+        .map_err(|e| Error::invalid_input(format!("agent address {api:?}: {e}")))?;
+    Ok(base.trim_end_matches('/').to_string())
+}
+
 /// A client of one agent's API.
 #[derive(Debug, Clone)]
 pub struct AgentClient {
@@ -104,13 +116,7 @@ pub struct AgentClient {
 impl AgentClient {
     /// A client of the agent whose API is at `api` (`http://node7:7070`, or `node7:7070`).
     pub fn new(api: &str, opts: &ClientOptions) -> Result<Self> {
-        let base = if api.contains("://") {
-            api.to_string()
-        } else {
-            format!("http://{api}")
-        };
-        url::Url::parse(&base)
-            .map_err(|e| Error::invalid_input(format!("agent address {api:?}: {e}")))?;
+        let base = base_of(api)?;
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(t) = &opts.token {
             let v =
@@ -146,7 +152,7 @@ impl AgentClient {
             .build()
             .map_err(|e| Error::internal(format!("HTTP client: {e}")))?;
         Ok(Self {
-            base: base.trim_end_matches('/').to_string(),
+            base,
             http,
             retry: opts.retry,
         })
@@ -157,15 +163,8 @@ impl AgentClient {
     /// addresses the deployment names (a Service's endpoints), never one a caller chose: the credentials go
     /// along.
     pub fn at(&self, api: &str) -> Result<Self> {
-        let base = if api.contains("://") {
-            api.to_string()
-        } else {
-            format!("http://{api}")
-        };
-        url::Url::parse(&base)
-            .map_err(|e| Error::invalid_input(format!("agent address {api:?}: {e}")))?;
         Ok(Self {
-            base: base.trim_end_matches('/').to_string(),
+            base: base_of(api)?,
             http: self.http.clone(),
             retry: self.retry,
         })

@@ -582,14 +582,7 @@ async fn an_unreachable_agent_is_a_retryable_error_and_writes_nothing() {
 #[tokio::test]
 async fn deletion_releases_the_claim_then_removes_the_finalizer() {
     let agent = Arc::new(Agent::default());
-    let spec = crate::claim_spec(
-        &dataclaim(true, Value::Null, false),
-        "vision",
-        crate::MOUNT_ROOT,
-        |_| None,
-    )
-    .unwrap();
-    agent.submit(&spec).await.unwrap();
+    submit_default(&agent).await;
     let dc = dataclaim(
         true,
         json!({"phase": "Ready", "claimId": "clm_1", "team": "vision"}),
@@ -615,14 +608,7 @@ async fn deletion_releases_the_claim_then_removes_the_finalizer() {
 #[tokio::test]
 async fn deletion_with_the_agent_away_keeps_the_finalizer_then_forces_it_off_with_a_warning() {
     let agent = Arc::new(Agent::default());
-    let spec = crate::claim_spec(
-        &dataclaim(true, Value::Null, false),
-        "vision",
-        crate::MOUNT_ROOT,
-        |_| None,
-    )
-    .unwrap();
-    agent.submit(&spec).await.unwrap();
+    submit_default(&agent).await;
     agent.away.store(true, Ordering::SeqCst);
     let dc = dataclaim(
         true,
@@ -673,6 +659,13 @@ async fn a_claim_the_agents_forgot_is_failed_with_a_reason() {
     .await;
     assert_eq!(r.unwrap(), Action::await_change());
     assert_failed(&bodies, "clm_9");
+}
+
+/// The agent's claim of the test's DataClaim, submitted (`clm_1`).
+async fn submit_default(agent: &Arc<Agent>) {
+    let dc = dataclaim(true, Value::Null, false);
+    let spec = crate::claim_spec(&dc, "vision", crate::MOUNT_ROOT, |_| None).unwrap();
+    agent.submit(&spec).await.unwrap();
 }
 
 /// The agents' EndpointSlice: ready agents on node-a and node-b, one starting on node-c.
