@@ -806,6 +806,8 @@ def test_a_job_pod_gets_its_datasets_as_volumes_mounted_on_its_node_and_reads_th
     assert gid in spec["securityContext"]["supplementalGroups"], spec["securityContext"]
     env = _env(spec["containers"][0])
     assert env["STRATA_CLAIM"] == st["claimId"] and env["STRATA_AGENT"] == NODE_AGENT, env
+    # The dataset's path as the pod's containers see it, not the node's.
+    assert env["STRATA_MOUNT_TRAIN"] == "/data/train", env
     # Scheduled near the cache: node-a, where the agent holding the claim's blocks is.
     pref = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert {"weight": 100, "preference": {"matchExpressions": [

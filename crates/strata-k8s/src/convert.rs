@@ -249,6 +249,7 @@ pub fn status_of(
             ByteSize(p.bytes_total)
         ),
     };
+    let mounts = mounts_of(dc, claim);
     let u = &claim.usage;
     let usage = ClaimUsage {
         staged_bytes: u.staged_bytes,
@@ -289,13 +290,27 @@ pub fn status_of(
         reason: claim.reason.clone(),
         progress,
         usage,
-        env: claim.env.clone(),
+        env: pod_env(&claim.env, &mounts),
         nodes: old.map(|o| o.nodes.clone()).unwrap_or_default(),
-        mounts: mounts_of(dc, claim),
+        mounts,
         mount_group: claim.mount_gid,
         mounted_nodes: old.map(|o| o.mounted_nodes.clone()).unwrap_or_default(),
         conditions,
     }
+}
+
+/// The claim's environment as its pods get it: a `STRATA_MOUNT_<NAME>` that names a mount's node path names its
+/// path in the pod instead.
+fn pod_env(env: &BTreeMap<String, String>, mounts: &[ClaimMount]) -> BTreeMap<String, String> {
+    env.iter()
+        .map(|(k, v)| {
+            let in_pod = mounts
+                .iter()
+                .find(|m| k.starts_with("STRATA_MOUNT_") && *v == m.node_path)
+                .map_or_else(|| v.clone(), |m| m.mount_path.clone());
+            (k.clone(), in_pod)
+        })
+        .collect()
 }
 
 /// The DataClaim's datasets with a `mountPath`, each with the node path the agent's claim mounts it on.

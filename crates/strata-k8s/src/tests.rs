@@ -717,6 +717,7 @@ async fn a_ready_claims_datasets_are_mounted_on_the_nodes_its_waiting_pods_are_b
     agent.set("clm_1", |c| {
         c.state = ClaimState::Ready;
         c.mount_gid = Some(4242);
+        c.env.insert("STRATA_MOUNT_TRAIN".into(), node_path.clone());
     });
     let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "5"}, "items": [
         pod_on("waiting-a", Some("node-a"), Some("Pending")),
@@ -755,8 +756,19 @@ async fn a_ready_claims_datasets_are_mounted_on_the_nodes_its_waiting_pods_are_b
     assert_eq!(st["phase"], "Ready", "{st}");
     assert_eq!(st["mountedNodes"], json!(["node-a"]), "{st}");
     assert_eq!(st["mountGroup"], 4242, "{st}");
-    // The mounts were written with the Staging status already: the Ready status has them.
+    // The mounts were written with the Staging status already: the Ready status has them. Pods see the
+    // dataset at its mountPath, and their environment says so (not the node's path).
     let ready = with_status(&staged, &bodies[3]);
+    assert_eq!(
+        ready
+            .status
+            .as_ref()
+            .unwrap()
+            .env
+            .get("STRATA_MOUNT_TRAIN")
+            .map(String::as_str),
+        Some("/data/train")
+    );
     assert_eq!(
         serde_json::to_value(&ready.status.as_ref().unwrap().mounts).unwrap(),
         json!([{"name": "train", "mountPath": "/data/train", "nodePath": node_path}]),
