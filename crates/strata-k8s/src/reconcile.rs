@@ -13,7 +13,10 @@
 //! 4. the status is the agent's claim ([`crate::convert::status_of`]) and is written only when it differs:
 //!    a second pass over an unchanged claim writes nothing. Every phase change is an event;
 //! 5. live claims are heartbeated every [`HEARTBEAT_SECS`]; staging claims are looked at again after
-//!    [`Settings::staging_poll`].
+//!    [`Settings::staging_poll`];
+//! 6. a Ready claim with mounts: each node one of its pods is bound to (and not started on) has its agent
+//!    mount the datasets there ([`attach_for_pods`]; the pods wait in their `strata-mounts` init container),
+//!    recorded in `status.mountedNodes`; a node that cannot is a `MountFailed` event and a look again soon.
 //!
 //! Deletion: the claim is released and the finalizer removed. An agent that cannot be reached is retried
 //! (backoff through the error policy) until [`Settings::force_release_after`] has passed since the deletion;
