@@ -1321,6 +1321,78 @@ def test_a_member_dead_during_staging_leaves_its_share_to_the_agent_that_took_th
         assert not failed and not bad, (failed[:2], bad[:2])
 
 
+def coverage(agent, location, token=ADMIN_TOKEN):
+    """`GET /v1/coverage` of `location` as `token`: (status, body)."""
+    req = urllib.request.Request(f"{agent.api}/v1/coverage?location={urllib.parse.quote(location, safe='')}",
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_coverage_counts_each_members_share_fetches_nothing_and_names_a_dead_member(origin, bucket, cluster):
+    # What a Dataset's status shows (`GET /v1/coverage`): the listing's version, and the blocks held counted
+    # where they live, each member its own share (`POST /v1/peer/held`), nothing read from the origin.
+    name, s3 = bucket
+    objects = make_objects(83, 12, lo=1 * MIB, hi=2 * MIB, prefix="cov/", keys=[
+        f"{i:02d}-{n}" for i, n in enumerate(["a b.bin", "c+d.bin", "e%f.bin", "ünï/日本.bin"] * 3)])
+    upload(s3, name, objects)
+    size = sum(len(v) for v in objects.values())
+    proxy = cluster.proxy(origin.removeprefix("http://"))
+    a, b, c = static_cluster(cluster, 3, proxy.url, name)
+    poll("three members", lambda: all(len(x.cluster()["members"]) == 3 for x in (a, b, c)), timeout=15)
+
+    s, cold = coverage(a, "default/cov/")
+    assert s == 200, cold
+    assert len(cold["version"]) == 16 and cold["complete"], cold
+    assert (cold["objects"], cold["bytes_total"], cold["blocks_total"]) == (12, size, blocks_of(objects)), cold
+    assert cold["bytes_held"] == cold["blocks_held"] == cold["objects_held"] == 0, cold
+    assert {m["member"] for m in cold["members"]} == {a.me, b.me, c.me}, cold
+    assert cold["members"][0]["member"] == a.me
+    assert sum(m["bytes_total"] for m in cold["members"]) == size, cold
+    assert object_gets(proxy, name) == {}, "coverage read object data from the origin"
+
+    cid = submit_claim(a, "job-coverage", "default/cov/")
+    assert settled(a, cid)["state"] == "ready"
+    # Asked of another member, after the claim staged the version over the cluster: all of it, each share held.
+    s, warm = coverage(b, "default/cov/")
+    assert s == 200 and warm["complete"], warm
+    assert warm["version"] == cold["version"], (warm, cold)
+    assert (warm["bytes_held"], warm["blocks_held"], warm["objects_held"]) == (size, blocks_of(objects), 12), warm
+    assert all(m["bytes_held"] == m["bytes_total"] > 0 for m in warm["members"]), warm
+    gets = object_gets(proxy, name)
+
+    # A changed object is another version, and its new bytes are not held.
+    changed = dict(objects)
+    changed["cov/00-a b.bin"] = os.urandom(MIB + 5)
+    upload(s3, name, {"cov/00-a b.bin": changed["cov/00-a b.bin"]})
+    poll("the listing cache to see the change",
+         lambda: coverage(a, "default/cov/")[1]["version"] != cold["version"], timeout=30)
+    s, after = coverage(a, "default/cov/")
+    assert after["bytes_total"] == sum(len(v) for v in changed.values()), after
+    assert after["bytes_held"] == size - len(objects["cov/00-a b.bin"]) and after["objects_held"] == 11, after
+
+    # A member gone: named with its error, its share counted as not held, the rest still counted.
+    c.kill()
+    s, partial = coverage(a, "default/cov/")
+    assert s == 200 and not partial["complete"], partial
+    dead = [m for m in partial["members"] if m["member"] == c.me]
+    assert dead and dead[0].get("error") and dead[0]["bytes_held"] == 0, partial
+    alive = [m for m in after["members"] if m["member"] != c.me]
+    assert partial["bytes_held"] == sum(m["bytes_held"] for m in alive), (partial, after)
+    assert object_gets(proxy, name) == gets, "coverage read object data from the origin"
+
+    # No token, or a forged one: refused. The peer route takes only the cluster credential.
+    assert coverage(a, "default/cov/", token=None)[0] == 401
+    assert coverage(a, "default/cov/", token="stk_forged")[0] == 401
+    job = {"backend": "x", "block_size": BLOCK, "objects": []}
+    for token, headers in [(None, {}), (ADMIN_TOKEN, {}), (None, {"x-strata-cluster-key": "forged"})]:
+        s, v = post_json(b, "/v1/peer/held", job, token=token, headers=headers)
+        assert s in (401, 403), (token, headers, s, v)
+
+
 def test_the_stage_route_takes_only_the_cluster_credential(origin, bucket, cluster):
     name, s3 = bucket
     objects = make_objects(82, 2, prefix="stage-auth/")

@@ -205,16 +205,32 @@ impl BlockCache {
     /// How much of these object versions the cache holds in its last tier (disk, else RAM), counted block by
     /// block with no side effects: what a claim's `ready` verdict is made of.
     pub fn held(&self, backend: &Backend, objects: &[ObjectMeta]) -> Held {
-        self.held_some(backend, objects, false)
+        self.held_some(backend, objects, false, |_| {})
     }
 
     /// As [`Self::held`], counting only the blocks this agent owns in its cluster (every block when it is
     /// in none); an object counts as held when every block of it this agent owns is.
     pub fn held_owned(&self, backend: &Backend, objects: &[ObjectMeta]) -> Held {
-        self.held_some(backend, objects, true)
+        self.held_some(backend, objects, true, |_| {})
     }
 
-    fn held_some(&self, backend: &Backend, objects: &[ObjectMeta], owned_only: bool) -> Held {
+    /// As [`Self::held_owned`], also calling `each` with whether each object (in order) counts as held.
+    pub fn held_owned_each(
+        &self,
+        backend: &Backend,
+        objects: &[ObjectMeta],
+        each: impl FnMut(bool),
+    ) -> Held {
+        self.held_some(backend, objects, true, each)
+    }
+
+    fn held_some(
+        &self,
+        backend: &Backend,
+        objects: &[ObjectMeta],
+        owned_only: bool,
+        mut each: impl FnMut(bool),
+    ) -> Held {
         let bs = self.inner.cfg.block_size.bytes();
         let mut h = Held::default();
         for meta in objects {
@@ -239,6 +255,7 @@ impl BlockCache {
             if all {
                 h.objects_held += 1;
             }
+            each(all);
         }
         h
     }

@@ -23,4 +23,6 @@ pub use schema::schema;
 pub use spec::{
     CheckpointClaim, ClaimSpec, DatasetClaim, FieldError, Mode, SPEC_VERSION, ScratchClaim,
 };
-pub use status::{ClaimState, ClaimStatus, DatasetStatus, JobUsage, Progress};
+pub use status::{
+    ClaimState, ClaimStatus, Coverage, DatasetStatus, JobUsage, MemberCoverage, Progress,
+};

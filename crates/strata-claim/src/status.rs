@@ -184,3 +184,59 @@ pub struct ClaimStatus {
     /// Released at.
     pub released_at: Option<i64>,
 }
+
+/// How much of a location's current version the cache cluster holds (`GET /v1/coverage`): what a Dataset's
+/// status and `strata coverage` show. Counted, never fetched: nothing is read from the origin but its listing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Coverage {
+    /// The location as asked.
+    pub location: String,
+    /// The version listed now: the first 16 hex digits of a BLAKE3 digest of every object's key, size, ETag
+    /// and version id, in key order. Equal digests, equal data.
+    pub version: String,
+    /// Objects in it.
+    pub objects: u64,
+    /// Objects every block of which is held (0 when not `complete`: a silent member may lack a block of any).
+    pub objects_held: u64,
+    /// Its bytes.
+    pub bytes_total: u64,
+    /// Bytes of the blocks held.
+    pub bytes_held: u64,
+    /// Its blocks (at the cache's block size).
+    pub blocks_total: u64,
+    /// Blocks held.
+    pub blocks_held: u64,
+    /// Each agent's share (the blocks it owns; everything for an agent in no cluster), this agent first.
+    pub members: Vec<MemberCoverage>,
+    /// Whether every member answered and their shares add up to every block: when false, the held counts are
+    /// at least what is held (the silent members' shares are counted as not held).
+    pub complete: bool,
+}
+
+impl Coverage {
+    /// The share of the bytes held, in whole percent rounded down (100 only when every byte is held).
+    pub fn percent(&self) -> u64 {
+        if self.bytes_total == 0 {
+            return if self.complete { 100 } else { 0 };
+        }
+        self.bytes_held.saturating_mul(100) / self.bytes_total
+    }
+}
+
+/// One agent's share of a [`Coverage`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberCoverage {
+    /// The agent (its member id, `http://address:port`).
+    pub member: String,
+    /// Blocks of its share.
+    pub blocks_total: u64,
+    /// Of them, held.
+    pub blocks_held: u64,
+    /// Bytes of its share.
+    pub bytes_total: u64,
+    /// Of them, held.
+    pub bytes_held: u64,
+    /// Why it could not be counted (it did not answer, or refused), when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}

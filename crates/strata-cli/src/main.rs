@@ -387,6 +387,23 @@ enum CacheCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// How much of a location's current version the cache cluster holds, per agent (counted; nothing is
+    /// read but the location's listing).
+    ///
+    /// The version is a digest of the listing (keys, sizes, ETags): equal digests, equal data. An agent of
+    /// the cluster that does not answer is named, and its share counted as not held.
+    Coverage {
+        /// A prefix (ending with `/`) or one object.
+        location: String,
+        /// Read the location as a reader of this team (what a claim of the team would read).
+        #[arg(long)]
+        team: Option<String>,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Remove a pin.
     Unpin {
         /// The prefix location.
@@ -628,6 +645,7 @@ async fn cache(c: CacheCommand) -> Result<()> {
         CacheCommand::Stats { api, .. }
         | CacheCommand::Warm { api, .. }
         | CacheCommand::Pin { api, .. }
+        | CacheCommand::Coverage { api, .. }
         | CacheCommand::Unpin { api, .. } => api_client(api)?,
     };
     let base = client.base().to_string();
@@ -666,6 +684,55 @@ async fn cache(c: CacheCommand) -> Result<()> {
             );
             if w {
                 warm(&client, &location, 16, false).await?;
+            }
+            Ok(())
+        }
+        CacheCommand::Coverage {
+            location,
+            team,
+            json,
+            ..
+        } => {
+            let enc = |s: &str| -> String {
+                url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+            };
+            let mut path = format!("/v1/coverage?location={}", enc(&location));
+            if let Some(t) = &team {
+                path.push_str(&format!("&team={}", enc(t)));
+            }
+            let c: strata_claim::Coverage = client
+                .get_json(&path)
+                .await
+                .map_err(|e| reached(e, &base))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&c)?);
+                return Ok(());
+            }
+            println!(
+                "{} version {}: {}% cached, {}/{} objects, {}/{} bytes, {}/{} blocks{}",
+                c.location,
+                c.version,
+                c.percent(),
+                c.objects_held,
+                c.objects,
+                c.bytes_held,
+                c.bytes_total,
+                c.blocks_held,
+                c.blocks_total,
+                if c.complete {
+                    ""
+                } else {
+                    " (not every agent answered)"
+                }
+            );
+            for m in &c.members {
+                match &m.error {
+                    Some(e) => println!("  {}: not counted: {e}", m.member),
+                    None => println!(
+                        "  {}: {}/{} bytes, {}/{} blocks of its share",
+                        m.member, m.bytes_held, m.bytes_total, m.blocks_held, m.blocks_total
+                    ),
+                }
             }
             Ok(())
         }

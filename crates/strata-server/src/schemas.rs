@@ -103,7 +103,7 @@ pub fn request_body(method: &str, path: &str) -> Option<Value> {
             json!({"stall_secs": {"type": "number", "minimum": 0}, "reporter": opt_str()}),
         ),
         ("POST", "/v1/claims/{id}/release") => object(&[], json!({"reason": opt_str()})),
-        ("POST", "/v1/peer/stage") => object(
+        ("POST", "/v1/peer/stage") | ("POST", "/v1/peer/held") => object(
             &["backend", "block_size", "objects"],
             json!({"backend": {"type": "string"}, "block_size": {"type": "integer", "minimum": 1},
                    "objects": {"type": "array", "items": object(
@@ -191,6 +191,7 @@ pub fn query(method: &str, path: &str) -> Vec<(&'static str, bool, Value)> {
             ]
         }
         ("GET", "/v1/tokens") => vec![("team", false, s())],
+        ("GET", "/v1/coverage") => vec![("location", true, s()), ("team", false, s())],
         ("GET", "/v1/claims/{id}/objects") => vec![
             ("dataset", true, s()),
             ("after", false, s()),

@@ -308,6 +308,9 @@ fn request(w: &World, method: &str, path: &str) -> (String, Option<Value>) {
         ("GET", "/v1/audit") => return ("/v1/audit?team=team-b".into(), None),
         ("GET", "/v1/read") => return ("/v1/read?location=default/team-b/secret.bin".into(), None),
         ("GET", "/v1/list") => return ("/v1/list?location=default/team-b/".into(), None),
+        ("GET", "/v1/coverage") => {
+            return ("/v1/coverage?location=default/team-b/".into(), None);
+        }
         ("GET", "/v1/claims/{id}/objects") => return (format!("{concrete}?dataset=b"), None),
         ("POST", "/v1/prefetch") => {
             return (
@@ -358,9 +361,11 @@ fn request(w: &World, method: &str, path: &str) -> (String, Option<Value>) {
         ("POST", "/v1/claims/{id}/heartbeat") => Some(json!({})),
         ("POST", "/v1/claims/{id}/release") => Some(json!({"reason": "tenancy test"})),
         ("POST", "/v1/claims/{id}/attach") | ("POST", "/v1/claims/{id}/detach") => Some(json!({})),
-        ("POST", "/v1/peer/stage") => Some(json!({"backend": "default", "block_size": 1048576,
+        ("POST", "/v1/peer/stage") | ("POST", "/v1/peer/held") => {
+            Some(json!({"backend": "default", "block_size": 1048576,
                                                   "objects": [{"key": "team-b/secret.bin", "size": 1,
-                                                               "etag": null, "version": null, "mtime": 0}]})),
+                                                               "etag": null, "version": null, "mtime": 0}]}))
+        }
         ("POST", "/v1/peer/pins") => Some(json!({"from": "http://127.0.0.1:9",
                                                  "pins": [{"backend": "memory://tenancy", "prefix": "team-b/"}]})),
         ("POST", "/v1/peer/invalidate") => Some(json!({"from": "http://127.0.0.1:9",

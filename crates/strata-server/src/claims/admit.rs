@@ -83,7 +83,7 @@ pub(super) async fn snapshot(
 /// it has there; an admin's is team_admin), so a claim never reaches what its team may not, whoever submits
 /// it: a member of several teams, or the Kubernetes operator, which submits every namespace's claims with
 /// one admin token.
-fn as_team(p: &strata_catalog::Principal, team: &str) -> strata_catalog::Principal {
+pub(super) fn as_team(p: &strata_catalog::Principal, team: &str) -> strata_catalog::Principal {
     let role = p.role_in(team).unwrap_or(Role::Member);
     strata_catalog::Principal {
         is_admin: false,

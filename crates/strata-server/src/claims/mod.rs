@@ -4,6 +4,7 @@
 //! Slurm and Kubernetes integrations drive these routes; docs/claims.md says what each state means.
 
 mod admit;
+mod coverage;
 mod mounts;
 mod release;
 mod stage;
@@ -24,6 +25,7 @@ use crate::Agent;
 use crate::http::{Access, ApiResult, Plane, Route, RouteDoc};
 
 pub use admit::{MAX_OBJECTS, env_name};
+pub use coverage::version_of;
 pub(crate) use release::expire;
 pub(crate) use stage::resume;
 
@@ -89,6 +91,15 @@ pub fn routes() -> Vec<Route> {
             Access::Any,
             Plane::Control,
             get(list)
+        ),
+        r!(
+            "GET",
+            "/v1/coverage",
+            "How much of a location's current version the cache cluster holds, per agent, counted (nothing fetched): ?location=&team=",
+            "reader of every key under the location (as a reader of `team`, when given)",
+            Access::Location(Role::Reader),
+            Plane::Control,
+            get(coverage::coverage)
         ),
         r!(
             "GET",

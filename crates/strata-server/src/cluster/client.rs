@@ -180,6 +180,40 @@ impl PeerClient {
         }
     }
 
+    /// What `peer` holds of its share of `job`'s object versions (`POST /v1/peer/held`), waiting at most
+    /// `timeout`.
+    pub async fn held(
+        &self,
+        peer: &str,
+        ctx: &IoContext,
+        job: &super::stage::StageRequest,
+        timeout: Duration,
+    ) -> Result<super::stage::HeldShare> {
+        let what = "held count";
+        let resp = self
+            .for_ctx(self.http.post(format!("{peer}/v1/peer/held")), ctx)
+            .json(job)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| strata_client::transport(peer, what, e))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| strata_client::transport(peer, what, e))?;
+        if status != 200 {
+            return Err(strata_client::wire::error_from_response(status, &body)
+                .context(format!("{peer}: counting held blocks")));
+        }
+        serde_json::from_slice(&body).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("{peer}: counting held blocks: a bad answer: {e}"),
+            )
+        })
+    }
+
     /// Announce changes to `peer` (`POST /v1/peer/invalidate`, [`super::coherence`]), waiting at most
     /// `timeout`; `Ok` once it has applied them.
     pub async fn invalidate(

@@ -1,6 +1,6 @@
 //! The routes of the shared cache: `GET /v1/peer/blocks` (a block for another agent), `POST /v1/peer/stage`
-//! (a claim's staging, this agent's share: [`super::stage`]) and `GET /v1/cluster` (the members as this agent
-//! sees them).
+//! (a claim's staging, this agent's share: [`super::stage`]), `POST /v1/peer/held` (that share counted, for
+//! `GET /v1/coverage`) and `GET /v1/cluster` (the members as this agent sees them).
 //!
 //! **A block for another agent.** Only the cluster credential is accepted (a token, even an administrator's,
 //! is refused: 403). The request names a configured (or open ad-hoc) backend by its canonical id, the object
@@ -61,6 +61,17 @@ pub fn routes() -> Vec<Route> {
                 plane: Plane::Peer,
             },
             post(super::stage::stage).layer(DefaultBodyLimit::max(super::stage::MAX_REQUEST)),
+        ),
+        (
+            RouteDoc {
+                method: "POST",
+                path: "/v1/peer/held",
+                summary: "Count what this agent holds of its share (the blocks it owns) of a list of object versions; nothing is fetched",
+                access: "agents of the cluster only (the cluster credential), for a principal that may read every key",
+                rule: Access::Cluster,
+                plane: Plane::Peer,
+            },
+            post(super::stage::held).layer(DefaultBodyLimit::max(super::stage::MAX_REQUEST)),
         ),
         (
             RouteDoc {

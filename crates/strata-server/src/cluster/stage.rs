@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use strata_cache::{Held, WarmProgress};
 use strata_catalog::Role;
 use strata_client::wire::ErrorBody;
-use strata_types::{Error, ErrorKind, ObjectMeta};
+use strata_types::{Error, ErrorKind, IoContext, ObjectMeta};
 
 use crate::Agent;
 use crate::http::ApiError;
@@ -137,30 +137,23 @@ fn line(l: &StageLine) -> Bytes {
     Bytes::from(v)
 }
 
-/// `POST /v1/peer/stage`.
-pub(super) async fn stage(
-    State(agent): State<Arc<Agent>>,
-    cluster: Option<Extension<ClusterCall>>,
-    headers: HeaderMap,
-    body: Result<Json<StageRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let Some(Extension(call)) = cluster else {
-        return Err(Error::new(
-            ErrorKind::PermissionDenied,
-            "only the other agents of the cluster (with the cluster credential) may ask for staging",
-        )
-        .into());
-    };
-    let Json(req) = body.map_err(|e| Error::invalid_input(format!("stage request: {e}")))?;
-    let (name, backend) = super::routes::peer_backend(&agent, &req.backend, req.block_size)?;
-    let (caller, ctx) = super::routes::peer_caller(&agent, &call, &headers).await?;
+/// The object versions of a request from another agent, each checked readable by the principal it acts for;
+/// with the backend and the context of the reads.
+async fn authorized(
+    agent: &Agent,
+    call: &ClusterCall,
+    headers: &HeaderMap,
+    req: StageRequest,
+) -> Result<(strata_object::Backend, IoContext, Vec<ObjectMeta>), Error> {
+    let (name, backend) = super::routes::peer_backend(agent, &req.backend, req.block_size)?;
+    let (caller, ctx) = super::routes::peer_caller(agent, call, headers).await?;
     for o in &req.objects {
         agent
             .ownership()
             .check_key(&caller, &name, &o.key, Role::Reader)
             .await?;
     }
-    let objects: Vec<ObjectMeta> = req
+    let objects = req
         .objects
         .into_iter()
         .map(|o| ObjectMeta {
@@ -172,6 +165,76 @@ pub(super) async fn stage(
             attrs: None,
         })
         .collect();
+    Ok((backend, ctx, objects))
+}
+
+fn cluster_only(cluster: Option<Extension<ClusterCall>>, what: &str) -> Result<ClusterCall, Error> {
+    match cluster {
+        Some(Extension(call)) => Ok(call),
+        None => Err(Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "only the other agents of the cluster (with the cluster credential) may ask for {what}"
+            ),
+        )),
+    }
+}
+
+/// What a member holds of its share of a list of object versions (`POST /v1/peer/held`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HeldShare {
+    /// The counts of its share.
+    pub held: Held,
+    /// The objects (by their index in the request) of which it lacks a block of its share, as a bitmap in
+    /// hex: byte `i / 8`, bit `i % 8` (least significant first). An object is held by the cluster when no
+    /// member lacks a block of it.
+    pub lacking: String,
+}
+
+impl HeldShare {
+    /// Whether object `i` of the request lacks a block of this share.
+    pub fn lacks(&self, i: usize) -> bool {
+        let at = (i / 8) * 2;
+        self.lacking
+            .get(at..at + 2)
+            .and_then(|b| u8::from_str_radix(b, 16).ok())
+            .is_some_and(|b| b & (1 << (i % 8)) != 0)
+    }
+}
+
+/// `POST /v1/peer/held`: what this agent holds of its share (the blocks it owns) of a list of object
+/// versions, counted; nothing is fetched. What `GET /v1/coverage` asks each member.
+pub(super) async fn held(
+    State(agent): State<Arc<Agent>>,
+    cluster: Option<Extension<ClusterCall>>,
+    headers: HeaderMap,
+    body: Result<Json<StageRequest>, JsonRejection>,
+) -> Result<Json<HeldShare>, ApiError> {
+    let call = cluster_only(cluster, "counts of held blocks")?;
+    let Json(req) = body.map_err(|e| Error::invalid_input(format!("held request: {e}")))?;
+    let (backend, _, objects) = authorized(&agent, &call, &headers, req).await?;
+    let mut bits = vec![0u8; objects.len().div_ceil(8)];
+    let mut i = 0;
+    let held = agent.cache().held_owned_each(&backend, &objects, |all| {
+        if !all {
+            bits[i / 8] |= 1 << (i % 8);
+        }
+        i += 1;
+    });
+    let lacking = bits.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Json(HeldShare { held, lacking }))
+}
+
+/// `POST /v1/peer/stage`.
+pub(super) async fn stage(
+    State(agent): State<Arc<Agent>>,
+    cluster: Option<Extension<ClusterCall>>,
+    headers: HeaderMap,
+    body: Result<Json<StageRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let call = cluster_only(cluster, "staging")?;
+    let Json(req) = body.map_err(|e| Error::invalid_input(format!("stage request: {e}")))?;
+    let (backend, ctx, objects) = authorized(&agent, &call, &headers, req).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let cache = agent.cache().clone();
     tokio::spawn(async move {
