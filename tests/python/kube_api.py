@@ -475,6 +475,10 @@ def dataclaims(namespace=None, name=None, subresource=None):
     return resource_path("strata.dev/v1alpha1", "dataclaims", namespace, name, subresource)
 
 
+def datasets(namespace=None, name=None, subresource=None):
+    return resource_path("strata.dev/v1alpha1", "datasets", namespace, name, subresource)
+
+
 def namespaces(name=None):
     return resource_path("v1", "namespaces", None, name)
 

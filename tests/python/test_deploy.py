@@ -112,7 +112,8 @@ OPERATOR_SA = {"kind": "ServiceAccount", "name": "strata-operator", "namespace":
 OPERATOR_GRANTS = (
     {(None, "strata.dev", "dataclaims", v, None) for v in ("get", "list", "watch", "patch")}
     | {(None, "strata.dev", "dataclaims/status", v, None) for v in ("get", "patch")}
-    | {(None, "strata.dev", "datasets", v, None) for v in ("get", "list", "watch")}
+    | {(None, "strata.dev", "datasets", v, None) for v in ("get", "list", "watch", "patch")}
+    | {(None, "strata.dev", "datasets/status", v, None) for v in ("get", "patch")}
     | {(None, "", "namespaces", "get", None)}
     | {(None, "", "pods", v, None) for v in ("list", "watch")}
     | {(None, "events.k8s.io", "events", v, None) for v in ("create", "patch")}

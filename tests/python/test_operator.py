@@ -40,7 +40,8 @@ import yaml
 
 from conftest import ADMIN_TOKEN, ROOT, STRATA, free_port, wait_port
 from test_claims import BUCKET, MIB, Agent, put_dataset, s3  # noqa: F401  (s3 is a fixture)
-from kube_api import FakeKubeApi, dataclaims, endpointslices, events, leases, namespaces, resource_path
+from kube_api import (FakeKubeApi, dataclaims, datasets, endpointslices, events, leases, namespaces,
+                      resource_path)
 from deploy_manifests import structure_problems
 
 FINALIZER = "strata.dev/release"
@@ -867,3 +868,138 @@ def test_a_pod_bound_to_a_node_without_a_ready_agent_is_a_warning_event_and_no_m
     note = next(e for e in ev if e.get("reason") == "MountFailed")["note"]
     assert "node-c" in note and "no ready Strata agent" in note, note
     assert "node-c" not in (cluster.get("vision", "nodeless")["status"].get("mountedNodes") or [])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Datasets: counted on the agents, prefetched or pinned by a claim that follows the source's newest version
+
+
+@pytest.fixture()
+def dataset_cluster(origin, s3, tmp_path):  # noqa: F811
+    """`cluster` whose agents' endpoint is the real agent, on node-a, and whose operator counts Datasets every
+    second."""
+    with _running_cluster(origin, tmp_path, before_operator=_agent_on_node_a,
+                          extra_args=["--dataset-poll-secs", "1"]) as c:
+        yield c
+
+
+def _dataset(cluster, ns, name, source, mode="prefetch", **cache):
+    return cluster.api.create(datasets(ns), {
+        "apiVersion": "strata.dev/v1alpha1", "kind": "Dataset", "metadata": {"name": name, "namespace": ns},
+        "spec": {"source": source, "cache": {"mode": mode, **cache}}})
+
+
+def _condition(ds, type_):
+    for c in (ds or {}).get("status", {}).get("conditions", []):
+        if c["type"] == type_:
+            return c
+    return {}
+
+
+def _wait_dataset(cluster, ns, name, what, check, timeout=TIMEOUT):
+    return cluster.wait(f"Dataset {ns}/{name}: {what}", lambda: cluster.api.get(datasets(ns, name)), check,
+                        timeout=timeout)
+
+
+def test_a_prefetched_dataset_is_staged_counted_per_version_followed_to_its_newest_version_and_released(
+        dataset_cluster, s3):  # noqa: F811
+    cluster = dataset_cluster
+    cluster.ready()
+    cluster.namespace("vision", team="vision")
+    prefix = _prefix("dataset")
+    put_dataset(s3, prefix, [MIB, 2 * MIB, MIB + 17])
+    total = 4 * MIB + 17
+    _dataset(cluster, "vision", "imagenet", f"origin/{prefix}")
+    ds = _wait_dataset(cluster, "vision", "imagenet", "Ready and Cached",
+                       lambda d: _condition(d, "Ready").get("status") == "True"
+                       and _condition(d, "Cached").get("status") == "True")
+    st = ds["status"]
+    assert FINALIZER in ds["metadata"]["finalizers"], ds["metadata"]
+    assert st["team"] == "vision" and st["cachedFraction"] == "100%", st
+    [v1] = st["versions"]
+    assert (v1["objects"], v1["totalBytes"], v1["cachedBytes"]) == (3, total, total), st
+    assert st["nodes"] == ["node-a"], st
+    assert _condition(ds, "Ready")["reason"] == "Staged", st
+    cid = st["claimId"]
+    assert st["claimVersion"] == v1["version"], st
+    claim = cluster.agent.ok("GET", f"/v1/claims/{cid}")
+    assert claim["state"] == "ready" and claim["job"].startswith("vision/dataset:imagenet/"), claim
+    assert claim["progress"]["blocks_held"] == claim["progress"]["blocks_total"], claim
+    assert {e["reason"] for e in cluster.events("vision", "imagenet")} >= {"Staged", "Cached"}
+
+    # Nothing changes: nothing is written, though the operator counts every second.
+    rv = ds["metadata"]["resourceVersion"]
+    time.sleep(3)
+    assert cluster.api.get(datasets("vision", "imagenet"))["metadata"]["resourceVersion"] == rv
+
+    # The source gains an object: a new version, staged by a new claim; the old claim is released.
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}zz-new one+.bin", Body=os.urandom(MIB))
+    ds = _wait_dataset(cluster, "vision", "imagenet", "the newest version staged",
+                       lambda d: d["status"]["versions"][0]["version"] != v1["version"]
+                       and _condition(d, "Cached").get("status") == "True"
+                       and _condition(d, "Ready").get("reason") == "Staged")
+    st = ds["status"]
+    assert st["versions"][0]["objects"] == 4 and st["versions"][0]["cachedBytes"] == total + MIB, st
+    assert st["claimId"] != cid and st["claimVersion"] == st["versions"][0]["version"], st
+    assert cluster.agent.ok("GET", f"/v1/claims/{cid}")["state"] == "released"
+
+    # Cache mode none: the claim goes, the cached blocks stay counted.
+    cid2 = st["claimId"]
+    cluster.api.merge_patch(datasets("vision", "imagenet"), {"spec": {"cache": {"mode": "none"}}})
+    ds = _wait_dataset(cluster, "vision", "imagenet", "no claim", lambda d: not d["status"].get("claimId"))
+    assert _condition(ds, "Ready")["reason"] == "Listed", ds["status"]
+    assert cluster.agent.ok("GET", f"/v1/claims/{cid2}")["state"] == "released"
+
+    # Deleted: the object goes (no claim to release), the data stays on the origin.
+    cluster.api.merge_patch(datasets("vision", "imagenet"), {"spec": {"cache": {"mode": "pin"}}})
+    ds = _wait_dataset(cluster, "vision", "imagenet", "pinned",
+                       lambda d: _condition(d, "Ready").get("reason") == "Staged" and d["status"].get("claimId"))
+    cid3 = ds["status"]["claimId"]
+    assert cluster.agent.ok("GET", f"/v1/claims/{cid3}")["datasets"][0]["mode"] == "pin"
+    cluster.api.delete(datasets("vision", "imagenet"))
+    cluster.wait("the Dataset gone", lambda: cluster.api.get(datasets("vision", "imagenet")), lambda d: d is None)
+    assert cluster.agent.ok("GET", f"/v1/claims/{cid3}")["state"] == "released"
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]]
+    assert len(keys) == 4, keys
+
+
+def test_a_dataset_that_cannot_be_staged_says_why_and_is_not_staged_again_until_its_spec_changes(
+        dataset_cluster, s3):  # noqa: F811
+    cluster = dataset_cluster
+    cluster.ready()
+    cluster.namespace("vision", team="vision")
+    cluster.namespace("noteam")
+    prefix = _prefix("dataset-no")
+    put_dataset(s3, prefix, [2 * MIB, 2 * MIB])
+
+    # Refused by the operator: each with the field and a Warning event; no claim.
+    _dataset(cluster, "noteam", "orphan", f"origin/{prefix}")
+    _dataset(cluster, "vision", "twice", f"origin/{prefix}", replicas=2)
+    _dataset(cluster, "vision", "ghost", f"origin/{_prefix('absent')}")
+    for ns, name, words in [("noteam", "orphan", "strata.dev/team"), ("vision", "twice", "spec.cache.replicas"),
+                            ("vision", "ghost", "spec.source")]:
+        ds = _wait_dataset(cluster, ns, name, "refused", lambda d: _condition(d, "Ready").get("reason") == "Refused")
+        assert words in ds["status"]["reason"], ds["status"]
+        assert not ds["status"].get("claimId"), ds["status"]
+        evs = cluster.wait("a Warning event", lambda: cluster.events(ns, name),
+                           lambda evs: any(e.get("type") == "Warning" for e in evs))
+        assert any(words in (e.get("note") or "") for e in evs), evs
+    assert [c for c in cluster.agent_claims("") if "dataset:" in c["job"]] == []
+
+    # Refused by the agents (a pin over the team's cache quota): the reason, once; not submitted again while
+    # the source and the spec stay as they are.
+    cluster.agent.ok("PUT", "/v1/quotas/vision/cache", {"hard_bytes": MIB})
+    _dataset(cluster, "vision", "big", f"origin/{prefix}", mode="pin")
+    ds = _wait_dataset(cluster, "vision", "big", "staging failed",
+                       lambda d: _condition(d, "Ready").get("reason") == "StagingFailed")
+    st = ds["status"]
+    assert "datasets[0] (pin)" in st["reason"] and st["failedVersion"] == st["versions"][0]["version"], st
+    assert st["cachedFraction"] == "0%" and _condition(ds, "Cached")["status"] == "False", st
+    time.sleep(3)
+    jobs = [c for c in cluster.agent_claims("vision/dataset:big/")]
+    assert len(jobs) == 1 and jobs[0]["state"] == "released", jobs
+    # The quota raised and the spec touched: staged and pinned.
+    cluster.agent.ok("PUT", "/v1/quotas/vision/cache", {"hard_bytes": 64 * MIB})
+    cluster.api.merge_patch(datasets("vision", "big"), {"spec": {"cache": {"stageDeadlineSeconds": 600}}})
+    ds = _wait_dataset(cluster, "vision", "big", "staged", lambda d: _condition(d, "Ready").get("reason") == "Staged")
+    assert ds["status"]["cachedFraction"] == "100%" and not ds["status"].get("failedVersion"), ds["status"]

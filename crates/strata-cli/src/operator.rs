@@ -41,6 +41,10 @@ pub struct RunArgs {
     /// Dataset, a bad spec): fixing the cause is enough. The agents' refusals (quota, missing data) are final.
     #[arg(long, default_value_t = 60)]
     refused_retry_secs: u64,
+    /// Seconds between counts of a Dataset's cached share on the agents when nothing is being staged (its
+    /// status follows jobs' reads and the cache's evictions this often; each count lists the source once).
+    #[arg(long, default_value_t = 60)]
+    dataset_poll_secs: u64,
     /// Namespace of the Lease `strata-operator` that elects the one replica that reconciles (the pod's own,
     /// from the downward API).
     #[arg(long, env = "POD_NAMESPACE", default_value = "strata-system")]
@@ -108,6 +112,7 @@ async fn serve(a: RunArgs) -> Result<()> {
         staging_poll: Duration::from_millis(a.staging_poll_ms.max(100)),
         force_release_after: Duration::from_secs(a.force_release_after_secs),
         refused_retry: Duration::from_secs(a.refused_retry_secs.max(1)),
+        dataset_poll: Duration::from_secs(a.dataset_poll_secs.max(1)),
         mount_root: a.mount_root.clone(),
     };
     let listener = tokio::net::TcpListener::bind(a.metrics_addr)
@@ -190,7 +195,7 @@ async fn serve(a: RunArgs) -> Result<()> {
         )
         .await,
     );
-    tracing::info!(holder = %holder, "operator leading: reconciling DataClaims");
+    tracing::info!(holder = %holder, "operator leading: reconciling DataClaims and Datasets");
     // Leadership lost: stop reconciling now, and exit non-zero so that Kubernetes starts a new candidate.
     let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (lost_flag, on_loss, mut rx) = (lost.clone(), stop_tx.clone(), stop_rx.clone());

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use strata_claim::{ClaimSpec, ClaimStatus};
+use strata_claim::{ClaimSpec, ClaimStatus, Coverage};
 use strata_client::AgentClient;
 use strata_types::Result;
 
@@ -25,6 +25,10 @@ pub trait Claims: Send + Sync + 'static {
     fn heartbeat(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
     /// Release claim `id` (idempotent).
     fn release(&self, id: &str, reason: &str) -> impl Future<Output = Result<()>> + Send;
+    /// How much of `location`'s current version the cache cluster holds, read as a reader of `team`
+    /// (`GET /v1/coverage`).
+    fn coverage(&self, location: &str, team: &str)
+    -> impl Future<Output = Result<Coverage>> + Send;
     /// Have the agent at `agent` (a node's, from the agents' EndpointSlices) mount claim `id`'s datasets on
     /// its node (`POST /v1/claims/{id}/attach`; idempotent: a mount already there is kept).
     fn attach(&self, agent: &str, id: &str) -> impl Future<Output = Result<()>> + Send;
@@ -58,6 +62,15 @@ impl Claims for AgentClient {
             )
             .await?;
         Ok(())
+    }
+
+    async fn coverage(&self, location: &str, team: &str) -> Result<Coverage> {
+        self.get_json(&format!(
+            "/v1/coverage?location={}&team={}",
+            enc(location),
+            enc(team)
+        ))
+        .await
     }
 
     async fn attach(&self, agent: &str, id: &str) -> Result<()> {

@@ -30,6 +30,15 @@ pub fn job_id(namespace: &str, name: &str, uid: &str) -> String {
 /// namespace without the label, is refused (permanently: the reason goes into its status).
 pub fn team_of(dc: &DataClaim, namespace_labels: &BTreeMap<String, String>) -> Result<String> {
     let ns = dc.metadata.namespace.as_deref().unwrap_or("default");
+    team_in(ns, namespace_labels, dc.spec.team.as_deref())
+}
+
+/// The team of namespace `ns` (its [`TEAM_LABEL`]), which a resource naming team `named` must equal.
+pub(crate) fn team_in(
+    ns: &str,
+    namespace_labels: &BTreeMap<String, String>,
+    named: Option<&str>,
+) -> Result<String> {
     let Some(team) = namespace_labels.get(TEAM_LABEL).filter(|t| !t.is_empty()) else {
         return Err(Error::new(
             ErrorKind::PermissionDenied,
@@ -38,7 +47,7 @@ pub fn team_of(dc: &DataClaim, namespace_labels: &BTreeMap<String, String>) -> R
             ),
         ));
     };
-    match &dc.spec.team {
+    match named {
         Some(t) if t != team => Err(Error::new(
             ErrorKind::PermissionDenied,
             format!("spec.team: {t:?} is not namespace {ns}'s team ({team:?})"),
@@ -231,24 +240,7 @@ pub fn status_of(
         ClaimState::Failed => ClaimPhase::Failed,
         ClaimState::Released => ClaimPhase::Released,
     };
-    let p = &claim.progress;
-    let pct = (p.bytes_done * 100)
-        .checked_div(p.bytes_total)
-        .unwrap_or(100);
-    let progress = ClaimProgress {
-        bytes_done: p.bytes_done,
-        bytes_total: p.bytes_total,
-        objects_done: p.objects_done,
-        objects_total: p.objects_total,
-        blocks_held: p.blocks_held,
-        blocks_total: p.blocks_total,
-        eta_seconds: p.eta_secs,
-        summary: format!(
-            "{}/{} ({pct}%)",
-            ByteSize(p.bytes_done),
-            ByteSize(p.bytes_total)
-        ),
-    };
+    let progress = progress_of(&claim.progress);
     let mounts = mounts_of(dc, claim);
     let u = &claim.usage;
     let usage = ClaimUsage {
@@ -296,6 +288,27 @@ pub fn status_of(
         mount_group: claim.mount_gid,
         mounted_nodes: old.map(|o| o.mounted_nodes.clone()).unwrap_or_default(),
         conditions,
+    }
+}
+
+/// A claim's staging progress as a resource's status shows it.
+pub(crate) fn progress_of(p: &strata_claim::Progress) -> ClaimProgress {
+    let pct = (p.bytes_done * 100)
+        .checked_div(p.bytes_total)
+        .unwrap_or(100);
+    ClaimProgress {
+        bytes_done: p.bytes_done,
+        bytes_total: p.bytes_total,
+        objects_done: p.objects_done,
+        objects_total: p.objects_total,
+        blocks_held: p.blocks_held,
+        blocks_total: p.blocks_total,
+        eta_seconds: p.eta_secs,
+        summary: format!(
+            "{}/{} ({pct}%)",
+            ByteSize(p.bytes_done),
+            ByteSize(p.bytes_total)
+        ),
     }
 }
 
@@ -365,8 +378,29 @@ fn condition(
     generation: Option<i64>,
     now: &str,
 ) -> Condition {
+    condition_among(
+        old.map(|o| o.conditions.as_slice()),
+        type_,
+        status,
+        reason,
+        message,
+        generation,
+        now,
+    )
+}
+
+/// Condition `type_`, with the transition time it has among `old` when its status is unchanged.
+pub(crate) fn condition_among(
+    old: Option<&[Condition]>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &str,
+) -> Condition {
     let since = old
-        .and_then(|o| o.conditions.iter().find(|c| c.type_ == type_))
+        .and_then(|o| o.iter().find(|c| c.type_ == type_))
         .filter(|c| c.status == status)
         .and_then(|c| c.last_transition_time.clone())
         .unwrap_or_else(|| now.to_string());

@@ -32,6 +32,7 @@ pub const TEAM_LABEL: &str = "strata.dev/team";
     category = "strata",
     printcolumn = r#"{"name":"Source","type":"string","jsonPath":".spec.source"}"#,
     printcolumn = r#"{"name":"Cached","type":"string","jsonPath":".status.cachedFraction"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -52,9 +53,15 @@ pub struct CachePolicy {
     /// evicted; charged to the team's `cache` quota).
     #[serde(default)]
     pub mode: PrefetchMode,
-    /// Copies across the cluster's nodes (default 1: each block on its owner).
+    /// Copies across the cluster's nodes. Only 1 (the default: each block cached once, on the agent that owns
+    /// it, which every other node reads it from) is supported; a Dataset asking for more is refused with the
+    /// reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
+    /// Seconds a `prefetch` or `pin` staging may take before it is given up (default one hour; 10 s to 7
+    /// days). A staging given up is tried again when the source's version or the Dataset's spec changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_deadline_seconds: Option<u64>,
 }
 
 /// A dataset's cache mode.
@@ -86,16 +93,37 @@ pub struct DatasetStatus {
     /// Nodes whose agents hold blocks of the newest version.
     #[serde(default)]
     pub nodes: Vec<String>,
-    /// Conditions (`Ready`, `Cached`).
+    /// Conditions: `Ready` (the source is listed for the namespace's team and the cache policy is met: for
+    /// `prefetch` and `pin`, the newest version staged) and `Cached` (every block of the newest version is in
+    /// the cluster's caches).
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The team charged (the namespace's `strata.dev/team`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    /// Why the Dataset is not Ready: what a person can act on.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// The agents' claim that stages (`prefetch`) or pins (`pin`) the source, while there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_id: Option<String>,
+    /// The version that claim staged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_version: Option<String>,
+    /// Staging progress of that claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ClaimProgress>,
+    /// A version whose staging failed (`reason` says why): not staged again until the source or the spec
+    /// changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_version: Option<String>,
 }
 
 /// One version of a dataset and how much of it is cached.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DatasetVersionStatus {
-    /// The version's digest.
+    /// The version: a digest of the listing's keys, sizes and ETags (equal digests, equal data).
     pub version: String,
     /// Objects in it.
     pub objects: u64,

@@ -2,7 +2,8 @@
 //! reconciles them. The only crate that knows Kubernetes.
 //!
 //! - [`Dataset`]: a named location (and, optionally, a cache policy: pin or prefetch it on the nodes); its
-//!   status says how much of each version is cached and on which nodes.
+//!   status says how much of each version is cached and on which nodes. [`reconcile_dataset`] counts it on
+//!   the agents and keeps a claim staging (or pinning) its newest version.
 //! - [`DataClaim`]: the claim of `strata-claim` as a resource (datasets, checkpoint, scratch, deadline); its
 //!   status mirrors the agent's claim (phase, progress, reason, accounting). [`reconcile`] turns one into a
 //!   claim on the agents and releases it when the DataClaim is deleted; [`run`] is the controller loop.
@@ -22,6 +23,7 @@ mod admission;
 mod agent;
 mod convert;
 mod crd;
+mod dataset;
 mod lease;
 mod members;
 mod metrics;
@@ -39,6 +41,7 @@ pub use crd::{
     DatasetSpec, DatasetStatus, DatasetVersionStatus, GROUP, PrefetchMode, TEAM_LABEL, VERSION,
     crds, crds_yaml,
 };
+pub use dataset::{dataset_claim_spec, dataset_error_policy, dataset_job, reconcile_dataset};
 pub use lease::Elector;
 pub use members::{
     API_PORT_NAME, EndpointMembers, SERVICE_NAME_LABEL, agents_by_node_of, members_of, nodes_of,

@@ -60,6 +60,8 @@ pub struct Settings {
     /// at again, so that fixing the namespace or creating the Dataset is enough (default 60 s). The agent's
     /// own refusals (quota, missing data) are final.
     pub refused_retry: Duration,
+    /// How often a Dataset's cached share is counted again when nothing is being staged (default 60 s).
+    pub dataset_poll: Duration,
     /// Where the agents mount DataClaims' datasets on the nodes ([`convert::MOUNT_ROOT`] by default): a
     /// directory the agents' mounts propagate from to the node, which pods get as hostPath volumes.
     pub mount_root: String,
@@ -71,6 +73,7 @@ impl Default for Settings {
             staging_poll: Duration::from_secs(2),
             force_release_after: Duration::from_secs(300),
             refused_retry: Duration::from_secs(60),
+            dataset_poll: Duration::from_secs(60),
             mount_root: convert::MOUNT_ROOT.to_string(),
         }
     }
@@ -137,15 +140,20 @@ pub async fn reconcile<C: Claims>(dc: Arc<DataClaim>, ctx: Arc<Context<C>>) -> R
         }
     })
     .await
-    .map_err(|e| match e {
+    .map_err(finalizer_error);
+    ctx.metrics.reconciled(r.is_ok(), started.elapsed());
+    r
+}
+
+/// A finalizer helper's error as the error of the step that failed.
+pub(crate) fn finalizer_error(e: kube::runtime::finalizer::Error<Error>) -> Error {
+    match e {
         kube::runtime::finalizer::Error::ApplyFailed(e)
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
         kube::runtime::finalizer::Error::AddFinalizer(e)
         | kube::runtime::finalizer::Error::RemoveFinalizer(e) => kube_error("the finalizer", e),
         other => Error::new(ErrorKind::InvalidInput, other.to_string()),
-    });
-    ctx.metrics.reconciled(r.is_ok(), started.elapsed());
-    r
+    }
 }
 
 /// What the controller does after a failed reconcile: try again soon, later (every
@@ -400,33 +408,54 @@ fn same(old: Option<&DataClaimStatus>, new: &DataClaimStatus) -> bool {
 }
 
 async fn cleanup<C: Claims>(dc: &DataClaim, ctx: &Context<C>) -> Result<Action> {
-    let id = match dc.status.as_ref().and_then(|s| s.claim_id.clone()) {
-        Some(id) => Some(id),
-        None => match dc.status.as_ref().and_then(|s| s.team.clone()) {
-            Some(team) => {
-                let job = convert::job_id(
-                    &dc.namespace().unwrap_or_default(),
-                    &dc.name_any(),
-                    dc.metadata.uid.as_deref().unwrap_or_default(),
-                );
-                ctx.claims
-                    .find_live(&team, &job)
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|c| c.id)
-            }
-            None => None,
-        },
+    let job = convert::job_id(
+        &dc.namespace().unwrap_or_default(),
+        &dc.name_any(),
+        dc.metadata.uid.as_deref().unwrap_or_default(),
+    );
+    let status = dc.status.as_ref();
+    release_for(
+        ctx,
+        dc,
+        status.and_then(|s| s.claim_id.clone()),
+        status.and_then(|s| s.team.clone()),
+        &job,
+        "the DataClaim was deleted",
+    )
+    .await
+}
+
+/// Release the claim of `obj` being deleted: claim `id`, else the live claim of `job` charged to `team` (an
+/// operator that died between submitting and writing the status). Retried (an error) while the agents cannot
+/// be reached, until [`Settings::force_release_after`] has passed since the deletion: then given up with a
+/// `ForcedRelease` Warning event (the agents release the claim when its TTL passes without a heartbeat).
+pub(crate) async fn release_for<C: Claims, K: Resource<DynamicType = ()>>(
+    ctx: &Context<C>,
+    obj: &K,
+    id: Option<String>,
+    team: Option<String>,
+    job: &str,
+    why: &str,
+) -> Result<Action> {
+    let id = match (id, team) {
+        (Some(id), _) => Some(id),
+        (None, Some(team)) => ctx
+            .claims
+            .find_live(&team, job)
+            .await
+            .ok()
+            .flatten()
+            .map(|c| c.id),
+        (None, None) => None,
     };
     let Some(id) = id else {
         return Ok(Action::await_change());
     };
-    match ctx.claims.release(&id, "the DataClaim was deleted").await {
+    match ctx.claims.release(&id, why).await {
         Ok(()) => {
             publish(
                 ctx,
-                dc,
+                obj,
                 EventType::Normal,
                 "Released",
                 "Release",
@@ -437,8 +466,8 @@ async fn cleanup<C: Claims>(dc: &DataClaim, ctx: &Context<C>) -> Result<Action> 
         }
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(Action::await_change()),
         Err(e) => {
-            let deleted = dc
-                .metadata
+            let deleted = obj
+                .meta()
                 .deletion_timestamp
                 .as_ref()
                 .map(|t| t.0.as_second())
@@ -452,7 +481,7 @@ async fn cleanup<C: Claims>(dc: &DataClaim, ctx: &Context<C>) -> Result<Action> 
                 );
                 publish(
                     ctx,
-                    dc,
+                    obj,
                     EventType::Warning,
                     "ForcedRelease",
                     "Release",
@@ -481,7 +510,7 @@ where
     }
 }
 
-async fn namespace_labels<C: Claims>(
+pub(crate) async fn namespace_labels<C: Claims>(
     ctx: &Context<C>,
     ns: &str,
 ) -> Result<BTreeMap<String, String>> {
@@ -513,9 +542,9 @@ async fn dataset_sources<C: Claims>(
     Ok(out)
 }
 
-async fn publish<C: Claims>(
+pub(crate) async fn publish<C: Claims, K: Resource<DynamicType = ()>>(
     ctx: &Context<C>,
-    dc: &DataClaim,
+    obj: &K,
     type_: EventType,
     reason: &str,
     action: &str,
@@ -529,7 +558,7 @@ async fn publish<C: Claims>(
         secondary: None,
     };
     // An event that cannot be written is not worth failing the reconcile for.
-    if let Err(e) = ctx.recorder.publish(&ev, &dc.object_ref(&())).await {
+    if let Err(e) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
         tracing::debug!(error = %e, "an event could not be written");
     }
 }

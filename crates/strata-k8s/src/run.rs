@@ -1,11 +1,11 @@
-//! The controller loop: every DataClaim of the cluster (all namespaces), reconciled by [`crate::reconcile`]
-//! whenever it or one of the pods naming it changes and when a reconcile asked to be looked at again; stops
-//! when `shutdown` resolves.
+//! The controller loops: every DataClaim of the cluster (all namespaces), reconciled by [`crate::reconcile`]
+//! whenever it or one of the pods naming it changes and when a reconcile asked to be looked at again; and
+//! every Dataset, reconciled by [`crate::reconcile_dataset`]. Both stop when `shutdown` resolves.
 
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::ResourceExt;
@@ -16,7 +16,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::agent::Claims;
-use crate::crd::DataClaim;
+use crate::crd::{DataClaim, Dataset};
+use crate::dataset::{dataset_error_policy, reconcile_dataset};
 use crate::metrics::Metrics;
 use crate::reconcile::{Context, MANAGER, Settings, error_policy, reconcile};
 use crate::webhook::{CLAIM_LABEL, claim_name};
@@ -46,11 +47,12 @@ pub async fn run<C: Claims>(
         metrics,
         agent_nodes,
     });
+    let shutdown = shutdown.shared();
     let api: Api<DataClaim> = Api::all(client.clone());
     // A pod naming a claim that is bound to a node (or changes) is a reason to look at its DataClaim: the
     // claim's datasets are mounted on that node for it.
-    let pods: Api<Pod> = Api::all(client);
-    Controller::new(api, watch_config())
+    let pods: Api<Pod> = Api::all(client.clone());
+    let claims = Controller::new(api, watch_config())
         .watches(
             pods,
             watcher::Config::default().labels(CLAIM_LABEL),
@@ -60,13 +62,23 @@ pub async fn run<C: Claims>(
                 Some(ObjectRef::<DataClaim>::new(&name).within(&ns))
             },
         )
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {
             match r {
                 Ok((obj, _)) => tracing::debug!(claim = %obj.name, "reconciled"),
                 Err(e) => tracing::debug!(error = %e, "a reconcile did not complete"),
             }
-        })
-        .await;
+        });
+    let datasets: Api<Dataset> = Api::all(client);
+    let datasets = Controller::new(datasets, watch_config())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile_dataset, dataset_error_policy, ctx)
+        .for_each(|r| async move {
+            match r {
+                Ok((obj, _)) => tracing::debug!(dataset = %obj.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "a Dataset reconcile did not complete"),
+            }
+        });
+    futures::join!(claims, datasets);
 }

@@ -16,7 +16,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use strata_claim::{ClaimSpec, ClaimState, ClaimStatus, JobUsage, Progress};
+use strata_claim::{ClaimSpec, ClaimState, ClaimStatus, Coverage, JobUsage, Progress};
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::{ClaimPhase, Claims, Context, DataClaim, FINALIZER, Metrics, Settings, reconcile};
@@ -35,6 +35,10 @@ struct Agent {
     releases: AtomicU32,
     /// (agent, claim) of every attach asked for.
     attaches: Mutex<Vec<(String, String)>>,
+    /// What coverage answers (`None`: the location is missing).
+    coverage: Mutex<Option<Coverage>>,
+    /// (location, team) of every coverage asked for.
+    coverages: Mutex<Vec<(String, String)>>,
 }
 
 impl Agent {
@@ -91,6 +95,18 @@ impl Claims for Arc<Agent> {
         self.set(id, |c| c.heartbeat_at = now());
         Ok(())
     }
+    async fn coverage(&self, location: &str, team: &str) -> Result<Coverage> {
+        self.check()?;
+        self.coverages
+            .lock()
+            .push((location.to_string(), team.to_string()));
+        self.coverage.lock().clone().ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("no objects under {location:?}"),
+            )
+        })
+    }
     async fn attach(&self, agent: &str, id: &str) -> Result<()> {
         self.check()?;
         self.attaches
@@ -130,7 +146,18 @@ fn claim(id: &str, spec: &ClaimSpec) -> ClaimStatus {
             blocks_total: 4,
             ..Progress::default()
         },
-        datasets: Vec::new(),
+        datasets: spec
+            .datasets
+            .iter()
+            .map(|d| strata_claim::DatasetStatus {
+                name: d.name.clone(),
+                location: d.location.clone(),
+                mode: format!("{:?}", d.mode).to_lowercase(),
+                objects: 4,
+                bytes: 4 << 20,
+                mount: d.mount.clone(),
+            })
+            .collect(),
         scratch_path: None,
         env: [("STRATA_CLAIM".to_string(), id.to_string())].into(),
         mount_gid: None,
@@ -293,7 +320,7 @@ async fn run_with(
 }
 
 /// `dc` after the API server applied the merge patch `patch` (RFC 7386: `null` removes).
-fn with_status(dc: &DataClaim, patch: &Value) -> DataClaim {
+fn with_status<K: serde::Serialize + serde::de::DeserializeOwned>(dc: &K, patch: &Value) -> K {
     fn merge(target: &mut Value, patch: &Value) {
         match (target.as_object_mut(), patch.as_object()) {
             (Some(t), Some(p)) => {
@@ -888,4 +915,5 @@ async fn the_holder_renews_its_lease_and_keeps_its_acquire_time() {
     assert_ne!(bodies[1]["spec"]["renewTime"], held["spec"]["renewTime"]);
 }
 
+mod datasets;
 mod mounts;
