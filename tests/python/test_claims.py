@@ -8,6 +8,7 @@ ready; two claims of one dataset sharing its blocks; pins and scratch held for t
 release that is idempotent; TTL expiry; another team's principals seeing nothing and a reader unable to
 release; a claim reaching for another team's owned data (to read or to checkpoint into) refused; staging resumed by an agent restarted mid-way.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -30,7 +31,10 @@ BUCKET = "claims-origin"
 class Agent:
     """One `strata serve` with an S3 backend `origin` on moto, a small cache, and the test's admin token."""
 
-    def __init__(self, origin, ram="16MiB", disk="256MiB"):
+    def __init__(self, origin, ram="16MiB", disk="256MiB", extra="", cgroup=None):
+        """`extra`: more configuration (TOML); `cgroup`: a cgroup v2 directory every start of the agent is put
+        in (as a container's processes are)."""
+        self.cgroup = cgroup
         self.dir = tempfile.mkdtemp(prefix="strata-claims-")
         self.data = os.path.join(self.dir, "data")
         self.cfg = os.path.join(self.dir, "strata.toml")
@@ -53,17 +57,22 @@ url = "s3://{BUCKET}"
 endpoint = "{origin}"
 access_key_id = "{ORIGIN_KEY}"
 secret_access_key = "{ORIGIN_SECRET}"
+{extra}
 """)
         self.proc = None
         self.start()
 
-    def start(self):
+    def start(self, listen="127.0.0.1:0"):
+        """Start (again); `listen`: the API's address (a restarted agent keeps its own: its mounts read there)."""
         addr = os.path.join(self.data, "api.addr")
         if os.path.exists(addr):
             os.remove(addr)
         self.proc = subprocess.Popen(
-            [STRATA, "serve", "--config", self.cfg, "--data-dir", self.data, "--api-listen", "127.0.0.1:0"],
+            [STRATA, "serve", "--config", self.cfg, "--data-dir", self.data, "--api-listen", listen],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, STRATA_LOG="warn"))
+        if self.cgroup is not None:
+            with open(os.path.join(self.cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(self.proc.pid))
         deadline = time.time() + 30
         while not (os.path.exists(addr) and open(addr).read().strip()):
             if self.proc.poll() is not None:
@@ -536,6 +545,126 @@ def test_a_claims_mount_serves_its_admitted_versions_to_its_team_only_and_goes_a
     finally:
         if _mounted(mnt):
             subprocess.run(["umount", "-l", mnt])
+        shutil.rmtree(base, ignore_errors=True)
+
+
+UNIFIED = "/sys/fs/cgroup/unified"
+
+
+def _cgroup_or_skip():
+    """A cgroup v2 of the test's own (what a container runtime gives a container), removed after."""
+    root = UNIFIED if os.path.exists(os.path.join(UNIFIED, "cgroup.procs")) else "/sys/fs/cgroup"
+    path = os.path.join(root, f"strata-agent-{os.getpid()}-{time.time_ns()}")
+    try:
+        os.mkdir(path)
+    except OSError as e:
+        if os.environ.get("STRATA_REQUIRE_FUSE") == "1":
+            pytest.fail(f"no cgroup v2 to put an agent in: {e}")
+        pytest.skip(f"no cgroup v2 to put an agent in: {e}")
+    if not os.path.exists(os.path.join(path, "cgroup.kill")):
+        os.rmdir(path)
+        pytest.skip("this kernel's cgroup v2 has no cgroup.kill")
+    return path
+
+
+def _kill_cgroup(path):
+    """What a container's restart does to its processes: every one of them killed at once."""
+    with open(os.path.join(path, "cgroup.kill"), "w") as f:
+        f.write("1")
+    deadline = time.time() + 10
+    while open(os.path.join(path, "cgroup.procs")).read().strip():
+        assert time.time() < deadline, "processes left in the cgroup"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("through_mounter", [True, False], ids=["mounter", "agent-alone"])
+def test_a_claims_mount_made_by_the_mounter_outlives_the_agents_cgroup(origin, s3, tmp_path, through_mounter):
+    # The agent in a cgroup of its own, as in a container; its "restart" kills every process of the cgroup.
+    # With `[claims] mounter`, the mount's holder is the mounter's (another container on Kubernetes): the mount
+    # stays, a read waits for the agent and gets every byte. Without (the agent alone), the holder dies with the
+    # agent's cgroup and the mount with it: that case shows what the mounter is for.
+    _fuse_or_skip()
+    _ensure_group_member("vision", "strata-vision")
+    cg = _cgroup_or_skip()
+    sock = str(tmp_path / "run" / "mounter.sock")
+    mounter = None
+    if through_mounter:
+        mounter = subprocess.Popen([STRATA, "mounter", "--socket", sock], stdout=subprocess.DEVNULL,
+                                   stderr=open(tmp_path / "mounter.log", "wb"))
+        deadline = time.time() + 10
+        while not os.path.exists(sock):
+            assert mounter.poll() is None and time.time() < deadline, open(tmp_path / "mounter.log").read()
+            time.sleep(0.05)
+        assert os.stat(sock).st_mode & 0o777 == 0o600
+        assert os.stat(os.path.dirname(sock)).st_mode & 0o777 == 0o700
+    extra = f'[claims]\nmounter = "{sock}"\n' if through_mounter else ""
+    agent = Agent(origin, extra=extra, cgroup=cg)
+    base = tempfile.mkdtemp(prefix="strata-claim-mnt-")
+    os.chmod(base, 0o755)
+    mnt = os.path.join(base, "job", "train")
+    try:
+        agent.call("POST", "/v1/teams", {"name": "vision"})
+        prefix = f"ds-outlive-{int(through_mounter)}/"
+        objs = put_dataset(s3, prefix, [2 * MIB + 3, 17, MIB, 0])
+        c = agent.ok("POST", "/v1/claims", {"version": 1, "job": f"job-outlive-{int(through_mounter)}",
+                                            "team": "vision",
+                                            "datasets": [{"name": "train", "location": f"origin/{prefix}",
+                                                          "mount": mnt}]})
+        c = agent.wait_settled(c["id"])
+        assert c["state"] == "ready", c["reason"]
+        keys = sorted(objs)
+        path = lambda k: os.path.join(mnt, k[len(prefix):])  # noqa: E731
+        with open(path(keys[0]), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == objs[keys[0]]
+
+        _kill_cgroup(cg)
+        assert agent.proc.wait(timeout=10) is not None
+        if not through_mounter:
+            # The holder died with the agent's cgroup: the mount is gone, or answers ENOTCONN.
+            time.sleep(0.5)
+            if _mounted(mnt):
+                with pytest.raises(OSError) as e:
+                    os.listdir(mnt)
+                assert e.value.errno == 107, e.value  # ENOTCONN
+            return
+        assert _mounted(mnt), "the mount went with the agent's cgroup"
+        # A reader during the agent's absence waits for it, then gets every byte.
+        got = {}
+
+        def read_all():
+            for k in keys:
+                with open(path(k), "rb") as f:
+                    got[k] = hashlib.sha256(f.read()).hexdigest()
+
+        import threading
+        t = threading.Thread(target=read_all)
+        t.start()
+        time.sleep(1)
+        # (the file read before may come from the page cache; the others cannot come from anywhere)
+        assert set(got) <= {keys[0]}, "a read of data never read answered while the agent was away"
+        agent.start(listen=agent.api.removeprefix("http://"))
+        t.join(timeout=60)
+        assert not t.is_alive(), "a read did not finish after the agent came back"
+        assert got == objs
+        # Release, from the restarted agent, takes the mount down (by path: no mounter needed).
+        agent.ok("POST", f"/v1/claims/{c['id']}/release", {"reason": "job ended"})
+        deadline = time.time() + 10
+        while _mounted(mnt):
+            assert time.time() < deadline, "still mounted after release"
+            time.sleep(0.1)
+    finally:
+        if _mounted(mnt):
+            subprocess.run(["umount", "-l", mnt])
+        if agent.proc.poll() is None:
+            agent.close()
+        else:
+            shutil.rmtree(agent.dir, ignore_errors=True)
+        if mounter is not None:
+            mounter.terminate()
+            mounter.wait(timeout=10)
+        with contextlib.suppress(OSError):
+            _kill_cgroup(cg)
+            os.rmdir(cg)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -80,6 +80,74 @@ def listen_port(args, flag):
     return int(args[args.index(flag) + 1].rpartition(":")[2])
 
 
+# The containers that make FUSE mounts reaching the node: the agent, and the mounter that holds claims' mounts.
+MOUNTING = ("agent", "mounter")
+
+
+def mounter_problems(objects):
+    """Claims' mounts outlive the agent's container: the agents' configuration names a mounter socket, a
+    `mounter` container of the same pod serves it, both see the socket's directory as one emptyDir of the pod,
+    and the mounter's mounts reach the node as the agent's do."""
+    out = []
+    ds = find(objects, "DaemonSet", "strata-agent")
+    pod = ds["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    sock = (agent_config(objects).get("claims") or {}).get("mounter")
+    if not sock:
+        return ["[claims] mounter is not set: claims' mounts end with the agent's container"]
+    by_name = {c["name"]: c for c in pod.get("containers", [])}
+    m = by_name.get("mounter")
+    if m is None:
+        return [f"no mounter container serves {sock}"]
+    args = m.get("args") or []
+    if args[:1] != ["mounter"] or "--socket" not in args or args[args.index("--socket") + 1] != sock:
+        out.append(f"the mounter's args {args} do not serve {sock}")
+    for c in (by_name.get("agent") or {}, m):
+        mounts = {x["mountPath"]: x for x in c.get("volumeMounts", [])}
+        shared = mounts.get(os.path.dirname(sock))
+        if shared is None or "emptyDir" not in (volumes.get(shared["name"]) or {}):
+            out.append(f"{c.get('name')}: {os.path.dirname(sock)} is not the pod's shared emptyDir")
+        state = mounts.get("/var/lib/strata")
+        if not state or state.get("mountPropagation") != "Bidirectional" or \
+                "hostPath" not in (volumes.get(state["name"]) or {}):
+            out.append(f"{c.get('name')}: /var/lib/strata is not the node's, Bidirectional")
+    if m.get("image") != (by_name.get("agent") or {}).get("image"):
+        out.append("the mounter runs another image than the agent (its `strata mount` must match)")
+    return out
+
+
+def test_claims_mounts_are_made_by_a_mounter_container_that_outlives_the_agents():
+    objects = objs()
+    assert mounter_problems(objects) == []
+
+    def pod(o):
+        return find(o, "DaemonSet", "strata-agent")["spec"]["template"]["spec"]
+
+    def container(o, name):
+        return next(c for c in pod(o)["containers"] if c["name"] == name)
+
+    def config(o, f):
+        cm = find(o, "ConfigMap", "strata-agent-config")
+        cm["data"]["strata.toml"] = f(cm["data"]["strata.toml"])
+
+    for breakage in [
+            lambda o: config(o, lambda t: t.replace('mounter = "/run/strata/mounter.sock"', "")),
+            lambda o: config(o, lambda t: t.replace("/run/strata/mounter.sock", "/tmp/m.sock")),
+            lambda o: pod(o)["containers"].remove(container(o, "mounter")),
+            lambda o: container(o, "mounter")["args"].__setitem__(2, "/run/strata/other.sock"),
+            lambda o: container(o, "agent")["volumeMounts"].remove(
+                next(m for m in container(o, "agent")["volumeMounts"] if m["name"] == "mounter")),
+            lambda o: container(o, "mounter")["volumeMounts"][0].pop("mountPropagation"),
+            lambda o: container(o, "mounter").__setitem__("image", "busybox")]:
+        bad = copy.deepcopy(objects)
+        breakage(bad)
+        assert mounter_problems(bad), breakage
+    # Privileged only where mounts are made.
+    bad = copy.deepcopy(objects)
+    container(bad, "mounter")["securityContext"]["privileged"] = False
+    assert daemonset_problems(find(bad, "DaemonSet", "strata-agent"))
+
+
 def daemonset_problems(ds):
     """The agents' DaemonSet: privileged only where FUSE and Bidirectional propagation need it, the node's
     /var/lib/strata shared with the host, its identity from the downward API, its own secrets only, ready when
@@ -91,12 +159,13 @@ def daemonset_problems(ds):
             out.append(f"{f}: the agent needs none of the node's namespaces but its mounts")
     for c in containers(pod):
         sc = c.get("securityContext") or {}
-        if (sc.get("privileged") is True) != (c["name"] == "agent"):
-            out.append(f"{c['name']}: privileged is {sc.get('privileged')}; only (and always) the agent container")
-        if c["name"] != "agent" and (sc.get("capabilities") or {}).get("add"):
+        if (sc.get("privileged") is True) != (c["name"] in MOUNTING):
+            out.append(f"{c['name']}: privileged is {sc.get('privileged')}; only (and always) {MOUNTING}")
+        if c["name"] not in MOUNTING and (sc.get("capabilities") or {}).get("add"):
             out.append(f"{c['name']}: adds capabilities")
         for m in c.get("volumeMounts", []):
-            if m.get("mountPropagation") == "Bidirectional" and (c["name"], m["mountPath"]) != ("agent", "/var/lib/strata"):
+            if m.get("mountPropagation") == "Bidirectional" and \
+                    (c["name"] not in MOUNTING or m["mountPath"] != "/var/lib/strata"):
                 out.append(f"{c['name']}: Bidirectional propagation at {m['mountPath']}")
         for e in c.get("env", []):
             ref = (e.get("valueFrom") or {}).get("secretKeyRef")

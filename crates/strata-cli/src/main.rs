@@ -62,6 +62,14 @@ enum Command {
     Mount(mount::MountArgs),
     /// Wait until each DIR is a Strata mount (what a pod's strata-mounts init container runs).
     WaitMounts(mount::WaitArgs),
+    /// Make claims' mounts for an agent, so that they outlive the agent's process and container.
+    ///
+    /// An agent with `[claims] mounter = SOCKET` asks this process, on that Unix socket, to run the `strata
+    /// mount` of each claim's dataset: the mount's holder is then this process's, not the agent's, and a
+    /// restart of the agent (on Kubernetes, of its container: the mounter is a container of its own in the
+    /// agents' pod) leaves the node's mounts in place. Runs only `strata mount` of a claim's dataset; the
+    /// socket is mode 0600 in a directory of mode 0700. Runs until SIGTERM or SIGINT; mounts stay after it.
+    Mounter(mount::MounterArgs),
     /// One server of a mount (started by the mount's holder).
     #[command(name = "__mount-serve", hide = true)]
     MountServe {
@@ -505,6 +513,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Cache(c) => cache(c).await,
         Command::Mount(a) => mount::run(a).await,
         Command::WaitMounts(a) => mount::wait(a).await,
+        Command::Mounter(a) => mount::mounter(a, shutdown_signal()).await,
         Command::MountServe { .. } => unreachable!("served before the runtime starts"),
         Command::Cluster(ClusterCommand::Status { json, api }) => cluster::status(&api, json).await,
         Command::Doctor(DoctorCommand::Slurm { json, api }) => doctor::slurm(&api, json).await,

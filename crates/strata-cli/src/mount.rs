@@ -358,3 +358,22 @@ mod tests {
         );
     }
 }
+
+/// `strata mounter` arguments.
+#[derive(clap::Args, Debug)]
+pub struct MounterArgs {
+    /// The Unix socket to serve (the agents' `[claims] mounter`); its directory is created mode 0700.
+    #[arg(long, default_value = "/run/strata/mounter.sock")]
+    socket: std::path::PathBuf,
+}
+
+/// Serve mount requests until `shutdown` resolves.
+pub async fn mounter(
+    a: MounterArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("finding the strata binary")?;
+    strata_server::claims::mounter::serve(&a.socket, exe, shutdown)
+        .await
+        .with_context(|| format!("strata mounter on {}", a.socket.display()))
+}

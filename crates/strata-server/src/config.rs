@@ -32,6 +32,18 @@ pub struct Config {
     pub catalog: CatalogSection,
     /// The agents of this cluster and how they authenticate to each other.
     pub cluster: ClusterSection,
+    /// Claims.
+    pub claims: ClaimsSection,
+}
+
+/// `[claims]`: how claims' mounts are made.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClaimsSection {
+    /// The Unix socket of a `strata mounter` that makes claims' mounts on the agent's behalf, so that they
+    /// outlive the agent's process, cgroup or container (on Kubernetes: the mounter container of the agents'
+    /// pod). Unset: the agent runs `strata mount` itself, and its mounts end with its cgroup.
+    pub mounter: Option<PathBuf>,
 }
 
 /// `[cluster]`: the other agents this one may push replicas to, and the secret agents authenticate to each
@@ -362,6 +374,8 @@ pub struct Resolved {
     pub catalog_key: Option<String>,
     /// The shared cache, when `[cluster] cache` is not `off`.
     pub sharing: Option<crate::cluster::Sharing>,
+    /// The mounter's socket (`[claims] mounter`), absolute.
+    pub mounter: Option<PathBuf>,
     /// A membership source built outside the agent, which `cache = "kubernetes"` needs (`strata serve`
     /// starts the EndpointSlice watch and puts it here). `None` from [`Config::resolve`].
     pub membership: Option<std::sync::Arc<dyn strata_cluster::Membership>>,
@@ -613,7 +627,14 @@ impl Config {
                 job: None,
             });
         }
+        if let Some(m) = self.claims.mounter.as_ref().filter(|m| !m.is_absolute()) {
+            return Err(Error::config(format!(
+                "[claims] mounter: {}: the mounter's socket must be an absolute path",
+                m.display()
+            )));
+        }
         Ok(Resolved {
+            mounter: self.claims.mounter.clone(),
             catalog_key: o.catalog_key.clone().filter(|k| !k.trim().is_empty()),
             peers,
             cluster_secret,

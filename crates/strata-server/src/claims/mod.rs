@@ -5,6 +5,7 @@
 
 mod admit;
 mod coverage;
+pub mod mounter;
 mod mounts;
 mod release;
 mod stage;

@@ -13,7 +13,6 @@
 //! a mount point, two levels below `/` at least ([`place`]).
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use strata_claim::ClaimSpec;
 use strata_types::{Error, ErrorKind, Result};
@@ -157,41 +156,22 @@ pub(super) async fn mount_all(a: &Agent, id: &str, spec: &ClaimSpec) -> Result<(
         place(mount)
             .map_err(|why| Error::invalid_input(format!("datasets[{i}].mount: {mount}: {why}")))?;
         make_dirs(Path::new(mount)).map_err(|e| Error::from_io(e, mount))?;
-        let out = tokio::time::timeout(
-            Duration::from_secs(300),
-            tokio::process::Command::new(&exe)
-                .arg("mount")
-                .arg(format!("claim:{id}/{}", d.name))
-                .arg(mount)
-                .arg("--api")
-                .arg(api)
-                .arg("--data-dir")
-                .arg(&a.config().data_dir)
-                .arg("--state-dir")
-                .arg(state_dir(a, id, &d.name))
-                .args(["--uid", "0", "--gid", &gid.to_string()])
-                .args(["--mode", "0440", "--allow-other"])
-                .env("STRATA_TOKEN", &token)
-                .kill_on_drop(true)
-                .output(),
-        )
-        .await
-        .map_err(|_| {
-            Error::new(
-                ErrorKind::Timeout,
-                format!("datasets[{i}].mount: {mount} was not mounted in 300 s"),
-            )
-        })?
-        .map_err(|e| Error::from_io(e, "starting strata mount"))?;
-        if !out.status.success() {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!(
-                    "datasets[{i}].mount: mounting on {mount}: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            ));
-        }
+        let req = super::mounter::MountRequest {
+            location: format!("claim:{id}/{}", d.name),
+            dir: PathBuf::from(mount),
+            api: api.clone(),
+            data_dir: a.config().data_dir.clone(),
+            state_dir: state_dir(a, id, &d.name),
+            uid: 0,
+            gid,
+            mode: "0440".into(),
+            token: token.clone(),
+        };
+        let done = match &a.config().mounter {
+            Some(socket) => super::mounter::mount_via(socket, &req).await,
+            None => super::mounter::mount_here(&exe, &req).await,
+        };
+        done.map_err(|e| Error::new(e.kind(), format!("datasets[{i}].mount: {e}")))?;
         tracing::info!(claim = %id, dataset = %d.name, %mount, "mounted");
     }
     Ok(())
