@@ -1362,6 +1362,10 @@ def test_coverage_counts_each_members_share_fetches_nothing_and_names_a_dead_mem
     assert warm["version"] == cold["version"], (warm, cold)
     assert (warm["bytes_held"], warm["blocks_held"], warm["objects_held"]) == (size, blocks_of(objects), 12), warm
     assert all(m["bytes_held"] == m["bytes_total"] > 0 for m in warm["members"]), warm
+    # The CLI says the same.
+    out = cli(b, "cache", "coverage", "default/cov/")
+    assert f"default/cov/ version {cold['version']}: 100% cached, 12/12 objects, {size}/{size} bytes" in out, out
+    assert all(f"  {x.me}: " in out for x in (a, b, c)), out
     gets = object_gets(proxy, name)
 
     # A changed object is another version, and its new bytes are not held.
@@ -1382,6 +1386,8 @@ def test_coverage_counts_each_members_share_fetches_nothing_and_names_a_dead_mem
     assert dead and dead[0].get("error") and dead[0]["bytes_held"] == 0, partial
     alive = [m for m in after["members"] if m["member"] != c.me]
     assert partial["bytes_held"] == sum(m["bytes_held"] for m in alive), (partial, after)
+    out = cli(a, "cache", "coverage", "default/cov/")
+    assert "(not every agent answered)" in out and f"  {c.me}: not counted: " in out, out
     assert object_gets(proxy, name) == gets, "coverage read object data from the origin"
 
     # No token, or a forged one: refused. The peer route takes only the cluster credential.
