@@ -31,11 +31,10 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use serde_json::json;
 use strata_claim::{
     ClaimSpec, ClaimState, ClaimStatus, Coverage, DatasetClaim, Mode, SPEC_VERSION,
 };
@@ -45,8 +44,7 @@ use crate::agent::Claims;
 use crate::convert::{self, CLAIM_TTL_SECS, HEARTBEAT_SECS, condition_among};
 use crate::crd::{Condition, Dataset, DatasetStatus, DatasetVersionStatus, PrefetchMode};
 use crate::reconcile::{
-    Context, FINALIZER, finalizer_error, kube_error, merge_diff, namespace_labels, publish,
-    release_for,
+    Context, FINALIZER, finalizer_error, namespace_labels, publish, release_for, write_status,
 };
 
 /// The name of the one dataset of a Dataset's claim.
@@ -492,17 +490,14 @@ async fn settle<C: Claims>(
 ) -> Result<Action> {
     let old = ds.status.as_ref();
     if old != Some(&status) {
-        let before = old.map_or(serde_json::Value::Null, |o| {
-            serde_json::to_value(o).unwrap_or_default()
-        });
-        let after = serde_json::to_value(&status).unwrap_or_default();
-        api.patch_status(
+        write_status(
+            api,
             &ds.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": merge_diff(&before, &after) })),
+            old,
+            &status,
+            "writing the Dataset's status",
         )
-        .await
-        .map_err(|e| kube_error("writing the Dataset's status", e))?;
+        .await?;
         for c in &status.conditions {
             let was = old.and_then(|o| o.conditions.iter().find(|o| o.type_ == c.type_));
             if was.is_some_and(|w| w.status == c.status && w.reason == c.reason) {

@@ -338,18 +338,7 @@ async fn settle<C: Claims>(
 ) -> Result<Action> {
     let old = dc.status.as_ref();
     if !same(old, &status) {
-        let name = dc.name_any();
-        let before = old.map_or(serde_json::Value::Null, |o| {
-            serde_json::to_value(o).unwrap_or_default()
-        });
-        let after = serde_json::to_value(&status).unwrap_or_default();
-        api.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": merge_diff(&before, &after) })),
-        )
-        .await
-        .map_err(|e| kube_error("writing the status", e))?;
+        write_status(api, &dc.name_any(), old, &status, "writing the status").await?;
         let was = old.map(|o| o.phase);
         if was != Some(status.phase) {
             let (type_, reason) = match status.phase {
@@ -372,6 +361,33 @@ async fn settle<C: Claims>(
     } else {
         Action::requeue(next)
     })
+}
+
+/// Write `new` as object `name`'s status through the status subresource: a merge patch of what differs from
+/// `old` ([`merge_diff`]); an error is `what` failing.
+pub(crate) async fn write_status<K, S>(
+    api: &Api<K>,
+    name: &str,
+    old: Option<&S>,
+    new: &S,
+    what: &str,
+) -> Result<()>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: serde::Serialize,
+{
+    let before = old.map_or(serde_json::Value::Null, |o| {
+        serde_json::to_value(o).unwrap_or_default()
+    });
+    let after = serde_json::to_value(new).unwrap_or_default();
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": merge_diff(&before, &after) })),
+    )
+    .await
+    .map_err(|e| kube_error(what, e))?;
+    Ok(())
 }
 
 /// The JSON merge patch (RFC 7386) that turns `old` into `new`: what `new` leaves out is `null`, so a field
