@@ -383,6 +383,25 @@ impl Dataset {
         })
     }
 
+    /// The slots of that region in use now, as `(bytes, producer pid, producer gone, producer references,
+    /// adopted references)`: what holds the memory, for a person debugging a leak.
+    fn _shared_memory_held(&self) -> Vec<(u64, u32, bool, u32, u32)> {
+        self.region.as_ref().map_or_else(Vec::new, |r| {
+            r.held()
+                .into_iter()
+                .map(|h| {
+                    (
+                        h.bytes,
+                        h.producer,
+                        h.producer_gone,
+                        h.producer_refs,
+                        h.adopted_refs,
+                    )
+                })
+                .collect()
+        })
+    }
+
     /// Samples in the dataset.
     fn __len__(&self) -> usize {
         self.index.len() as usize

@@ -622,6 +622,17 @@ def test_zero_copy_samples_equal_the_copied_ones_and_behave_as_bytes(wds_dir, md
     assert m.tobytes() == want and bytes(buf) == want
 
 
+def process_state(pid):
+    """`/proc/PID/stat`'s name and state of a process, or "gone"."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return "gone"
+    name, _, rest = stat.partition("(")[2].rpartition(")")
+    return f"{name} {rest.split()[0]}"
+
+
 def test_zero_copy_samples_cross_workers_in_shared_memory(wds_dir, mds_dir):
     """Through DataLoader workers, zero_copy samples arrive as Buffers over the shared region (handles in the
     queue, not pickled bytes), equal to the copying mode's; the region is empty again once they are dropped;
@@ -652,6 +663,9 @@ def test_zero_copy_samples_cross_workers_in_shared_memory(wds_dir, mds_dir):
                     shared += 1
         assert shared > 0
         assert ds.shared_memory_in_use > 0, "held by the samples above"
+        held = ds.shared_memory_held()
+        assert sum(h["bytes"] for h in held) == ds.shared_memory_in_use
+        assert all(h["adopted_refs"] > 0 and h["producer"] != os.getpid() for h in held), held
         # Plain pickle still writes bytes; the multiprocessing pickler a handle, adopted once.
         buf = next(x for s in got for x in s.values() if isinstance(x, strata.Buffer) and len(x) > 0)
         assert type(pickle.loads(pickle.dumps(buf))) is bytes
@@ -672,6 +686,7 @@ def test_zero_copy_samples_cross_workers_in_shared_memory(wds_dir, mds_dir):
         for i, batch in enumerate(it):
             if i == 3:
                 break
+        workers = [w.pid for w in it._workers]
         del it, batch
         gc.collect()
         # Reclaimed once the workers have exited: DataLoader's shutdown may return before a worker is reaped
@@ -679,7 +694,11 @@ def test_zero_copy_samples_cross_workers_in_shared_memory(wds_dir, mds_dir):
         deadline = time.time() + 60
         while ds.shared_memory_in_use != 0 and time.time() < deadline:
             time.sleep(0.05)
-        assert ds.shared_memory_in_use == 0, "reclaimed after the abandoned iteration"
+        if ds.shared_memory_in_use != 0:
+            held = ds.shared_memory_held()
+            procs = {p: process_state(p) for p in {h["producer"] for h in held} | set(workers)}
+            pytest.fail(f"not reclaimed after the abandoned iteration: {held}; workers {workers}; "
+                        f"this process {os.getpid()}; processes {procs}")
     got = [s for batch in dl for s in batch]
     plain = by_key(strata.StreamingDataset(wds_dir))
     assert all(isinstance(s["jpg"], strata.Buffer) and s["jpg"] == plain[s["__key__"]]["jpg"]

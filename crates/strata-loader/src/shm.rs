@@ -48,8 +48,8 @@ const MAGIC: u64 = u64::from_le_bytes(*b"STRATASH");
 const PAGE: usize = 4096;
 /// How long a lock is waited for before giving up (allocation falls back to private memory).
 const LOCK_WAIT: Duration = Duration::from_millis(20);
-/// Header: magic u64 | token u64 | lock u32 | lock holder pid u32 | granules u64 | bitmap u64s | refs u64s |
-/// span, owner, producer, generation u32s.
+/// Header: magic u64 | token u64 | lock u32 (the holder's pid, 0: free) | unused u32 | granules u64 | bitmap
+/// u64s | refs u64s | span, owner, producer, generation u32s.
 const FIXED: usize = 32;
 /// Per-granule header bytes after the bitmap.
 const PER_GRANULE: usize = 8 + 4 * 4;
@@ -222,6 +222,30 @@ impl SharedRegion {
         set * GRANULE as u64
     }
 
+    /// The allocated slots now, as the header says (for a person asking what holds the region).
+    pub fn held(&self) -> Vec<Held> {
+        let mut out = Vec::new();
+        let mut g = 0;
+        while g < self.granules {
+            if !self.bit(g) {
+                g += 1;
+                continue;
+            }
+            let n = self.span_of(g);
+            let r = self.refs(g).load(Ordering::Acquire);
+            let producer = self.producer(g).load(Ordering::Relaxed);
+            out.push(Held {
+                bytes: (n * GRANULE) as u64,
+                producer,
+                producer_gone: gone(producer),
+                producer_refs: (r & LOW) as u32,
+                adopted_refs: (r >> 32) as u32,
+            });
+            g += n;
+        }
+        out
+    }
+
     /// Free what is left of processes that are gone (see the module notes); false if the lock was busy.
     /// Allocation does this by itself when it finds no room.
     pub fn reclaim(&self) -> bool {
@@ -251,10 +275,6 @@ impl SharedRegion {
 
     fn lock_word(&self) -> &AtomicU32 {
         self.u32_at(16)
-    }
-
-    fn lock_pid(&self) -> &AtomicU32 {
-        self.u32_at(20)
     }
 
     fn word(&self, w: usize) -> &AtomicU64 {
@@ -315,15 +335,17 @@ impl SharedRegion {
     /// Take the region's lock, or give up after [`LOCK_WAIT`]. A lock held that long by a process that no
     /// longer exists is taken over.
     fn lock(&self) -> Option<LockGuard<'_>> {
+        // The lock word is the holder's pid, set and cleared in one atomic step: a process killed at any
+        // instruction leaves the lock either free or naming it (and then taken over once it is gone).
+        let me = pid();
         let deadline = Instant::now() + LOCK_WAIT;
         let mut spins = 0u32;
         loop {
             if self
                 .lock_word()
-                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                self.lock_pid().store(pid(), Ordering::Relaxed);
                 return Some(LockGuard(self));
             }
             spins += 1;
@@ -335,13 +357,19 @@ impl SharedRegion {
                 std::thread::yield_now();
                 continue;
             }
-            let holder = self.lock_pid().load(Ordering::Relaxed);
-            if gone(holder) {
+            let holder = self.lock_word().load(Ordering::Relaxed);
+            if holder != 0 && gone(holder) {
                 tracing::warn!(
                     pid = holder,
                     "shared sample memory: taking over the lock of a process that died"
                 );
-                self.lock_word().store(0, Ordering::Release);
+                // Only from that holder: another process may have taken it over first.
+                let _ = self.lock_word().compare_exchange(
+                    holder,
+                    0,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
                 spins = 0;
                 continue;
             }
@@ -637,9 +665,23 @@ struct LockGuard<'a>(&'a SharedRegion);
 
 impl Drop for LockGuard<'_> {
     fn drop(&mut self) {
-        self.0.lock_pid().store(0, Ordering::Relaxed);
         self.0.lock_word().store(0, Ordering::Release);
     }
+}
+
+/// One allocated slot of a region: who made it and who holds it ([`SharedRegion::held`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// Bytes of the slot (whole granules).
+    pub bytes: u64,
+    /// The pid of the process that allocated it.
+    pub producer: u32,
+    /// Whether that process is gone (exited, or a zombie); its references are then dropped by the next sweep.
+    pub producer_gone: bool,
+    /// References of the producer's class (its own, and handles it sent that were not adopted yet).
+    pub producer_refs: u32,
+    /// References held by processes that adopted a handle (and handles they sent on).
+    pub adopted_refs: u32,
 }
 
 /// A slot being filled: the producer's reference and its memory. Dropped, it is freed; frozen, it becomes
@@ -762,10 +804,25 @@ mod tests {
         drop(b);
         drop(part);
         assert_eq!(r.in_use(), 3 * GRANULE as u64, "the handle keeps the slot");
+        assert_eq!(
+            r.held(),
+            vec![Held {
+                bytes: 3 * GRANULE as u64,
+                producer: std::process::id(),
+                producer_gone: false,
+                producer_refs: 1,
+                adopted_refs: 0,
+            }]
+        );
         let adopted = SharedRegion::adopt(h).unwrap();
         assert_eq!(adopted.as_ref(), &pattern[GRANULE + 7..2 * GRANULE + 100]);
+        assert_eq!(
+            (r.held()[0].producer_refs, r.held()[0].adopted_refs),
+            (0, 1)
+        );
         drop(adopted);
         assert_eq!(r.in_use(), 0, "the last reference freed it");
+        assert!(r.held().is_empty());
         // Adopting again (a handle used twice) is refused: the slot is no longer live.
         assert!(SharedRegion::adopt(h).is_err());
         // The same place allocated again is another generation: the old handle does not name it.
@@ -868,12 +925,10 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
-        r.lock_word().store(1, Ordering::Relaxed);
-        r.lock_pid().store(pid, Ordering::Relaxed);
+        r.lock_word().store(pid, Ordering::Relaxed);
         assert!(r.alloc(GRANULE).is_some());
         // A live holder is waited for, then given up on.
-        r.lock_word().store(1, Ordering::Relaxed);
-        r.lock_pid().store(std::process::id(), Ordering::Relaxed);
+        r.lock_word().store(std::process::id(), Ordering::Relaxed);
         assert!(r.alloc(GRANULE).is_none());
     }
 

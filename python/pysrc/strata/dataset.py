@@ -276,6 +276,15 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         anywhere); 0 without one."""
         return self._native.shared_memory_in_use
 
+    def shared_memory_held(self) -> list[dict[str, Any]]:
+        """The slots of the shared sample region in use now, one dict each: ``bytes``, ``producer`` (the pid of
+        the DataLoader worker that read the sample), ``producer_gone`` (exited: its share is freed by the next
+        allocation or ``shared_memory_in_use``), ``producer_refs`` and ``adopted_refs`` (references held by the
+        worker or its unread messages, and by processes that received the sample). For finding what holds the
+        region."""
+        keys = ("bytes", "producer", "producer_gone", "producer_refs", "adopted_refs")
+        return [dict(zip(keys, h)) for h in self._native._shared_memory_held()]
+
     @property
     def source_kind(self) -> str:
         """``"agent"`` or ``"local"``: where bytes come from."""
