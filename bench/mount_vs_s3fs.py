@@ -239,7 +239,7 @@ def verify(mnt, local, rels):
 class Agent:
     """`strata serve` with a fresh, empty data dir (cache included) and one backend on the origin's bucket."""
 
-    def __init__(self, work, origin, tag):
+    def __init__(self, work, origin, tag, request_mib=None):
         self.data = os.path.join(work, f"agent-{tag}")
         shutil.rmtree(self.data, ignore_errors=True)
         os.makedirs(self.data)
@@ -250,6 +250,7 @@ class Agent:
 ram_capacity = "{RAM_MIB}MiB"
 disk_capacity = "{DISK_GIB}GiB"
 inflight_budget = "{INFLIGHT_MIB}MiB"
+{f'max_request_size = "{request_mib}MiB"' if request_mib else ""}
 
 [[backends]]
 name = "origin"
@@ -396,6 +397,10 @@ def main():
                     help=f"more s3fs -o options, comma-separated, added to {S3FS_BASE},url=...,passwd_file=... "
                          f"(default {S3FS_EXTRA}: keep the page cache across opens, as strata mount does; \"\" runs "
                          "s3fs without it, which drops a file's pages at each open)")
+    ap.add_argument("--agent-request-mib", type=int, default=None,
+                    help="the agent's [cache] max_request_size in MiB (default: the agent's, 32): the largest origin "
+                         "request of a sequential fill. moto reads a whole object for every ranged GET, so on it "
+                         "fewer, larger requests cost less; on S3 parallel ranges are faster")
     ap.add_argument("--work", default=None, help="parent directory of the scratch directory (default: $TMPDIR)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, local copies)")
     ap.add_argument("--quick", action="store_true",
@@ -470,7 +475,8 @@ def run(a, work, port, moto):
     print(f"strata: {STRATA}")
     print(f"origin: moto at {origin}; {nlarge} x {a.file_mib} MiB large files, {a.small_count} x {a.small_kib} KiB "
           f"small files in {a.dirs} directories (uploaded with s5cmd in {upload_s:.1f} s, not timed)")
-    print(f"agent: ram {RAM_MIB} MiB, disk {DISK_GIB} GiB, in-flight {INFLIGHT_MIB} MiB; strata mount "
+    print(f"agent: ram {RAM_MIB} MiB, disk {DISK_GIB} GiB, in-flight {INFLIGHT_MIB} MiB, max request "
+          f"{a.agent_request_mib or 32} MiB; strata mount "
           f"--threads {a.mount_threads or 'default'}")
     print(f"s3fs: s3fs bench:/PREFIX DIR -f -o {s3fs_opts},url={origin},passwd_file=F (no use_cache)")
     fstype = subprocess.run(["df", "--output=fstype", local], capture_output=True, text=True).stdout.split()
@@ -495,7 +501,7 @@ def run(a, work, port, moto):
             o0 = cpu_seconds(moto.pid)
             mrss, mcpu = [], 0.0
             if who == "strata":
-                agent = Agent(work, origin, r)
+                agent = Agent(work, origin, r, a.agent_request_mib)
             for ds in ("large", "small"):
                 mnt = os.path.join(work, f"mnt-{who}-{ds}-{r}")
                 settle()
@@ -573,7 +579,7 @@ def run(a, work, port, moto):
               "small": {"files": a.small_count, "kib": a.small_kib, "dirs": a.dirs, "threads": a.threads},
               "s3fs_opts": s3fs_opts, "page_cache_dropped": dropped,
               "agent": {"ram_mib": RAM_MIB, "disk_gib": DISK_GIB, "inflight_mib": INFLIGHT_MIB,
-                        "mount_threads": a.mount_threads},
+                        "mount_threads": a.mount_threads, "max_request_mib": a.agent_request_mib},
               "cells": {}, "mount_s": mmed, "raw": t,
               "peak_rss_mib": {k: round(max(v)) for k, v in rss.items()},
               "cpu_s_median": {k: round(statistics.median(v), 2) for k, v in cpu.items()}}
