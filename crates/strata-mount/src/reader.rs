@@ -10,6 +10,11 @@
 //! agent for exactly its range. Fetched chunks of large files are also offered to the mount's hot copies
 //! ([`crate::hot`]), which later opens read through passthrough.
 //!
+//! A chunk's bytes land in a buffer of a small pool ([`BUFFERS_KEPT`] free at most) rather than in fresh
+//! memory: a freshly allocated 8 MiB buffer costs a page fault and a zeroed page per 4 KiB, which was a fifth
+//! of the server's CPU on a cold sequential read (bench/RESULTS.md). A chunk's buffer goes back to the pool
+//! when the last `Bytes` of it (the chunk LRU's, a hot copy's, a reply's) is dropped.
+//!
 //! An agent that is away (restarting) is waited for, up to [`Reader::new`]'s `wait`, retrying with backoff:
 //! a reader sees a slow read, not an error.
 
@@ -37,6 +42,54 @@ pub const WHOLE: u64 = 1 << 20;
 pub const PREFETCH_WINDOW: u64 = 128 << 20;
 /// Files tracked for prefetching at once (the oldest is forgotten first).
 const PREFETCH_TRACKED: usize = 1024;
+/// Free chunk buffers kept for the next fetches (at most this many chunks' bytes held idle).
+pub const BUFFERS_KEPT: usize = 4;
+/// Fetches at least this large land in a pooled chunk buffer; smaller ones (random reads, small files) in
+/// memory of their own.
+const POOLED_MIN: u64 = CHUNK / 2;
+
+/// Chunk buffers free for reuse, their pages already mapped.
+#[derive(Debug, Default)]
+struct Pool(Mutex<Vec<Vec<u8>>>);
+
+impl Pool {
+    /// An empty buffer of [`CHUNK`] bytes' capacity: a kept one if there is one.
+    fn take(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(CHUNK as usize))
+    }
+
+    fn give_back(&self, mut buf: Vec<u8>) {
+        if buf.capacity() != CHUNK as usize {
+            return;
+        }
+        let mut free = self.0.lock();
+        if free.len() < BUFFERS_KEPT {
+            buf.clear();
+            free.push(buf);
+        }
+    }
+}
+
+/// The owner of a chunk's `Bytes`: its buffer goes back to the pool with the last of them.
+struct Pooled {
+    buf: Vec<u8>,
+    pool: Arc<Pool>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.pool.give_back(std::mem::take(&mut self.buf));
+    }
+}
 
 type Cell = Arc<OnceCell<Bytes>>;
 
@@ -51,6 +104,8 @@ pub struct Reader {
     prefetched: Mutex<VecDeque<(u64, u64)>>,
     /// Where fetched chunks of large files are copied (set once the server knows passthrough works).
     hot: Arc<OnceLock<Arc<Hot>>>,
+    /// Buffers that fetched chunks land in.
+    pool: Arc<Pool>,
 }
 
 impl Reader {
@@ -64,6 +119,7 @@ impl Reader {
             chunks: Mutex::new(VecDeque::new()),
             prefetched: Mutex::new(VecDeque::new()),
             hot: Arc::default(),
+            pool: Arc::default(),
         }
     }
 
@@ -277,7 +333,7 @@ impl Reader {
                 req = req.header("if-match", format!("\"{}\"", etag.trim_matches('"')));
             }
             let res = match self.client.send(req, "read").await {
-                Ok(resp) => resp.bytes().await.map_err(|e| {
+                Ok(resp) => self.body(resp, range.end - range.start).await.map_err(|e| {
                     Error::new(
                         ErrorKind::Unavailable,
                         format!("reading {location} from the agent: {e}"),
@@ -308,11 +364,71 @@ impl Reader {
     }
 }
 
+impl Reader {
+    /// A response's body of `len` bytes expected: in a pooled chunk buffer when it is about a chunk's size.
+    async fn body(
+        &self,
+        mut resp: strata_client::Response,
+        len: u64,
+    ) -> std::result::Result<Bytes, strata_client::reqwest::Error> {
+        if !(POOLED_MIN..=CHUNK).contains(&len) {
+            return resp.bytes().await;
+        }
+        let mut buf = self.pool.take();
+        while let Some(part) = resp.chunk().await? {
+            // More than asked for grows the buffer (and fails the caller's length check), never overflows.
+            buf.extend_from_slice(&part);
+        }
+        Ok(Bytes::from_owner(Pooled {
+            buf,
+            pool: self.pool.clone(),
+        }))
+    }
+}
+
 /// Note that inode `ino` was asked for up to `to` (the oldest file is forgotten past [`PREFETCH_TRACKED`]).
 fn record(p: &mut VecDeque<(u64, u64)>, ino: u64, to: u64) {
     p.retain(|(i, _)| *i != ino);
     p.push_back((ino, to));
     while p.len() > PREFETCH_TRACKED {
         p.pop_front();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_buffer_returns_to_the_pool_with_its_last_bytes_and_the_pool_is_bounded() {
+        let pool = Arc::new(Pool::default());
+        let mut held = Vec::new();
+        for i in 0..BUFFERS_KEPT + 2 {
+            let mut buf = pool.take();
+            assert_eq!(buf.capacity(), CHUNK as usize);
+            buf.extend_from_slice(&[i as u8; 100]);
+            held.push(Bytes::from_owner(Pooled {
+                buf,
+                pool: pool.clone(),
+            }));
+        }
+        // A slice outlives its parent: the buffer comes back with the last one.
+        let part = held[0].slice(10..20);
+        drop(held.remove(0));
+        assert!(pool.0.lock().is_empty());
+        assert_eq!(part.as_ref(), &[0u8; 10]);
+        drop(part);
+        assert_eq!(pool.0.lock().len(), 1);
+        drop(held);
+        assert_eq!(
+            pool.0.lock().len(),
+            BUFFERS_KEPT,
+            "no more kept than the bound"
+        );
+        // Kept buffers come back empty, their memory reused; a buffer of another size is not kept.
+        let again = pool.take();
+        assert!(again.is_empty() && again.capacity() == CHUNK as usize);
+        pool.give_back(Vec::with_capacity(10));
+        assert_eq!(pool.0.lock().len(), BUFFERS_KEPT - 1);
     }
 }
