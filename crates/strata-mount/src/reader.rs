@@ -210,16 +210,17 @@ impl Reader {
                 record(&mut p, ino, to);
                 from..to
             });
-            // The window's rest past this file's end, in the next file; once, before it is opened.
+            // Once the window reaches this file's end, the next file's first window, in one request (up to
+            // `max_request_size` at the agent): asking only for the rest of this window there would split
+            // the next file into two requests where an origin's request may cost the whole object (moto).
+            // Ahead of the reader: at most one and a half windows.
             let asked = window.as_ref().map_or(done, |w| w.end);
             let spill = next
                 .filter(|(n, o)| {
                     o.size > WHOLE && asked >= obj.size && !p.iter().any(|(i, _)| i == n)
                 })
                 .map(|(n, o)| {
-                    let len = o
-                        .size
-                        .min(PREFETCH_WINDOW - (obj.size - offset).min(PREFETCH_WINDOW));
+                    let len = o.size.min(PREFETCH_WINDOW);
                     record(&mut p, n, len);
                     (o, len)
                 });
