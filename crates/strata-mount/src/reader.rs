@@ -189,8 +189,8 @@ impl Reader {
     }
 
     /// Keep the agent fetching up to [`PREFETCH_WINDOW`] ahead of a sequential reader at `offset`: a new
-    /// window is asked for once the reader is past half of the last one. A window that reaches the end of
-    /// the file runs on into `next` (a large file), so the origin stays busy across the file boundary.
+    /// window is asked for once the reader is past half of the last one. Once a window reaches the end of
+    /// the file, `next` (a large file) gets its first window, so the origin stays busy across the boundary.
     fn prefetch_ahead(
         self: &Arc<Self>,
         ino: u64,
