@@ -48,7 +48,9 @@ pub const BUFFERS_KEPT: usize = 4;
 /// memory of their own.
 const POOLED_MIN: u64 = CHUNK / 2;
 
-/// Chunk buffers free for reuse, their pages already mapped.
+/// Chunk buffers free for reuse, their pages already mapped (new ones are mapped in one call:
+/// [`strata_types::mem::prefaulted_vec`]). The agent's cache has a pool of its own (`strata-cache`'s
+/// `BlockPool`), bounded by its in-flight budget; the mount has no budget, so a fixed bound.
 #[derive(Debug, Default)]
 struct Pool(Mutex<Vec<Vec<u8>>>);
 
@@ -58,7 +60,7 @@ impl Pool {
         self.0
             .lock()
             .pop()
-            .unwrap_or_else(|| Vec::with_capacity(CHUNK as usize))
+            .unwrap_or_else(|| strata_types::mem::prefaulted_vec(CHUNK as usize))
     }
 
     fn give_back(&self, mut buf: Vec<u8>) {
@@ -363,9 +365,7 @@ impl Reader {
             }
         }
     }
-}
 
-impl Reader {
     /// A response's body of `len` bytes expected: in a pooled chunk buffer when it is about a chunk's size.
     async fn body(
         &self,
