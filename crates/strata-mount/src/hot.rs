@@ -2,9 +2,11 @@
 //! to the kernel with FUSE passthrough ([`crate::passthrough`]) and read at local-disk speed, without the
 //! server, the relay or FUSE's own read path.
 //!
-//! A copy is made from the chunks a sequential reader fetched anyway ([`crate::reader`]): each chunk is written
-//! at its offset into `tmp/` as it arrives, and once every chunk of the file is there it is renamed into place,
-//! so a copy is either complete or absent (a crash leaves only `tmp/` files, removed by the next server after
+//! A copy is made from the chunks a sequential reader fetched anyway ([`crate::reader`]): each chunk is queued
+//! once (a bounded queue, [`QUEUED`] chunks) for one writer thread, which writes it at its offset into `tmp/`;
+//! a chunk offered while the queue is full is not taken (the reader offers it again with its next read of
+//! it, and fills what is still missing once it reaches the file's end, [`Hot::claim_missing`]). Once every
+//! chunk of the file is there the copy is renamed into place, so a copy is either complete or absent (a crash leaves only `tmp/` files, removed by the next server after
 //! [`STALE_TMP`]). It is never synced (a forced write-back of every copy halved the speed of the cold read
 //! that makes it, bench/RESULTS.md): its name carries this boot's id (`<digest>.b<boot>`), since until the
 //! machine restarts the page cache is the truth, and copies of an earlier boot (a power loss may have torn
@@ -20,6 +22,9 @@
 //! abandoned), files larger than [`crate::reader::WHOLE`] only (small files are one request each and hot in
 //! the page cache already).
 //! Copy I/O errors are logged and the copy dropped: copies are advisory, reads never fail because of them.
+//!
+//! Once a copy is in place, [`Hot::on_placed`]'s hook runs (the server drops the file's page cache there, if
+//! no handle reads through it: the kernel would otherwise do it in the next open, one page at a time).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -36,6 +41,8 @@ use crate::snapshot::Object;
 
 /// Files copied at once; a further file abandons the oldest copy in progress.
 pub const IN_PROGRESS: usize = 16;
+/// Chunks queued for the writer at most (each keeps its chunk's buffer until it is written).
+pub const QUEUED: usize = 4;
 /// `tmp/` files untouched this long belong to a dead server and are removed.
 pub const STALE_TMP: Duration = Duration::from_secs(600);
 
@@ -46,12 +53,26 @@ struct Writing {
     tmp: PathBuf,
     name: String,
     size: u64,
+    /// Chunks queued for the writer (or written): never queued twice.
+    taken: Vec<bool>,
+    /// Chunks written.
     have: Vec<bool>,
+    /// Chunks not written yet.
     left: usize,
 }
 
+/// A chunk for the writer thread.
+struct Job {
+    ino: u64,
+    file: Arc<File>,
+    idx: u64,
+    bytes: Bytes,
+}
+
+/// What runs once a copy is in place: the inode it is a copy of.
+type Placed = Box<dyn Fn(u64) + Send + Sync>;
+
 /// The hot copies of one mount (the directory may be shared by several mounts).
-#[derive(Debug)]
 pub struct Hot {
     dir: PathBuf,
     budget: u64,
@@ -68,6 +89,20 @@ pub struct Hot {
     seq: std::sync::atomic::AtomicU64,
     /// Bytes of copies in the directory (recounted after each new copy).
     used: Mutex<u64>,
+    /// The writer thread's queue, made with the first copy; the thread ends when this is dropped.
+    queue: std::sync::OnceLock<tokio::sync::mpsc::Sender<Job>>,
+    placed: std::sync::OnceLock<Placed>,
+    /// Bytes the writer has written into copies.
+    written: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Hot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hot")
+            .field("dir", &self.dir)
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Hot {
@@ -98,11 +133,24 @@ impl Hot {
                 .filter(|b| b.len() == 12),
             seq: Default::default(),
             used: Mutex::new(0),
+            queue: Default::default(),
+            placed: Default::default(),
+            written: Default::default(),
         };
         hot.remove_stale_tmp();
         hot.remove_unsynced_of_other_boots();
         hot.recount_and_evict(0);
         Ok(hot)
+    }
+
+    /// Run `hook` with the inode of each copy put in place from now on (on the writer thread).
+    pub fn on_placed(&self, hook: impl Fn(u64) + Send + Sync + 'static) {
+        let _ = self.placed.set(Box::new(hook));
+    }
+
+    /// Bytes written into copies so far (each chunk is written once).
+    pub fn written(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether `obj` is a file copies are made of.
@@ -168,7 +216,7 @@ impl Hot {
     }
 
     /// Whether a complete copy of `obj` is in place (not touched).
-    fn exists(&self, obj: &Object) -> bool {
+    pub fn exists(&self, obj: &Object) -> bool {
         self.places(&self.name(obj))
             .iter()
             .any(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() == obj.size))
@@ -183,11 +231,121 @@ impl Hot {
         v
     }
 
-    /// Chunk `idx` of `obj` (inode `ino`), as the agent answered it: written into the copy in progress
-    /// (started here if this is the file's first chunk); the copy is put in place once it is complete.
+    /// Chunk `idx` of `obj` (inode `ino`), as the agent answered it: queued for the copy in progress (started
+    /// here if there is none), unless it was queued before or the queue is full (it is offered again).
     pub fn offer(self: &Arc<Self>, ino: u64, obj: &Object, idx: u64, bytes: Bytes) {
-        if obj.etag.is_none() || !self.wanted(obj) {
+        let Some(file) = self.take(ino, obj, idx, &bytes) else {
             return;
+        };
+        let job = Job {
+            ino,
+            file,
+            idx,
+            bytes,
+        };
+        if let Err(e) = self.writer().try_send(job) {
+            let job = e.into_inner();
+            self.untake(ino, &job.file, idx);
+        }
+    }
+
+    /// Chunk `idx` of `obj`, claimed with [`Hot::claim_missing`] and fetched: queued for the copy in
+    /// progress, waiting for room in the queue.
+    pub async fn fill(self: &Arc<Self>, ino: u64, obj: &Object, idx: u64, bytes: Bytes) {
+        let expected = obj.size.min((idx + 1) * CHUNK).saturating_sub(idx * CHUNK);
+        let file = self
+            .writing
+            .lock()
+            .iter()
+            .find(|(i, c)| *i == ino && c.size == obj.size)
+            .filter(|(_, c)| c.taken.get(idx as usize) == Some(&true))
+            .map(|(_, c)| c.file.clone());
+        let Some(file) = file.filter(|_| bytes.len() as u64 == expected) else {
+            self.unclaim(ino, idx);
+            return;
+        };
+        let job = Job {
+            ino,
+            file,
+            idx,
+            bytes,
+        };
+        if let Err(e) = self.writer().send(job).await {
+            self.untake(ino, &e.0.file, idx);
+        }
+    }
+
+    /// The chunks of the copy of `ino` in progress that nobody offered: claimed (no other caller gets them),
+    /// for the caller to fetch and [`Hot::fill`] (or [`Hot::unclaim`]). Empty when there is no copy in progress.
+    pub fn claim_missing(&self, ino: u64) -> Vec<u64> {
+        let mut w = self.writing.lock();
+        let Some((_, c)) = w.iter_mut().find(|(i, _)| *i == ino) else {
+            return Vec::new();
+        };
+        let missing: Vec<u64> = (0..c.taken.len() as u64)
+            .filter(|&i| !c.taken[i as usize])
+            .collect();
+        for &i in &missing {
+            c.taken[i as usize] = true;
+        }
+        missing
+    }
+
+    /// Give back chunk `idx` of the copy of `ino` that [`Hot::claim_missing`] gave (it could not be fetched).
+    pub fn unclaim(&self, ino: u64, idx: u64) {
+        if let Some((_, c)) = self.writing.lock().iter_mut().find(|(i, _)| *i == ino)
+            && let Some(t) = c.taken.get_mut(idx as usize)
+        {
+            *t = false;
+        }
+    }
+
+    /// Give back chunk `idx` of the copy of `ino` written into `file` (it was not queued after all).
+    fn untake(&self, ino: u64, file: &Arc<File>, idx: u64) {
+        if let Some((_, c)) = self
+            .writing
+            .lock()
+            .iter_mut()
+            .find(|(i, c)| *i == ino && Arc::ptr_eq(&c.file, file))
+            && let Some(t) = c.taken.get_mut(idx as usize)
+        {
+            *t = false;
+        }
+    }
+
+    /// The writer thread's queue (the thread is started by the first call).
+    fn writer(self: &Arc<Self>) -> &tokio::sync::mpsc::Sender<Job> {
+        self.queue.get_or_init(|| {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Job>(QUEUED);
+            let hot = Arc::downgrade(self);
+            let started = std::thread::Builder::new()
+                .name("hot-copies".into())
+                .spawn(move || {
+                    while let Some(job) = rx.blocking_recv() {
+                        let wrote = job.file.write_all_at(&job.bytes, job.idx * CHUNK);
+                        let len = job.bytes.len() as u64;
+                        drop(job.bytes); // the buffer goes back to the reader's pool now
+                        let Some(hot) = hot.upgrade() else { break };
+                        if wrote.is_ok() {
+                            hot.written
+                                .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        hot.wrote(job.ino, &job.file, job.idx, wrote);
+                    }
+                });
+            if let Err(e) = started {
+                // No writer: every send fails and no copy is made.
+                tracing::warn!(error = %e, "the hot-copy writer could not be started: no hot copies");
+            }
+            tx
+        })
+    }
+
+    /// The file of the copy of `obj` in progress (started here if there is none) with chunk `idx` marked
+    /// taken; none when the chunk is not wanted (taken before, the wrong length, a copy complete or not made).
+    fn take(&self, ino: u64, obj: &Object, idx: u64, bytes: &Bytes) -> Option<Arc<File>> {
+        if obj.etag.is_none() || !self.wanted(obj) {
+            return None;
         }
         let chunks = obj.size.div_ceil(CHUNK) as usize;
         let expected = obj.size.min((idx + 1) * CHUNK) - idx * CHUNK;
@@ -195,65 +353,62 @@ impl Hot {
             || bytes.len() as u64 != expected
             || self.complete.lock().contains(&ino)
         {
-            return;
+            return None;
         }
-        let file = {
-            let mut w = self.writing.lock();
-            match w.iter_mut().find(|(i, _)| *i == ino) {
-                Some((_, c)) if c.have[idx as usize] => return,
-                Some((_, c)) => c.file.clone(),
-                None => {
-                    let pending: u64 = w.iter().map(|(_, c)| c.size).sum();
-                    if !self.room_for(obj.size, pending) {
-                        return;
-                    }
-                    if self.exists(obj) {
-                        let mut done = self.complete.lock();
-                        if done.len() >= 65_536 {
-                            done.clear();
-                        }
-                        done.insert(ino);
-                        return;
-                    }
-                    let name = self.name(obj);
-                    // A file of its own: a copy never writes into another's, even of the same object.
-                    let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let tmp = self
-                        .dir
-                        .join("tmp")
-                        .join(format!("{name}.{}.{seq}", std::process::id()));
-                    let file = match File::options().write(true).create_new(true).open(&tmp) {
-                        Ok(f) => Arc::new(f),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "a hot copy could not be started");
-                            return;
-                        }
-                    };
-                    if w.len() >= IN_PROGRESS
-                        && let Some((_, old)) = w.pop_front()
-                    {
-                        let _ = std::fs::remove_file(&old.tmp);
-                    }
-                    w.push_back((
-                        ino,
-                        Writing {
-                            file: file.clone(),
-                            tmp,
-                            name,
-                            size: obj.size,
-                            have: vec![false; chunks],
-                            left: chunks,
-                        },
-                    ));
-                    file
-                }
+        let mut w = self.writing.lock();
+        if let Some((_, c)) = w.iter_mut().find(|(i, _)| *i == ino) {
+            if c.taken[idx as usize] {
+                return None;
+            }
+            c.taken[idx as usize] = true;
+            return Some(c.file.clone());
+        }
+        let pending: u64 = w.iter().map(|(_, c)| c.size).sum();
+        if !self.room_for(obj.size, pending) {
+            return None;
+        }
+        if self.exists(obj) {
+            let mut done = self.complete.lock();
+            if done.len() >= 65_536 {
+                done.clear();
+            }
+            done.insert(ino);
+            return None;
+        }
+        let name = self.name(obj);
+        // A file of its own: a copy never writes into another's, even of the same object.
+        let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self
+            .dir
+            .join("tmp")
+            .join(format!("{name}.{}.{seq}", std::process::id()));
+        let file = match File::options().write(true).create_new(true).open(&tmp) {
+            Ok(f) => Arc::new(f),
+            Err(e) => {
+                tracing::debug!(error = %e, "a hot copy could not be started");
+                return None;
             }
         };
-        let me = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let wrote = file.write_all_at(&bytes, idx * CHUNK);
-            me.wrote(ino, &file, idx, wrote);
-        });
+        if w.len() >= IN_PROGRESS
+            && let Some((_, old)) = w.pop_front()
+        {
+            let _ = std::fs::remove_file(&old.tmp);
+        }
+        let mut taken = vec![false; chunks];
+        taken[idx as usize] = true;
+        w.push_back((
+            ino,
+            Writing {
+                file: file.clone(),
+                tmp,
+                name,
+                size: obj.size,
+                taken,
+                have: vec![false; chunks],
+                left: chunks,
+            },
+        ));
+        Some(file)
     }
 
     /// Chunk `idx` of the copy of `ino` was written (or failed): note it, and finish the copy if it was the last.
@@ -306,10 +461,12 @@ impl Hot {
             }
         };
         match place() {
-            Ok(at) => {
+            Ok(_) => {
                 *self.used.lock() += done.size;
                 tracing::debug!(name = %done.name, size = done.size, "a hot copy is in place");
-                let _ = at;
+                if let Some(hook) = self.placed.get() {
+                    hook(ino);
+                }
             }
             Err(e) => {
                 tracing::debug!(error = %e, "a hot copy could not be put in place; dropped");
@@ -450,6 +607,64 @@ mod tests {
         let mut got = vec![0u8; o.size as usize];
         again.read_exact_at(&mut got, 0).unwrap();
         assert!(got == b, "the copy in place holds other bytes");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_chunk_offered_again_before_it_is_written_is_written_once() {
+        // A reader offers a chunk with each of its reads (the kernel reads 128 KiB at a time): before, every
+        // offer made before the chunk was written wrote it again, 8 MiB each time.
+        let dir = tempfile::tempdir().unwrap();
+        let hot = Arc::new(Hot::new(dir.path(), 1 << 30, "http://a", "b/").unwrap());
+        let o = obj(3 * CHUNK);
+        let b = body(o.size);
+        for idx in 0..3 {
+            for _ in 0..64 {
+                hot.offer(3, &o, idx, chunk(&b, idx));
+            }
+        }
+        // Offers the full queue refused are claimed by the reader at the file's end and filled.
+        for idx in hot.claim_missing(3) {
+            hot.fill(3, &o, idx, chunk(&b, idx)).await;
+        }
+        let f = complete(&hot, &o).await;
+        assert_eq!(hot.written(), o.size, "chunks written more than once");
+        let mut got = vec![0u8; o.size as usize];
+        f.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == b, "the copy holds other bytes");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn chunks_nobody_offered_are_claimed_once_and_the_copy_is_placed_with_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let hot = Arc::new(Hot::new(dir.path(), 1 << 30, "http://a", "b/").unwrap());
+        let placed = Arc::new(Mutex::new(Vec::new()));
+        let p = placed.clone();
+        hot.on_placed(move |ino| p.lock().push(ino));
+        let o = obj(4 * CHUNK + 9);
+        let b = body(o.size);
+        assert!(hot.claim_missing(5).is_empty(), "no copy in progress yet");
+        hot.offer(5, &o, 0, chunk(&b, 0));
+        hot.offer(5, &o, 3, chunk(&b, 3));
+        assert_eq!(hot.claim_missing(5), vec![1, 2, 4]);
+        assert!(hot.claim_missing(5).is_empty(), "claimed twice");
+        // A claim that could not be fetched is given back, and claimed again.
+        hot.unclaim(5, 2);
+        assert_eq!(hot.claim_missing(5), vec![2]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(hot.open(&o).is_none(), "placed with chunks missing");
+        assert!(placed.lock().is_empty());
+        for idx in [4, 2, 1] {
+            hot.fill(5, &o, idx, chunk(&b, idx)).await;
+        }
+        let f = complete(&hot, &o).await;
+        let mut got = vec![0u8; o.size as usize];
+        f.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == b, "the copy holds other bytes");
+        assert_eq!(
+            *placed.lock(),
+            vec![5],
+            "the hook runs once, with the inode"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

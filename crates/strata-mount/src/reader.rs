@@ -174,6 +174,10 @@ impl Reader {
             let c = self
                 .chunk(ino, obj, idx, base..obj.size.min(base + CHUNK))
                 .await?;
+            if idx + 1 == chunks {
+                // Offered by now (or refused): what the copy still misses is fetched again.
+                self.fill_copy(ino, obj);
+            }
             let from = offset.max(base) - base;
             let to = end.min(base + c.len() as u64) - base;
             if from >= to {
@@ -188,6 +192,33 @@ impl Reader {
             out.extend_from_slice(&c[from as usize..to as usize]);
         }
         Ok(out.freeze())
+    }
+
+    /// A sequential reader reached the end of `obj`: the chunks its hot copy still misses (not offered: the
+    /// copy's queue was full) are fetched again from the agent, which has them, and written in.
+    fn fill_copy(self: &Arc<Self>, ino: u64, obj: &Object) {
+        let Some(hot) = self.hot.get().cloned() else {
+            return;
+        };
+        let missing = hot.claim_missing(ino);
+        if missing.is_empty() {
+            return;
+        }
+        tracing::debug!(name = %obj.name, chunks = missing.len(), "filling a hot copy");
+        let me = self.clone();
+        let obj = obj.clone();
+        tokio::spawn(async move {
+            for idx in missing {
+                let range = idx * CHUNK..obj.size.min((idx + 1) * CHUNK);
+                match me.fetch(&obj, range).await {
+                    Ok(b) => hot.fill(ino, &obj, idx, b).await,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "a chunk of a hot copy could not be fetched");
+                        hot.unclaim(ino, idx);
+                    }
+                }
+            }
+        });
     }
 
     /// Keep the agent fetching up to [`PREFETCH_WINDOW`] ahead of a sequential reader at `offset`: a new
