@@ -164,6 +164,29 @@ fn errno(kind: ErrorKind) -> Errno {
     }
 }
 
+impl StrataFs {
+    /// The last handle of `ino` reading through the page cache was released: if its hot copy is in place, the
+    /// next open is passthrough, which makes the kernel drop the file's pages first, one by one, in that
+    /// open. They are dropped now instead, off the reader's path ([`Handles::drop_pages`]).
+    fn drop_pages_if_copied(&self, ino: u64, handles: &Arc<Handles>) {
+        let (Some(hot), Some(Kind::File(i))) =
+            (self.hot.get(), self.tree.node(ino).map(|n| &n.kind))
+        else {
+            return;
+        };
+        let obj = &self.tree.snapshot.objects[*i];
+        if !hot.wanted(obj) || !hot.exists(obj) {
+            return;
+        }
+        let handles = handles.clone();
+        self.rt.spawn_blocking(move || {
+            if !handles.cached_open(ino) {
+                handles.drop_pages(ino);
+            }
+        });
+    }
+}
+
 impl Filesystem for StrataFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // The same answer on every start: a server started after a crash answers the INIT the first one saw.
@@ -273,8 +296,10 @@ impl Filesystem for StrataFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if let Some(handles) = &self.handles {
-            handles.release(ino.0, fh.0);
+        if let Some(handles) = &self.handles
+            && handles.release(ino.0, fh.0)
+        {
+            self.drop_pages_if_copied(ino.0, handles);
         }
         reply.ok();
     }

@@ -575,10 +575,17 @@ pub fn serve(state: &Path) -> Result<Stopped> {
         relay.max_io(),
     );
     // Counted from the first open on, before the kernel can send one (passthrough or not is decided later).
-    match Handles::open(state, resuming, relay.dev_shared()) {
-        Ok(h) => fs = fs.with_passthrough(Arc::new(h), hot_slot.clone()),
-        Err(e) => tracing::warn!(error = %e, "no handle table: no passthrough"),
-    }
+    let handles = match Handles::open(state, resuming, relay.dev_shared()) {
+        Ok(h) => {
+            let h = Arc::new(h);
+            fs = fs.with_passthrough(h.clone(), hot_slot.clone());
+            Some(h)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no handle table: no passthrough");
+            None
+        }
+    };
     let mut fcfg = fuser::Config::default();
     fcfg.mount_options = vec![
         fuser::MountOption::RO,
@@ -610,6 +617,15 @@ pub fn serve(state: &Path) -> Result<Stopped> {
     };
     let _enter = rt.enter();
     let passthrough = start_hot_copies(&cfg, state, &relay, &location, &hot_slot);
+    if let (Some(hot), Some(handles)) = (hot_slot.get(), handles) {
+        // A copy in place with no handle reading through the page cache: the file's pages go now, not in
+        // the next (passthrough) open ([`Handles::drop_pages`]).
+        hot.on_placed(move |ino| {
+            if !handles.cached_open(ino) {
+                handles.drop_pages(ino);
+            }
+        });
+    }
     drop(_enter);
     std::fs::write(state.join(READY), b"").map_err(io(state.join(READY).display()))?;
     tracing::info!(

@@ -33,6 +33,8 @@ use parking_lot::Mutex;
 const BACKING_OPEN: libc::c_ulong = 0x4010_e501;
 /// `FUSE_DEV_IOC_BACKING_CLOSE`: `_IOW(229, 2, uint32_t)`.
 const BACKING_CLOSE: libc::c_ulong = 0x4004_e502;
+/// `FUSE_NOTIFY_INVAL_INODE`: drop an inode's cached pages (and attributes).
+const NOTIFY_INVAL_INODE: i32 = 2;
 /// Bytes of one inode's record in `handles`.
 const RECORD: u64 = 12;
 /// `fh` of a passthrough handle (cached handles are 0).
@@ -179,12 +181,34 @@ impl Handles {
         mode
     }
 
-    /// A handle of `ino` (`fh` as its open answered) was released.
-    pub fn release(&self, ino: u64, fh: u64) {
+    /// Whether a handle of `ino` is open through the page cache.
+    pub fn cached_open(&self, ino: u64) -> bool {
+        self.records.lock().get(&ino).is_some_and(|r| r.cached > 0)
+    }
+
+    /// Drop the pages of `ino` from the page cache (`FUSE_NOTIFY_INVAL_INODE`), as the kernel does in the next
+    /// passthrough open of an inode that has some; here, off any reader's path. Synchronous: the kernel drops
+    /// them in this call (milliseconds for a large file), so call it from a thread that answers no request.
+    pub fn drop_pages(&self, ino: u64) {
+        let mut msg = [0u8; 40];
+        msg[0..4].copy_from_slice(&40u32.to_ne_bytes());
+        msg[4..8].copy_from_slice(&NOTIFY_INVAL_INODE.to_ne_bytes());
+        // unique 0 (a notification); then the inode, offset 0 and length 0 (to the end).
+        msg[16..24].copy_from_slice(&ino.to_ne_bytes());
+        if let Err(e) = rustix::io::write(&*self.dev, &msg) {
+            // ENOENT: the kernel has forgotten the inode, and its pages with it.
+            tracing::debug!(ino, error = %e, "dropping a file's pages");
+        }
+    }
+
+    /// A handle of `ino` (`fh` as its open answered) was released: whether it was the last handle of it open
+    /// through the page cache.
+    pub fn release(&self, ino: u64, fh: u64) -> bool {
         let mut records = self.records.lock();
         let Some(mut r) = records.get(&ino).copied() else {
-            return;
+            return false;
         };
+        let cached_before = r.cached;
         if fh == PASSTHROUGH_FH {
             r.passthrough = r.passthrough.saturating_sub(1);
             if r.passthrough == 0 && r.backing != 0 {
@@ -202,5 +226,6 @@ impl Handles {
             records.insert(ino, r);
         }
         self.save(ino, r);
+        fh != PASSTHROUGH_FH && cached_before == 1 && r.cached == 0
     }
 }
