@@ -14,9 +14,9 @@ Cells (each the median of --rounds rounds; rounds alternate which system goes fi
    the page cache dropped, then read again on the same mount (Strata: the agent's cache is warm; s3fs has no
    cache, so it fetches again). Local disk: the same files on local disk read hot, and after a drop (disk-cold).
    Both mounts of a round read through the same fresh agent: the small files are not read before their cold pass.
-   With `--hot-size SIZE` Strata's mounts keep hot copies of the large files they read whole (each mount a
-   directory of its own), and its hot and warm-agent passes read those through FUSE passthrough; the default
-   (0, as the mount's) measures the page-cache path.
+   Strata's mounts keep hot copies of the large files they read whole (the mount's default, --hot-size 16GiB;
+   each mount a directory of its own), and its hot and warm-agent passes read those through FUSE passthrough;
+   `--hot-size 0` measures the page-cache path.
 3. small files: --small-count files of --small-kib KiB in --dirs directories; the workload walks the tree and,
    in a pool of --threads readers, `os.stat`s every file and reads it whole. Cold (as in 1) and hot (a second
    pass on the same mount).
@@ -286,7 +286,7 @@ secret_access_key = "{SK}"
 
 
 class StrataMount:
-    def __init__(self, agent, location, mnt, state, threads=None, hot_size="0"):
+    def __init__(self, agent, location, mnt, state, threads=None, hot_size=None):
         self.mnt, self.state = mnt, state
         os.makedirs(mnt, exist_ok=True)
         shutil.rmtree(state, ignore_errors=True)
@@ -295,7 +295,7 @@ class StrataMount:
         hot = state + "-hot"
         shutil.rmtree(hot, ignore_errors=True)
         cmd = [STRATA, "mount", location, mnt, "--api", agent.api, "--token", agent.token, "--state-dir", state,
-               "--hot-dir", hot, "--hot-size", hot_size]
+               "--hot-dir", hot, *(["--hot-size", hot_size] if hot_size is not None else [])]
         if threads:
             cmd += ["--threads", str(threads)]
         CLEANUP.state_dirs.append(state)
@@ -388,9 +388,9 @@ def main():
     ap.add_argument("--dirs", type=int, default=100, help="directories the small files are spread over")
     ap.add_argument("--threads", type=int, default=16, help="readers of the small-file workload")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--hot-size", default="0",
-                    help="strata mount --hot-size: hot copies read through FUSE passthrough (default 0, as the "
-                         "mount's: none, the page-cache path)")
+    ap.add_argument("--hot-size", default=None,
+                    help="strata mount --hot-size: hot copies read through FUSE passthrough (default: the mount's, "
+                         "16GiB; 0 reads every pass through FUSE's page cache)")
     ap.add_argument("--mount-threads", type=int, default=None,
                     help="strata mount --threads (default: strata's own default)")
     ap.add_argument("--s3fs-opts", default=S3FS_EXTRA,

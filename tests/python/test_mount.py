@@ -637,7 +637,7 @@ def _at(path):
 @pytest.mark.parametrize("hot", ["passthrough", "page-cache"])
 def test_kill_9_of_the_server_is_not_seen_by_a_reader(gw, dataset, mounts, tmp_path, hot):
     # passthrough: from the second pass on, the files are opened through their hot copies.
-    m = mounts.mount(gw.api, "origin/" + DS, *(["--hot-size", "1GiB"] if hot == "passthrough" else []))
+    m = mounts.mount(gw.api, "origin/" + DS, "--hot-size", "1GiB" if hot == "passthrough" else "0")
     holders, servers = m.procs()
     assert len(holders) == 1 and len(servers) == 1, (holders, servers)
     holder = holders[0]

@@ -48,9 +48,11 @@ pub struct MountArgs {
     /// a copy is found only for the exact version it holds. Default for root: /var/cache/strata/mount-hot.
     #[arg(long, value_name = "DIR")]
     pub hot_dir: Option<PathBuf>,
-    /// At most this many bytes of copies in --hot-dir (the least recently opened go first). Default 0: no
-    /// copies; writing them slows the cold read that makes them where the disk is slow (docs/mount.md).
-    #[arg(long, value_name = "SIZE", default_value = "0")]
+    /// At most this many bytes of copies in --hot-dir (the least recently opened go first; no copy ever
+    /// leaves its file system less than a tenth free). 0: no copies, every pass reads through FUSE's page
+    /// cache (about half a local file's speed). Writing copies costs the cold read that makes them about a
+    /// fifth on a slow disk (docs/mount.md).
+    #[arg(long, value_name = "SIZE", default_value = "16GiB")]
     pub hot_size: strata_types::ByteSize,
     #[command(flatten)]
     pub api: ApiArgs,

@@ -105,6 +105,9 @@ impl MountRequest {
             .arg(&self.data_dir)
             .arg("--state-dir")
             .arg(&self.state_dir)
+            // Hot copies (FUSE passthrough) on the agent's own disk, shared by the node's claim mounts.
+            .arg("--hot-dir")
+            .arg(self.data_dir.join("mount-hot"))
             .args([
                 "--uid",
                 &self.uid.to_string(),
