@@ -572,6 +572,14 @@ mod tests {
         Bytes::copy_from_slice(&b[from..to])
     }
 
+    /// `f` holds exactly `want`.
+    fn assert_holds(f: &File, want: &[u8]) {
+        let mut got = vec![0u8; want.len()];
+        f.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == want, "the copy holds other bytes");
+        assert_eq!(f.metadata().unwrap().len(), want.len() as u64);
+    }
+
     async fn complete(hot: &Hot, o: &Object) -> File {
         for _ in 0..500 {
             if let Some(f) = hot.open(o) {
@@ -600,13 +608,8 @@ mod tests {
         }
         let f = complete(&hot, &o).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut got = vec![0u8; o.size as usize];
-        f.read_exact_at(&mut got, 0).unwrap();
-        assert!(got == b, "the copy holds other bytes");
-        let again = hot.open(&o).unwrap();
-        let mut got = vec![0u8; o.size as usize];
-        again.read_exact_at(&mut got, 0).unwrap();
-        assert!(got == b, "the copy in place holds other bytes");
+        assert_holds(&f, &b);
+        assert_holds(&hot.open(&o).unwrap(), &b);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -628,9 +631,7 @@ mod tests {
         }
         let f = complete(&hot, &o).await;
         assert_eq!(hot.written(), o.size, "chunks written more than once");
-        let mut got = vec![0u8; o.size as usize];
-        f.read_exact_at(&mut got, 0).unwrap();
-        assert!(got == b, "the copy holds other bytes");
+        assert_holds(&f, &b);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -657,9 +658,7 @@ mod tests {
             hot.fill(5, &o, idx, chunk(&b, idx)).await;
         }
         let f = complete(&hot, &o).await;
-        let mut got = vec![0u8; o.size as usize];
-        f.read_exact_at(&mut got, 0).unwrap();
-        assert!(got == b, "the copy holds other bytes");
+        assert_holds(&f, &b);
         assert_eq!(
             *placed.lock(),
             vec![5],
