@@ -173,7 +173,6 @@ pub fn claim_spec(
             location,
             mode,
             mount,
-            replicas: d.replicas,
         });
     }
     let scratch = match &dc.spec.scratch {
