@@ -1246,10 +1246,10 @@ def post_json(agent, path, body, token=ADMIN_TOKEN, headers=None):
             return e.code, raw
 
 
-def submit_claim(agent, job, location):
+def submit_claim(agent, job, location, **dataset):
     post_json(agent, "/v1/teams", {"name": "vision"})
     s, c = post_json(agent, "/v1/claims", {"version": 1, "job": job, "team": "vision",
-                                           "datasets": [{"name": "train", "location": location}]})
+                                           "datasets": [{"name": "train", "location": location, **dataset}]})
     assert s == 200, c
     return c["id"]
 
@@ -1294,6 +1294,42 @@ def test_a_claim_is_staged_by_each_member_for_the_blocks_it_owns(origin, bucket,
         failed, bad = check_bodies(read_all([(x, k, None) for k in objects], workers=8), objects)
         assert not failed and not bad, (failed[:2], bad[:2])
     assert object_gets(proxy, name) == gets
+
+
+def test_a_claim_with_two_replicas_keeps_two_copies_and_a_dead_node_takes_no_block_with_it(origin, bucket, cluster):
+    name, s3 = bucket
+    objects = make_objects(82, 12, lo=1 * MIB, hi=3 * MIB, prefix="stage-rep/")
+    upload(s3, name, objects)
+    proxy = cluster.proxy(origin.removeprefix("http://"))
+    a, b, c = static_cluster(cluster, 3, proxy.url, name)
+    poll("three members", lambda: all(len(x.cluster()["members"]) == 3 for x in (a, b, c)), timeout=15)
+    cid = submit_claim(a, "job-replicas", "default/stage-rep/", replicas=2)
+    got = settled(a, cid)
+    p = got["progress"]
+    assert got["state"] == "ready", (got, cluster.logs())
+    # Counted per copy: every block twice, on two members.
+    assert p["blocks_total"] == p["blocks_held"] == 2 * blocks_of(objects), p
+    assert p["bytes_total"] == p["bytes_done"] == 2 * sum(len(v) for v in objects.values()), p
+    # Still one origin read per block: a second owner takes its copy from the first.
+    gets = object_gets(proxy, name)
+    assert_each_byte_fetched_once_in(gets, objects)
+    cache = {x.name: x.cluster()["cache"] for x in (a, b, c)}
+    assert sum(cc["peer_blocks"] for cc in cache.values()) == blocks_of(objects), cache
+    # More copies than members: one per member, three here.
+    more = make_objects(83, 4, lo=1 * MIB, hi=2 * MIB, prefix="stage-rep5/")
+    upload(s3, name, more)
+    cid = submit_claim(a, "job-replicas-5", "default/stage-rep5/", replicas=5)
+    got = settled(a, cid)
+    assert got["state"] == "ready", (got, cluster.logs())
+    assert got["progress"]["blocks_total"] == got["progress"]["blocks_held"] == 3 * blocks_of(more), got
+    gets = object_gets(proxy, name)
+    assert_each_byte_fetched_once_in({k: v for k, v in gets.items() if k in more}, more)
+    # A node goes: every block has copies left, so the job reads every byte without the origin.
+    b.kill()
+    for x in (a, c):
+        failed, bad = check_bodies(read_all([(x, k, None) for k in objects], workers=8), objects)
+        assert not failed and not bad, (failed[:2], bad[:2])
+    assert object_gets(proxy, name) == gets, "a block was read from the origin again"
 
 
 def test_a_member_dead_during_staging_leaves_its_share_to_the_agent_that_took_the_claim(origin, bucket, cluster):

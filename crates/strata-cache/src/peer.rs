@@ -47,6 +47,11 @@ pub trait PeerSource: Send + Sync + std::fmt::Debug {
     fn owns(&self, key: &BlockKey) -> bool {
         self.is_local(key)
     }
+    /// Whether this agent is among the block's first `replicas` owners in the current view (no I/O): whose
+    /// share of a staging that keeps `replicas` copies of each block the block is. `1` is [`Self::owns`].
+    fn owns_within(&self, key: &BlockKey, replicas: usize) -> bool {
+        replicas >= 1 && self.owns(key)
+    }
     /// The block from the agents that own it, in order, verified and exactly `block.len` bytes; `None` when
     /// this agent should read it from the origin (it comes first among the owners still trusted, or every
     /// owner ahead of it failed). Never fails a read: errors are the source's to count and remember.

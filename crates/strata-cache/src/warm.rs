@@ -89,27 +89,30 @@ impl BlockCache {
         concurrency: usize,
         progress: impl Fn(&WarmProgress),
     ) -> Result<WarmProgress> {
-        self.warm_some(ctx, backend, objects, concurrency, false, progress)
+        self.warm_some(ctx, backend, objects, concurrency, None, progress)
             .await
     }
 
-    /// As [`Self::warm_objects`], but only the blocks this agent owns in its cluster (every block when it
-    /// is in none): the other members warm theirs. Bytes and blocks counted are this agent's share.
+    /// As [`Self::warm_objects`], but only the blocks of which this agent is among the first `replicas`
+    /// owners in its cluster (every block when it is in none): the other members warm theirs. Bytes and
+    /// blocks counted are this agent's share. A block this agent holds as a second or later owner is
+    /// fetched from the ones before it (one origin read per block), as any fill's.
     pub async fn warm_owned(
         &self,
         ctx: &IoContext,
         backend: &Backend,
         objects: Vec<ObjectMeta>,
         concurrency: usize,
+        replicas: usize,
         progress: impl Fn(&WarmProgress),
     ) -> Result<WarmProgress> {
-        self.warm_some(ctx, backend, objects, concurrency, true, progress)
+        self.warm_some(ctx, backend, objects, concurrency, Some(replicas), progress)
             .await
     }
 
-    /// Whether `key` is this agent's to hold: it owns it in its cluster, or it is in none.
-    fn owns(&self, key: &BlockKey) -> bool {
-        self.peers().is_none_or(|p| p.owns(key))
+    /// Whether `key` is this agent's to hold as one of its first `replicas` owners, or it is in no cluster.
+    fn owns(&self, key: &BlockKey, replicas: usize) -> bool {
+        self.peers().is_none_or(|p| p.owns_within(key, replicas))
     }
 
     async fn warm_some(
@@ -118,7 +121,7 @@ impl BlockCache {
         backend: &Backend,
         objects: Vec<ObjectMeta>,
         concurrency: usize,
-        owned_only: bool,
+        owned_only: Option<usize>,
         progress: impl Fn(&WarmProgress),
     ) -> Result<WarmProgress> {
         let bs = self.inner.cfg.block_size.bytes();
@@ -135,8 +138,8 @@ impl BlockCache {
             let nblocks = obj.meta.size.div_ceil(bs);
             let mut run_start: Option<u64> = None;
             for i in 0..=nblocks {
-                let mine =
-                    i < nblocks && (!owned_only || self.owns(&BlockKey::new(obj.id.clone(), i)));
+                let mine = i < nblocks
+                    && owned_only.is_none_or(|r| self.owns(&BlockKey::new(obj.id.clone(), i), r));
                 if mine {
                     p.total_bytes += (obj.meta.size - i * bs).min(bs);
                 }
@@ -205,13 +208,13 @@ impl BlockCache {
     /// How much of these object versions the cache holds in its last tier (disk, else RAM), counted block by
     /// block with no side effects: what a claim's `ready` verdict is made of.
     pub fn held(&self, backend: &Backend, objects: &[ObjectMeta]) -> Held {
-        self.held_some(backend, objects, false, |_| {})
+        self.held_some(backend, objects, None, |_| {})
     }
 
-    /// As [`Self::held`], counting only the blocks this agent owns in its cluster (every block when it is
-    /// in none); an object counts as held when every block of it this agent owns is.
-    pub fn held_owned(&self, backend: &Backend, objects: &[ObjectMeta]) -> Held {
-        self.held_some(backend, objects, true, |_| {})
+    /// As [`Self::held`], counting only the blocks of which this agent is among the first `replicas` owners
+    /// in its cluster (every block when it is in none); an object counts as held when every such block is.
+    pub fn held_owned(&self, backend: &Backend, objects: &[ObjectMeta], replicas: usize) -> Held {
+        self.held_some(backend, objects, Some(replicas), |_| {})
     }
 
     /// As [`Self::held_owned`], also calling `each` with whether each object (in order) counts as held.
@@ -219,16 +222,17 @@ impl BlockCache {
         &self,
         backend: &Backend,
         objects: &[ObjectMeta],
+        replicas: usize,
         each: impl FnMut(bool),
     ) -> Held {
-        self.held_some(backend, objects, true, each)
+        self.held_some(backend, objects, Some(replicas), each)
     }
 
     fn held_some(
         &self,
         backend: &Backend,
         objects: &[ObjectMeta],
-        owned_only: bool,
+        owned_only: Option<usize>,
         mut each: impl FnMut(bool),
     ) -> Held {
         let bs = self.inner.cfg.block_size.bytes();
@@ -238,7 +242,7 @@ impl BlockCache {
             let nblocks = meta.size.div_ceil(bs);
             let mut all = true;
             for i in 0..nblocks {
-                if owned_only && !self.owns(&BlockKey::new(obj.id.clone(), i)) {
+                if owned_only.is_some_and(|r| !self.owns(&BlockKey::new(obj.id.clone(), i), r)) {
                     continue;
                 }
                 h.blocks_total += 1;

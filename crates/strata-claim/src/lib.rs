@@ -21,7 +21,8 @@ mod status;
 
 pub use schema::schema;
 pub use spec::{
-    CheckpointClaim, ClaimSpec, DatasetClaim, FieldError, Mode, SPEC_VERSION, ScratchClaim,
+    CheckpointClaim, ClaimSpec, DatasetClaim, FieldError, MAX_REPLICAS, Mode, SPEC_VERSION,
+    ScratchClaim,
 };
 pub use status::{
     ClaimState, ClaimStatus, Coverage, DatasetStatus, JobUsage, MemberCoverage, Progress,

@@ -29,7 +29,8 @@ pub fn schema() -> Value {
                         "name": {"type": "string", "pattern": "^[a-z][a-z0-9_-]{0,62}$"},
                         "location": location,
                         "mode": {"enum": ["stage", "pin", "stream"], "default": "stage"},
-                        "mount": {"type": "string", "pattern": "^/.+"}
+                        "mount": {"type": "string", "pattern": "^/.+"},
+                        "replicas": {"type": "integer", "minimum": 1, "maximum": crate::spec::MAX_REPLICAS}
                     }
                 }
             },

@@ -59,6 +59,20 @@ pub struct DatasetClaim {
     /// Where the job finds it as files (an absolute path), if anywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount: Option<String>,
+    /// Copies of each block the cache cluster keeps (1 to 8; default 1): staged on the block's first
+    /// `replicas` owners, so a node that leaves takes no block with it. At most one per member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+}
+
+/// Most copies of a block a claim may ask for.
+pub const MAX_REPLICAS: u32 = 8;
+
+impl DatasetClaim {
+    /// Copies of each block to keep (`replicas`, default 1).
+    pub fn replicas(&self) -> u32 {
+        self.replicas.unwrap_or(1)
+    }
 }
 
 /// How a job gets a dataset.
@@ -234,6 +248,16 @@ impl ClaimSpec {
             if let Some(m) = location_problem(&d.location) {
                 err(f("location"), m);
             }
+            if let Some(r) = d.replicas {
+                if !(1..=MAX_REPLICAS).contains(&r) {
+                    err(f("replicas"), format!("{r}: use 1 to {MAX_REPLICAS}"));
+                } else if r > 1 && d.mode == Mode::Stream {
+                    err(
+                        f("replicas"),
+                        format!("{r}: copies are kept of staged data; mode stream stages nothing"),
+                    );
+                }
+            }
             if let Some(mount) = &d.mount {
                 if let Some(m) = mount_problem(mount) {
                     err(f("mount"), m);
@@ -365,6 +389,7 @@ datasets:
   - name: train
     location: origin/train/
     mount: /mnt/strata/train
+    replicas: 2
   - name: eval
     location: s3://bucket/eval/
     mode: stream
@@ -436,6 +461,13 @@ scratch:
                 "mount: /mnt/strata/train",
                 "mount: /mnt/../etc",
                 "datasets[0].mount",
+            ),
+            ("replicas: 2", "replicas: 0", "datasets[0].replicas"),
+            ("replicas: 2", "replicas: 9", "datasets[0].replicas"),
+            (
+                "mode: stream",
+                "mode: stream\n    replicas: 2",
+                "datasets[1].replicas",
             ),
             ("keep_last: 3", "keep_last: 0", "checkpoint.keep_last"),
             ("size: 10GiB", "size: 0", "scratch.size"),

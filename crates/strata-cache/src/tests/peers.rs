@@ -270,12 +270,12 @@ async fn owned_warm_ups_split_a_staging_by_owner_and_ask_no_peer() {
     let mut shares = 0;
     for c in &cl.caches {
         let p = c
-            .warm_owned(&ctx(), &backend, metas.clone(), 4, |_| {})
+            .warm_owned(&ctx(), &backend, metas.clone(), 4, 1, |_| {})
             .await
             .unwrap();
         assert!(p.errors.is_empty(), "{p:?}");
         assert_eq!(p.done_bytes, p.total_bytes, "{p:?}");
-        let h = c.held_owned(&backend, &metas);
+        let h = c.held_owned(&backend, &metas, 1);
         assert_eq!(h.blocks_held, h.blocks_total, "{h:?}");
         assert_eq!(h.bytes_held, p.total_bytes, "{h:?}");
         // Only its own share: the whole is not held by any one cache.
@@ -294,7 +294,7 @@ async fn owned_warm_ups_split_a_staging_by_owner_and_ask_no_peer() {
     proxy.clear();
     for c in &cl.caches {
         let p = c
-            .warm_owned(&ctx(), &backend, metas.clone(), 4, |_| {})
+            .warm_owned(&ctx(), &backend, metas.clone(), 4, 1, |_| {})
             .await
             .unwrap();
         assert_eq!(p.cached_bytes, p.total_bytes, "{p:?}");

@@ -95,7 +95,7 @@ pub(super) async fn coverage(
     // Objects of which some member lacks a block: those not held whole by the cluster.
     let mut lacking = vec![false; objects.len()];
     let mut i = 0;
-    let own = cache.held_owned_each(&backend, &objects, |all| {
+    let own = cache.held_owned_each(&backend, &objects, 1, |all| {
         lacking[i] |= !all;
         i += 1;
     });
@@ -111,6 +111,7 @@ pub(super) async fn coverage(
         backend.id().to_string(),
         cache.config().block_size.bytes(),
         &objects,
+        1,
     );
     let ctx = IoContext {
         principal: Some(p.id.as_str().into()),

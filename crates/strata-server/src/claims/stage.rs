@@ -65,8 +65,13 @@ struct Part {
     name: String,
     backend: strata_object::Backend,
     objects: Vec<ObjectMeta>,
+    /// Copies of each block kept: the dataset's `replicas`, at most one per member of the cluster (1 outside
+    /// one, and once this agent stages the dataset alone after a member failed).
+    copies: std::sync::atomic::AtomicUsize,
+    /// The dataset's `replicas`.
+    copies_asked: u32,
     /// Once the members of the cluster staged their shares: what they hold of them (this agent's share is
-    /// counted here). `None`: this agent holds (or stages) every block itself.
+    /// counted here), each copy of a block counted. `None`: this agent holds (or stages) every block itself.
     members_held: Mutex<Option<Held>>,
 }
 
@@ -75,6 +80,7 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
     let rec = cat.claim(id).await?;
     let spec = super::stored_spec(&rec)?;
     let objects = cat.claim_objects(id).await?;
+    let members = a.cluster().map(|c| c.others()).unwrap_or_default();
     let mut parts = Vec::new();
     for d in spec.datasets.iter().filter(|d| d.mode != Mode::Stream) {
         let (backend, _) = a.resolve(&d.location)?;
@@ -94,6 +100,8 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
             name: d.name.clone(),
             backend,
             objects,
+            copies_asked: d.replicas(),
+            copies: (d.replicas() as usize).min(members.len() + 1).max(1).into(),
             members_held: Mutex::new(None),
         });
     }
@@ -116,7 +124,6 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
     };
     let cached = Mutex::new(start_bytes);
     let done_before = Mutex::new(0u64);
-    let members = a.cluster().map(|c| c.others()).unwrap_or_default();
     let work = async {
         for p in &parts {
             let ctx = IoContext {
@@ -143,6 +150,12 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
                 // A member failed, or the shares do not add up (the view changed meanwhile): this agent
                 // stages what is missing itself, the members' blocks from them and the rest from the origin.
                 tracing::warn!(claim = %id, dataset = %p.name, "staging the rest of a dataset here");
+                if p.copies.swap(1, std::sync::atomic::Ordering::Relaxed) > 1 {
+                    note(format!(
+                        "{}: one copy of each block kept, not {}",
+                        p.name, p.copies_asked
+                    ));
+                }
             }
             let r = a
                 .cache()
@@ -274,7 +287,9 @@ async fn spread(
         p.backend.id().to_string(),
         a.cache().config().block_size.bytes(),
         &p.objects,
+        p.copies_asked,
     );
+    let copies = p.copies.load(std::sync::atomic::Ordering::Relaxed);
     // Bytes done: this agent's share first, then each member's.
     let done = Mutex::new(vec![0u64; members.len() + 1]);
     let report = |i: usize, n: u64| {
@@ -285,11 +300,14 @@ async fn spread(
         };
         progress(sum);
     };
-    let own = a
-        .cache()
-        .warm_owned(ctx, &p.backend, p.objects.clone(), CONCURRENCY, |w| {
-            report(0, w.done_bytes)
-        });
+    let own = a.cache().warm_owned(
+        ctx,
+        &p.backend,
+        p.objects.clone(),
+        CONCURRENCY,
+        copies,
+        |w| report(0, w.done_bytes),
+    );
     let asks = members.iter().enumerate().map(|(i, m)| {
         let report = &report;
         let req = &req;
@@ -304,7 +322,7 @@ async fn spread(
     let (own, answers) = futures::join!(own, futures::future::join_all(asks));
     let own = own?;
     let mut errors: Vec<String> = own.errors;
-    let mut held = a.cache().held_owned(&p.backend, &p.objects);
+    let mut held = a.cache().held_owned(&p.backend, &p.objects, copies);
     let mut peers_cached = 0;
     let mut complete = true;
     for (m, r) in answers {
@@ -323,10 +341,12 @@ async fn spread(
             }
         }
     }
-    // Objects are counted whole here, from the blocks: every share adds up to every block, or the rest is
-    // staged on this agent.
+    // Objects are counted whole here, from the blocks: every share adds up to every copy of every block, or
+    // the rest is staged on this agent.
     let whole = a.cache().held(&p.backend, &p.objects);
-    let adds_up = held.blocks_total == whole.blocks_total && held.bytes_total == whole.bytes_total;
+    let n = copies as u64;
+    let adds_up =
+        held.blocks_total == n * whole.blocks_total && held.bytes_total == n * whole.bytes_total;
     let all_held = held.blocks_held == held.blocks_total;
     let held = (complete && adds_up).then_some(Held {
         objects_total: whole.objects_total,
@@ -347,7 +367,16 @@ fn count(a: &Agent, parts: &[Part]) -> Progress {
         let h = match &*part.members_held.lock() {
             // As counted once every member had staged its share.
             Some(m) => m.clone(),
-            None => a.cache().held(&part.backend, &part.objects),
+            // Before the members answered: this agent's copy, of every copy to be kept.
+            None => {
+                let n = part.copies.load(std::sync::atomic::Ordering::Relaxed) as u64;
+                let h = a.cache().held(&part.backend, &part.objects);
+                Held {
+                    blocks_total: n * h.blocks_total,
+                    bytes_total: n * h.bytes_total,
+                    ..h
+                }
+            }
         };
         p.objects_total += h.objects_total;
         p.objects_done += h.objects_held;

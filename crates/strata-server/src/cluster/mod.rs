@@ -529,6 +529,16 @@ impl PeerSource for Cluster {
         placement::owner(&self.view(), &key.digest()).is_none_or(|m| m.id == self.sharing.me)
     }
 
+    fn owns_within(&self, key: &BlockKey, replicas: usize) -> bool {
+        let view = self.view();
+        let owners = placement::owners(&view, &key.digest());
+        owners.is_empty()
+            || owners
+                .iter()
+                .take(replicas)
+                .any(|m| m.id == self.sharing.me)
+    }
+
     fn fetch<'a>(&'a self, block: PeerBlock<'a>) -> BoxFuture<'a, Option<Bytes>> {
         async move {
             let view = self.view();

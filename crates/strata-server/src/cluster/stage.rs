@@ -65,14 +65,30 @@ pub struct StageRequest {
     pub block_size: u64,
     /// The versions, of which the member stages the blocks it owns.
     pub objects: Vec<StageObject>,
+    /// Copies of each block the cluster keeps: a member stages (and counts) the blocks of which it is
+    /// among the first `replicas` owners. Absent: 1 (an agent before replicas sends none).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub replicas: u32,
 }
 
+fn one() -> u32 {
+    1
+}
+
+fn is_one(r: &u32) -> bool {
+    *r == 1
+}
+
+/// Most copies of a block a staging may ask for.
+pub const MAX_REPLICAS: u32 = 8;
+
 impl StageRequest {
-    /// The request for `objects` of the backend `backend` (a canonical id).
-    pub fn new(backend: String, block_size: u64, objects: &[ObjectMeta]) -> Self {
+    /// The request for `objects` of the backend `backend` (a canonical id), `replicas` copies of each block.
+    pub fn new(backend: String, block_size: u64, objects: &[ObjectMeta], replicas: u32) -> Self {
         Self {
             backend,
             block_size,
+            replicas,
             objects: objects
                 .iter()
                 .map(|o| StageObject {
@@ -145,6 +161,12 @@ async fn authorized(
     headers: &HeaderMap,
     req: StageRequest,
 ) -> Result<(strata_object::Backend, IoContext, Vec<ObjectMeta>), Error> {
+    if !(1..=MAX_REPLICAS).contains(&req.replicas) {
+        return Err(Error::invalid_input(format!(
+            "replicas {}: use 1 to {MAX_REPLICAS}",
+            req.replicas
+        )));
+    }
     let (name, backend) = super::routes::peer_backend(agent, &req.backend, req.block_size)?;
     let (caller, ctx) = super::routes::peer_caller(agent, call, headers).await?;
     for o in &req.objects {
@@ -212,15 +234,18 @@ pub(super) async fn held(
 ) -> Result<Json<HeldShare>, ApiError> {
     let call = cluster_only(cluster, "counts of held blocks")?;
     let Json(req) = body.map_err(|e| Error::invalid_input(format!("held request: {e}")))?;
+    let replicas = req.replicas as usize;
     let (backend, _, objects) = authorized(&agent, &call, &headers, req).await?;
     let mut bits = vec![0u8; objects.len().div_ceil(8)];
     let mut i = 0;
-    let held = agent.cache().held_owned_each(&backend, &objects, |all| {
-        if !all {
-            bits[i / 8] |= 1 << (i % 8);
-        }
-        i += 1;
-    });
+    let held = agent
+        .cache()
+        .held_owned_each(&backend, &objects, replicas, |all| {
+            if !all {
+                bits[i / 8] |= 1 << (i % 8);
+            }
+            i += 1;
+        });
     let lacking = bits.iter().map(|b| format!("{b:02x}")).collect();
     Ok(Json(HeldShare { held, lacking }))
 }
@@ -234,14 +259,20 @@ pub(super) async fn stage(
 ) -> Result<Response, ApiError> {
     let call = cluster_only(cluster, "staging")?;
     let Json(req) = body.map_err(|e| Error::invalid_input(format!("stage request: {e}")))?;
+    let replicas = req.replicas as usize;
     let (backend, ctx, objects) = authorized(&agent, &call, &headers, req).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let cache = agent.cache().clone();
     tokio::spawn(async move {
         let latest = Mutex::new(StageProgress::default());
-        let warm = cache.warm_owned(&ctx, &backend, objects.clone(), CONCURRENCY, |p| {
-            *latest.lock() = StageProgress::of(p)
-        });
+        let warm = cache.warm_owned(
+            &ctx,
+            &backend,
+            objects.clone(),
+            CONCURRENCY,
+            replicas,
+            |p| *latest.lock() = StageProgress::of(p),
+        );
         tokio::pin!(warm);
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -261,7 +292,7 @@ pub(super) async fn stage(
         let last = match r {
             Ok(p) => StageLine::Done(StageDone {
                 progress: StageProgress::of(&p),
-                held: cache.held_owned(&backend, &objects),
+                held: cache.held_owned(&backend, &objects, replicas),
                 errors: p.errors,
             }),
             Err(e) => StageLine::Failed(ErrorBody::of(&e)),
