@@ -974,7 +974,7 @@ def test_a_dataset_that_cannot_be_staged_says_why_and_is_not_staged_again_until_
 
     # Refused by the operator: each with the field and a Warning event; no claim.
     _dataset(cluster, "noteam", "orphan", f"origin/{prefix}")
-    _dataset(cluster, "vision", "twice", f"origin/{prefix}", replicas=2)
+    _dataset(cluster, "vision", "twice", f"origin/{prefix}", replicas=9)
     _dataset(cluster, "vision", "ghost", f"origin/{_prefix('absent')}")
     for ns, name, words in [("noteam", "orphan", "strata.dev/team"), ("vision", "twice", "spec.cache.replicas"),
                             ("vision", "ghost", "spec.source")]:

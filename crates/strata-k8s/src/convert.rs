@@ -173,6 +173,7 @@ pub fn claim_spec(
             location,
             mode,
             mount,
+            replicas: d.replicas,
         });
     }
     let scratch = match &dc.spec.scratch {

@@ -53,9 +53,9 @@ pub struct CachePolicy {
     /// evicted; charged to the team's `cache` quota).
     #[serde(default)]
     pub mode: PrefetchMode,
-    /// Copies across the cluster's nodes. Only 1 (the default: each block cached once, on the agent that owns
-    /// it, which every other node reads it from) is supported; a Dataset asking for more is refused with the
-    /// reason.
+    /// Copies of each block across the cluster's nodes (1 to 8, default 1; at most one per node): with 2 or
+    /// more, `prefetch` and `pin` stage each block on its first owners, so a node that leaves takes no block
+    /// with it and readers are served by the next owner. Ignored by `none` (nothing is staged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
     /// Seconds a `prefetch` or `pin` staging may take before it is given up (default one hour; 10 s to 7
@@ -189,6 +189,10 @@ pub struct ClaimDataset {
     /// Where pods find it as files (an absolute path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount_path: Option<String>,
+    /// Copies of each block the cache keeps across nodes (1 to 8, default 1; at most one per node): a node
+    /// that leaves takes no block with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
 }
 
 /// A DataClaim's checkpoint declaration.

@@ -6,7 +6,7 @@
 //! 1. the finalizer `strata.dev/release` goes on first, as on DataClaims: deleting a Dataset releases its
 //!    claim (forced after [`Settings::force_release_after`] when the agents cannot be reached); its data is
 //!    never deleted;
-//! 2. the team is the namespace's `strata.dev/team` label; no label, `replicas` other than 1, a source the
+//! 2. the team is the namespace's `strata.dev/team` label; no label, `replicas` outside 1 to 8, a source the
 //!    team may not read, a missing or empty source: `Ready` False with the reason (`Refused`), looked at
 //!    again every [`Settings::refused_retry`];
 //! 3. the source's coverage is asked of the agents (`GET /v1/coverage` as a reader of the team): the version
@@ -114,6 +114,7 @@ pub fn dataset_claim_spec(ds: &Dataset, team: &str, mode: Mode) -> Result<ClaimS
             location: ds.spec.source.clone(),
             mode,
             mount: None,
+            replicas: ds.spec.cache.replicas,
         }],
         checkpoint: None,
         scratch: None,
@@ -127,6 +128,7 @@ pub fn dataset_claim_spec(ds: &Dataset, team: &str, mode: Mode) -> Result<ClaimS
                 let field = match e.field.as_str() {
                     "stage_deadline_secs" => "spec.cache.stageDeadlineSeconds".to_string(),
                     f if f.starts_with("datasets[0].location") => "spec.source".to_string(),
+                    f if f.starts_with("datasets[0].replicas") => "spec.cache.replicas".to_string(),
                     f => format!("spec ({f})"),
                 };
                 format!("{field}: {}", e.message)
@@ -187,10 +189,15 @@ async fn apply<C: Claims>(ds: &Dataset, ctx: &Context<C>, api: &Api<Dataset>) ->
         Ok(t) => t,
         Err(e) => return settle(ds, ctx, api, refuse(None, e.message().into()), retry).await,
     };
-    if let Some(r) = ds.spec.cache.replicas.filter(|r| *r != 1) {
+    if let Some(r) = ds
+        .spec
+        .cache
+        .replicas
+        .filter(|r| !(1..=strata_claim::MAX_REPLICAS).contains(r))
+    {
         let why = format!(
-            "spec.cache.replicas: {r}: only 1 is supported (each block is cached once, on the agent that owns \
-             it, and every node reads it from there)"
+            "spec.cache.replicas: {r}: use 1 to {} (copies of each block, at most one per node)",
+            strata_claim::MAX_REPLICAS
         );
         return settle(ds, ctx, api, refuse(Some(team), why), retry).await;
     }

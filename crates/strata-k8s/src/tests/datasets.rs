@@ -111,7 +111,11 @@ async fn a_prefetched_dataset_is_claimed_counted_until_cached_on_its_node_and_a_
  {
     let agent = Arc::new(Agent::default());
     *agent.coverage.lock() = Some(covered("v1", 0));
-    let ds = dataset(Value::Null, json!({"mode": "prefetch"}), false);
+    let ds = dataset(
+        Value::Null,
+        json!({"mode": "prefetch", "replicas": 2}),
+        false,
+    );
     let (r, bodies) = run_ds(&agent, ds.clone(), writes(&ds, 2)).await;
     assert_eq!(r.unwrap(), Action::requeue(settings().staging_poll));
     let st = &bodies[1]["status"];
@@ -128,6 +132,7 @@ async fn a_prefetched_dataset_is_claimed_counted_until_cached_on_its_node_and_a_
         ("vision", strata_claim::Mode::Stage)
     );
     assert_eq!(c.spec.datasets[0].location, "origin/imagenet/");
+    assert_eq!(c.spec.datasets[0].replicas, Some(2), "the copies asked for");
     assert_eq!(
         agent.coverages.lock()[0],
         ("origin/imagenet/".into(), "vision".into())
@@ -223,10 +228,10 @@ async fn a_newer_version_replaces_a_settled_claim_and_a_failed_staging_is_not_tr
 #[tokio::test]
 async fn refusals_say_why_with_the_field_and_make_no_claim() {
     let agent = Arc::new(Agent::default());
-    // More than one replica: refused before the agents are asked anything.
+    // More copies than a claim may keep: refused before the agents are asked anything.
     let ds = dataset(
         Value::Null,
-        json!({"mode": "prefetch", "replicas": 3}),
+        json!({"mode": "prefetch", "replicas": 9}),
         false,
     );
     let (r, bodies) = run_ds(&agent, ds.clone(), writes(&ds, 2)).await;
@@ -240,7 +245,7 @@ async fn refusals_say_why_with_the_field_and_make_no_claim() {
         st["reason"]
             .as_str()
             .unwrap()
-            .contains("spec.cache.replicas: 3"),
+            .contains("spec.cache.replicas: 9"),
         "{st}"
     );
     assert_eq!(bodies[2]["type"], "Warning");
