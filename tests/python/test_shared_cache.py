@@ -1306,7 +1306,7 @@ def test_a_claim_with_two_replicas_keeps_two_copies_and_a_dead_node_takes_no_blo
     cid = submit_claim(a, "job-replicas", "default/stage-rep/", replicas=2)
     got = settled(a, cid)
     p = got["progress"]
-    assert got["state"] == "ready", (got, cluster.logs())
+    assert got["state"] == "ready", (got.get("reason"), got["progress"], cluster.logs())
     # Counted per copy: every block twice, on two members.
     assert p["blocks_total"] == p["blocks_held"] == 2 * blocks_of(objects), p
     assert p["bytes_total"] == p["bytes_done"] == 2 * sum(len(v) for v in objects.values()), p
@@ -1320,7 +1320,7 @@ def test_a_claim_with_two_replicas_keeps_two_copies_and_a_dead_node_takes_no_blo
     upload(s3, name, more)
     cid = submit_claim(a, "job-replicas-5", "default/stage-rep5/", replicas=5)
     got = settled(a, cid)
-    assert got["state"] == "ready", (got, cluster.logs())
+    assert got["state"] == "ready", (got.get("reason"), got["progress"], cluster.logs())
     assert got["progress"]["blocks_total"] == got["progress"]["blocks_held"] == 3 * blocks_of(more), got
     gets = object_gets(proxy, name)
     assert_each_byte_fetched_once_in({k: v for k, v in gets.items() if k in more}, more)

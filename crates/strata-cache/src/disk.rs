@@ -85,6 +85,8 @@ pub(crate) struct DiskTier {
     pub counters: DiskCounters,
     /// Block files are opened with `O_DIRECT` (cleared when the file system refuses it).
     direct: Arc<AtomicBool>,
+    /// Woken whenever a reserved block settles: its file in place, or its reservation gone.
+    settled: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -267,6 +269,7 @@ impl DiskTier {
             }),
             counters,
             direct: Arc::new(AtomicBool::new(true)),
+            settled: tokio::sync::Notify::new(),
         })
     }
 
@@ -281,6 +284,23 @@ impl DiskTier {
     /// Whether the block's file is in place (not only reserved).
     pub fn is_ready(&self, d: &Digest) -> bool {
         self.state.lock().index.get(d).is_some_and(|e| e.ready)
+    }
+
+    /// Once a block reserved for a write settles: whether its file is then in place. At once for a block
+    /// that is ready or not held; a block being written (by any fill) is waited for, so that whoever counts
+    /// it next finds it ready, and a write that failed or was dropped answers `false` (the caller writes it).
+    pub async fn settled(&self, d: &Digest) -> bool {
+        loop {
+            let woken = self.settled.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            match self.state.lock().index.get(d).map(|e| e.ready) {
+                Some(true) => return true,
+                None => return false,
+                Some(false) => {}
+            }
+            woken.await;
+        }
     }
 
     /// Record a request (for the frequency sketch and LRU order).
@@ -398,6 +418,7 @@ impl DiskTier {
                 let _ = fs::remove_file(block_path(&self.blocks(), &d));
             }
         }
+        self.settled.notify_waiters();
         Ok(())
     }
 
@@ -419,6 +440,7 @@ impl DiskTier {
         st.remove(d);
         drop(st);
         let _ = fs::remove_file(block_path(&self.blocks(), d));
+        self.settled.notify_waiters();
     }
 
     /// Pin every held block matching `pred`; returns (pinned, refused for the cap).

@@ -197,11 +197,12 @@ impl BlockCache {
         self.inner.pins.read().iter().any(|p| p.matches(key))
     }
 
-    /// Whether a warm-up can skip a block: it is on disk (when there is a disk tier, since warm-ups are meant to
-    /// survive restarts) or in RAM (when there is not).
-    pub(crate) fn warm_holds(&self, d: &Digest) -> bool {
+    /// Whether a warm-up is done with a block it has fetched: its file is in place (when there is a disk tier,
+    /// since warm-ups are meant to survive restarts; a write of it in flight, by any fill, is waited for) or
+    /// it is in RAM (when there is not). `false`: the warm-up writes it.
+    pub(crate) async fn warm_settled(&self, d: &Digest) -> bool {
         match &self.inner.disk {
-            Some(disk) => disk.contains(d),
+            Some(disk) => disk.settled(d).await,
             None => self.inner.ram.lock().map.contains_key(d),
         }
     }

@@ -129,7 +129,8 @@ impl BlockCache {
             objects: objects.len() as u64,
             ..Default::default()
         };
-        // Work items are runs of consecutive uncached blocks (of this agent's, with `owned_only`), each
+        // Work items are runs of consecutive blocks not yet on disk (of this agent's, with `owned_only`; one
+        // another fill is writing too: fetched again, from RAM as a rule, and its write waited for), each
         // fetched with one request of at most `max_request_size`.
         let run_max = self.run_blocks();
         let mut work = Vec::new();
@@ -143,7 +144,7 @@ impl BlockCache {
                 if mine {
                     p.total_bytes += (obj.meta.size - i * bs).min(bs);
                 }
-                let held = mine && self.warm_holds(&obj.digest(i));
+                let held = mine && self.holds_ready(&obj.digest(i));
                 if held {
                     p.cached_blocks += 1;
                     p.done_bytes += (obj.meta.size - i * bs).min(bs);
@@ -165,12 +166,13 @@ impl BlockCache {
                 let len = ((first + count) * bs).min(obj.meta.size) - first * bs;
                 let runs = self.fetch_run(ctx, &obj, first, count, FillMode::Warm, None, None);
                 let r = futures::future::try_join_all(runs).await;
-                // Blocks that were only in RAM (or joined another reader's fill) still go to disk.
+                // Blocks that were only in RAM (or joined another reader's fill) still go to disk; a block
+                // another fill is writing counts once that write is done (the verdict counts files in place).
                 if let Ok(blocks) = &r {
                     for (i, b) in (first..).zip(blocks) {
                         let key = BlockKey::new(obj.id.clone(), i);
                         let d = key.digest();
-                        if !self.warm_holds(&d)
+                        if !self.warm_settled(&d).await
                             && let Some(done) = self.store_disk(&key, d, b, FillMode::Warm).await
                         {
                             let _ = done.await;

@@ -10,3 +10,4 @@ mod cache;
 mod coherence;
 mod peers;
 mod pins;
+mod warm;

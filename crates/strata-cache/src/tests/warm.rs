@@ -1,0 +1,74 @@
+//! Warm-ups and the counts a claim's verdict is made of: a warm-up that returns has every block it counts
+//! on disk, whoever was writing it.
+
+use std::time::Duration;
+
+use super::common::*;
+use crate::state::ObjState;
+use strata_cache::PolicyKind;
+use strata_telemetry::Telemetry;
+use strata_types::BlockKey;
+
+/// A block another fill has reserved on disk and is still writing (a reader's, or a peer's ask served by
+/// this agent) is waited for, not counted as held the moment the warm-up sees the reservation: the agent
+/// that stages a claim counts ready blocks right after its warm-up returns. A write that is dropped instead
+/// (a lossy queue, a failed disk) leaves the block for the warm-up to write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_up_returns_once_the_blocks_another_fill_is_writing_are_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = memory_backend();
+    let data = pattern(16 * 64 * 1024, 21);
+    put(&backend, "w/x.bin", &data).await;
+    let meta = backend.head(&ctx(), "w/x.bin").await.unwrap();
+    let cache = open(
+        config(Some(dir.path()), 64, 4, 64, PolicyKind::Tinylfu),
+        Telemetry::new(),
+    );
+    let disk = cache.inner.disk.clone().unwrap();
+    let obj = ObjState::new(&backend, meta.clone());
+    let block = |i: u64| {
+        let key = BlockKey::new(obj.id.clone(), i);
+        let bytes = data.slice((i * 65536) as usize..((i + 1) * 65536) as usize);
+        (key, obj.digest(i), bytes)
+    };
+    // Two blocks reserved by "another fill" whose writes are still under way.
+    let (k3, d3, b3) = block(3);
+    let (k5, d5, _) = block(5);
+    for (k, d) in [(&k3, d3), (&k5, d5)] {
+        assert!(disk.reserve(k, d, 65536, false, true).admitted);
+    }
+    let io = ctx();
+    let warm = cache.warm_objects(&io, &backend, vec![meta.clone()], 4, |_| {});
+    tokio::pin!(warm);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut warm)
+            .await
+            .is_err(),
+        "the warm-up returned while two of its blocks were still being written"
+    );
+    // The first write completes: the warm-up still waits for the second.
+    disk.write(&k3, &d3, &b3).unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut warm)
+            .await
+            .is_err(),
+        "the warm-up returned while a block was still being written"
+    );
+    // The second write is dropped: the warm-up writes that block itself.
+    disk.drop_entry(&d5);
+    let p = tokio::time::timeout(Duration::from_secs(10), &mut warm)
+        .await
+        .expect("the warm-up ends once the writes settle")
+        .unwrap();
+    assert!(p.errors.is_empty(), "{p:?}");
+    assert_eq!(p.done_bytes, data.len() as u64, "{p:?}");
+    let h = cache.held(&backend, std::slice::from_ref(&meta));
+    assert_eq!((h.blocks_held, h.blocks_total), (16, 16), "{h:?}");
+    // The blocks on disk are the object's bytes.
+    let got = cache
+        .read(&ctx(), &backend, "w/x.bin", 0..u64::MAX)
+        .await
+        .unwrap();
+    assert!(got == data);
+    cache.shutdown().await;
+}
