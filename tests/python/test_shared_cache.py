@@ -1332,7 +1332,9 @@ def test_a_claim_with_two_replicas_keeps_two_copies_and_a_dead_node_takes_no_blo
     assert object_gets(proxy, name) == gets, "a block was read from the origin again"
 
 
-def test_a_member_dead_during_staging_leaves_its_share_to_the_agent_that_took_the_claim(origin, bucket, cluster):
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_member_dead_during_staging_leaves_its_share_to_the_agent_that_took_the_claim(origin, bucket, cluster,
+                                                                                       replicas):
     name, s3 = bucket
     objects = make_objects(81, 16, lo=1 * MIB, hi=2 * MIB, prefix="stage-kill/")
     upload(s3, name, objects)
@@ -1342,7 +1344,7 @@ def test_a_member_dead_during_staging_leaves_its_share_to_the_agent_that_took_th
                           before=lambda m, path: time.sleep(3) if m == "GET" and "stage-kill" in path else None)
     a, b, c = static_cluster(cluster, 3, proxy.url, name)
     poll("three members", lambda: all(len(x.cluster()["members"]) == 3 for x in (a, b, c)), timeout=15)
-    cid = submit_claim(a, "job-kill", "default/stage-kill/")
+    cid = submit_claim(a, "job-kill", "default/stage-kill/", replicas=replicas)
     time.sleep(1)  # B's first origin reads are still in their wait
     assert a.get_json(f"/v1/claims/{cid}")["state"] == "staging"
     b.kill()
@@ -1351,6 +1353,11 @@ def test_a_member_dead_during_staging_leaves_its_share_to_the_agent_that_took_th
     assert got["state"] == "ready", (got, cluster.logs())
     assert p["blocks_total"] == p["blocks_held"] == blocks_of(objects), p
     assert "a member did not stage its share" in a.log(), a.log()
+    # Ready, with one copy of each block: a claim that asked for more says so in its status.
+    if replicas == 1:
+        assert got["reason"] == "", got
+    else:
+        assert got["reason"] == "train: one copy of each block kept, not 2 (a member did not stage its share)", got
     # The job reads every byte through the members left, none of them damaged.
     for x in (a, c):
         failed, bad = check_bodies(read_all([(x, k, None) for k in objects], workers=8), objects)

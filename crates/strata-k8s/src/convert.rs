@@ -253,12 +253,13 @@ pub fn status_of(
         scratch_peak_bytes: u.scratch_peak_bytes,
         checkpoint_bytes: u.checkpoint_bytes,
     };
+    // A Ready claim's reason says what it holds less of than it asked for (fewer copies).
+    let staged = match claim.reason.as_str() {
+        "" => "every block of every staged dataset is cached".to_string(),
+        less => format!("every block of every staged dataset is cached; {less}"),
+    };
     let ready = match phase {
-        ClaimPhase::Ready => (
-            "True",
-            "Staged",
-            "every block of every staged dataset is cached",
-        ),
+        ClaimPhase::Ready => ("True", "Staged", staged.as_str()),
         ClaimPhase::Failed => ("False", "Failed", claim.reason.as_str()),
         ClaimPhase::Released => ("False", "Released", claim.reason.as_str()),
         _ => ("False", "Staging", "staging"),

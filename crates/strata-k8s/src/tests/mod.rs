@@ -917,3 +917,24 @@ async fn the_holder_renews_its_lease_and_keeps_its_acquire_time() {
 
 mod datasets;
 mod mounts;
+
+#[test]
+fn a_ready_claim_with_fewer_copies_than_asked_says_so_in_its_status() {
+    let dc = dataclaim(true, Value::Null, false);
+    let spec = crate::convert::claim_spec(&dc, "vision", "/mnt/strata", |_| None).unwrap();
+    let mut c = claim("clm_1", &spec);
+    c.state = ClaimState::Ready;
+    let st = crate::convert::status_of(&dc, &c, Some(1), None, "2026-12-06T00:00:00Z");
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status.as_str(), st.reason.as_str()), ("True", ""));
+    assert_eq!(
+        ready.message,
+        "every block of every staged dataset is cached"
+    );
+    let less = "train: one copy of each block kept, not 2 (a member did not stage its share)";
+    c.reason = less.to_string();
+    let st = crate::convert::status_of(&dc, &c, Some(1), None, "2026-12-06T00:00:00Z");
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status.as_str(), st.reason.as_str()), ("True", less));
+    assert!(ready.message.ends_with(less), "{}", ready.message);
+}

@@ -116,6 +116,8 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
     let deadline = tokio::time::Instant::now()
         + Duration::from_secs(rec.deadline_at.saturating_sub(cat.now()).max(0) as u64);
     let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    // What a Ready claim has less of than it asked for: its reason, so the job's owner sees it.
+    let degraded: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let note = |e: String| {
         let mut errs = errors.lock();
         if errs.len() < 10 {
@@ -151,8 +153,8 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
                 // stages what is missing itself, the members' blocks from them and the rest from the origin.
                 tracing::warn!(claim = %id, dataset = %p.name, "staging the rest of a dataset here");
                 if p.copies.swap(1, std::sync::atomic::Ordering::Relaxed) > 1 {
-                    note(format!(
-                        "{}: one copy of each block kept, not {}",
+                    degraded.lock().push(format!(
+                        "{}: one copy of each block kept, not {} (a member did not stage its share)",
                         p.name, p.copies_asked
                     ));
                 }
@@ -211,7 +213,9 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
                 p.summary()
             ),
         ),
-        Some(Ok(())) if p.blocks_held == p.blocks_total => (ClaimState::Ready, String::new()),
+        Some(Ok(())) if p.blocks_held == p.blocks_total => {
+            (ClaimState::Ready, degraded.lock().join("; "))
+        }
         Some(Ok(())) => {
             let why = if errors.is_empty() {
                 "blocks did not stay in the cache (is it smaller than the claim, or full of pins?)"
