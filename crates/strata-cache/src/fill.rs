@@ -1,5 +1,5 @@
 //! Fills: single-flight reads of blocks and runs of blocks from the backend (each block handed out as it
-//! arrives), their admission into the tiers, and the disk writers and streamers they feed.
+//! arrives), their admission into the tiers, and the disk writers they feed.
 
 use crate::prelude::*;
 use crate::state::*;
@@ -33,6 +33,7 @@ impl BlockCache {
             digest: d,
             data: data.clone(),
             done: force.then_some(done_tx),
+            direct: !force,
             _held: None,
         };
         if force {
@@ -357,16 +358,9 @@ impl BlockCache {
         let pool = &self.inner.pool;
         let mut warm_blocks = Vec::new();
         let mut cur = pool.take(block_len(0));
-        // Warm-ups stream each received chunk straight to its block file while it is hot in the CPU cache.
-        // Other fills queue each whole block once complete (lossy): its buffer is page-aligned, so it goes to
-        // the file with `O_DIRECT` straight from that memory, with no copy through the staging buffer.
-        let streamer = match (&self.inner.disk, mode) {
-            (Some(disk), FillMode::Warm) => {
-                Some(DiskStreamer::start(disk.clone(), &self.inner.tasks))
-            }
-            _ => None,
-        };
-        let mut streaming = false;
+        // Each whole block goes to the disk writers once complete: its buffer is page-aligned, so it is written
+        // with `O_DIRECT` straight from that memory, with no copy. A warm-up's writes are forced (admitted,
+        // queued with backpressure) and waited for below; other fills' are lossy.
         while let Some(chunk) = stream.next().await {
             let mut chunk = chunk?;
             while !chunk.is_empty() {
@@ -381,19 +375,8 @@ impl BlockCache {
                     ));
                 }
                 let (key, d) = &keys[i];
-                if cur.is_empty()
-                    && let Some(st) = &streamer
-                {
-                    streaming = st
-                        .begin(key, *d, block_len(i) as u64, self.is_pinned(key))
-                        .await;
-                }
                 let take = (block_len(i) - cur.len()).min(chunk.len());
-                let piece = chunk.split_to(take);
-                cur.extend_from_slice(&piece);
-                if streaming && let Some(st) = &streamer {
-                    streaming = st.chunk(piece).await;
-                }
+                cur.extend_from_slice(&chunk.split_to(take));
                 if cur.len() == block_len(i) {
                     let block = std::mem::take(&mut cur).freeze();
                     self.insert_ram(
@@ -402,16 +385,9 @@ impl BlockCache {
                         &block,
                         mode == FillMode::Warm && self.inner.disk.is_none(),
                     );
-                    if mode != FillMode::Warm {
-                        self.store_disk(key, *d, &block, mode).await;
+                    if let Some(w) = self.store_disk(key, *d, &block, mode).await {
+                        written.push(w);
                     }
-                    if streaming
-                        && let Some(st) = &streamer
-                        && let Some(done) = st.end().await
-                    {
-                        written.push(done);
-                    }
-                    streaming = false;
                     got += block.len() as u64;
                     out += 1;
                     if out == keys.len() {
@@ -518,110 +494,6 @@ impl BlockCache {
     pub(crate) fn run_blocks(&self) -> u64 {
         let cfg = &self.inner.cfg;
         (cfg.max_request_size.bytes() / cfg.block_size.bytes()).max(1)
-    }
-}
-
-/// A blocking writer that receives a warm-up run's chunks and writes them to block files as they arrive, while
-/// they are still hot in the CPU cache; the warm-up waits for it (backpressure, bounded channel). A block whose
-/// `End` never arrives is abandoned when the next one begins or the run ends. (Other fills queue whole blocks
-/// instead, see `receive_run`.)
-pub(crate) struct DiskStreamer {
-    pub(crate) tx: mpsc::Sender<StreamMsg>,
-    pub(crate) disk: Arc<DiskTier>,
-}
-
-pub(crate) enum StreamMsg {
-    Begin {
-        key: BlockKey,
-        digest: Digest,
-        len: u64,
-    },
-    Chunk(Bytes),
-    End(oneshot::Sender<()>),
-}
-
-impl DiskStreamer {
-    /// Start the writer on a blocking thread tracked by `tasks`, so shutdown waits for it.
-    pub(crate) fn start(disk: Arc<DiskTier>, tasks: &TaskTracker) -> Self {
-        // Chunks are a few KiB to a few hundred KiB; 512 of them let the writer lag a block or so behind.
-        let (tx, mut rx) = mpsc::channel::<StreamMsg>(512);
-        let d2 = disk.clone();
-        tasks.spawn_blocking(move || {
-            let disk = d2;
-            let abandon = |cur: &mut Option<(crate::disk::BlockFile, Digest)>| {
-                if let Some((f, d)) = cur.take() {
-                    drop(f);
-                    disk.drop_entry(&d);
-                    disk.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                }
-            };
-            let mut cur: Option<(crate::disk::BlockFile, Digest)> = None;
-            while let Some(msg) = rx.blocking_recv() {
-                match msg {
-                    StreamMsg::Begin { key, digest, len } => {
-                        abandon(&mut cur);
-                        cur = match disk.begin(&key, &digest, len) {
-                            Ok(f) => Some((f, digest)),
-                            Err(e) => {
-                                disk.fail(&digest, &e);
-                                None
-                            }
-                        };
-                    }
-                    StreamMsg::Chunk(b) => {
-                        if let Some((f, d)) = cur.as_mut()
-                            && let Err(e) = f.append(&b)
-                        {
-                            disk.fail(d, &e);
-                            cur = None;
-                        }
-                    }
-                    StreamMsg::End(done) => {
-                        if let Some((f, _)) = cur.take() {
-                            let _ = disk.finish(f);
-                        }
-                        let _ = done.send(());
-                    }
-                }
-            }
-            // The run ended mid-block (an error, shutdown, or a lost `End`).
-            abandon(&mut cur);
-        });
-        Self { tx, disk }
-    }
-
-    pub(crate) async fn send(&self, msg: StreamMsg) -> bool {
-        self.tx.send(msg).await.is_ok()
-    }
-
-    /// Reserve space for a block (forced admission, as for every warm-up) and open its file. False if the
-    /// tier did not admit it or the writer is gone.
-    pub(crate) async fn begin(&self, key: &BlockKey, digest: Digest, len: u64, pin: bool) -> bool {
-        if !self.disk.reserve(key, digest, len, pin, true).admitted {
-            return false;
-        }
-        let msg = StreamMsg::Begin {
-            key: key.clone(),
-            digest,
-            len,
-        };
-        if !self.send(msg).await {
-            self.disk.drop_entry(&digest);
-            self.disk.counters.dropped.fetch_add(1, Ordering::Relaxed);
-            return false;
-        }
-        true
-    }
-
-    /// Append to the current block; false when the writer is gone: send nothing more for it.
-    pub(crate) async fn chunk(&self, b: Bytes) -> bool {
-        self.send(StreamMsg::Chunk(b)).await
-    }
-
-    /// Finish the current block: a receiver that fires once it is on disk (or has failed, counted).
-    pub(crate) async fn end(&self) -> Option<oneshot::Receiver<()>> {
-        let (tx, rx) = oneshot::channel();
-        self.send(StreamMsg::End(tx)).await.then_some(rx)
     }
 }
 

@@ -121,10 +121,6 @@ impl BlockBuf {
         self.filled
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.filled == 0
-    }
-
     /// Append `s`; grows past the capacity like a `Vec` (a caller that asked for the right size never does).
     pub(crate) fn extend_from_slice(&mut self, s: &[u8]) {
         let end = self.filled + s.len();
@@ -201,7 +197,7 @@ mod tests {
         assert_eq!(p.kept(), 1);
         let mut b = p.take(64 * 1024);
         assert_eq!(p.reused.load(Ordering::Relaxed), 1);
-        assert!(b.is_empty());
+        assert_eq!(b.len(), 0);
         b.extend_from_slice(&[2u8; 100]);
         b.extend_from_slice(&[3u8; 100]);
         let f = b.freeze();

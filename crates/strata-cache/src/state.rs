@@ -82,6 +82,8 @@ pub(crate) struct DiskJob {
     pub(crate) digest: Digest,
     pub(crate) data: Bytes,
     pub(crate) done: Option<oneshot::Sender<()>>,
+    /// Written with `O_DIRECT` ([`crate::disk::DiskTier::write`]): every fill's but a warm-up's.
+    pub(crate) direct: bool,
     /// Budget held until the block is written (a lossy write queued past [`LOSSY_QUEUE_MAX`]).
     pub(crate) _held: Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
 }

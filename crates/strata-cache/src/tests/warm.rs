@@ -47,7 +47,7 @@ async fn a_warm_up_returns_once_the_blocks_another_fill_is_writing_are_in_place(
         "the warm-up returned while two of its blocks were still being written"
     );
     // The first write completes: the warm-up still waits for the second.
-    disk.write(&k3, &d3, &b3).unwrap();
+    disk.write(&k3, &d3, &b3, true).unwrap();
     assert!(
         tokio::time::timeout(Duration::from_millis(300), &mut warm)
             .await

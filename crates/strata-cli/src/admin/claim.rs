@@ -323,7 +323,11 @@ async fn wait_for(api: &Api, out: &Out, id: &str, timeout: Option<i64>) -> Resul
             std::process::exit(3);
         }
         // Often at first (a small claim is ready in moments, and a job waits on this), then twice a second.
-        let every = if start.elapsed().as_secs() < 5 { 100 } else { 500 };
+        let every = if start.elapsed().as_secs() < 5 {
+            100
+        } else {
+            500
+        };
         tokio::time::sleep(std::time::Duration::from_millis(every)).await;
     }
 }
