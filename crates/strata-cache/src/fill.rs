@@ -358,9 +358,10 @@ impl BlockCache {
         let pool = &self.inner.pool;
         let mut warm_blocks = Vec::new();
         let mut cur = pool.take(block_len(0));
-        // Each whole block goes to the disk writers once complete: its buffer is page-aligned, so it is written
-        // with `O_DIRECT` straight from that memory, with no copy. A warm-up's writes are forced (admitted,
-        // queued with backpressure) and waited for below; other fills' are lossy.
+        // Each whole block goes to the disk writers once complete. Other fills' writes are lossy and use
+        // `O_DIRECT` straight from the block's page-aligned memory, with no copy; a warm-up's are forced
+        // (admitted, queued with backpressure), go through the page cache (see the crate's docs) and are
+        // waited for below.
         while let Some(chunk) = stream.next().await {
             let mut chunk = chunk?;
             while !chunk.is_empty() {
