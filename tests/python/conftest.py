@@ -5,6 +5,7 @@ Every server is started on a free loopback port by the fixture that needs it and
 """
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -37,10 +38,37 @@ def api_get(url, token=ADMIN_TOKEN):
 ORIGIN_KEY, ORIGIN_SECRET = "origin", "origin-secret"
 
 
+_PORTS_GIVEN = set()
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, for a server a test starts on a fixed port (an agent whose peers
+    and restarts need its address). Chosen below the kernel's ephemeral range: a port the kernel hands out for
+    a bind to port 0 can go to any outgoing connection before the server binds it ("Address already in use",
+    seen once in CI), while ports below that range are only ever taken by an explicit bind. Never the same port
+    twice in one run."""
+    low = min(_ephemeral_low(), 65536) - 1
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(10000, max(low, 10001))
+        if port in _PORTS_GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def wait_port(port, proc=None, timeout=30):

@@ -169,9 +169,9 @@ def require_slurm():
 
 
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from conftest import free_port  # below the ephemeral range, never the same twice
+
+    return free_port()
 
 
 def _sbin(name):
