@@ -18,6 +18,7 @@ Needs .venv (scripts/test.sh makes it) and a release build (cargo build --releas
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
@@ -102,6 +104,17 @@ def start_serve(cfg, data_dir, env=None, addr="api.addr", prefix=()):
     return proc, open(addr_file).read().strip()
 
 
+def block_buffers(api, token):
+    """The agent's block-buffer pool counters (`reused`, `allocated`, `released`): how often a block buffer was
+    faulted in afresh instead of reused."""
+    base = api if api.startswith("http") else f"http://{api}"
+    req = urllib.request.Request(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    return {m.group(1): int(float(m.group(2)))
+            for m in re.finditer(r'^strata_cache_block_buffers_total\{event="(\w+)"\} (\S+)$', text, re.M)}
+
+
 def run_strata(endpoint, work, rnd, via="warm"):
     data_dir = os.path.join(work, f"strata-{rnd}")
     cfg = os.path.join(work, "strata.toml")
@@ -148,6 +161,7 @@ secret_access_key = "bench"
         summary = json.loads(out.stdout)
     rss = peak_rss_mib(serve.pid)
     cpu = cpu_seconds(serve.pid)
+    summary["buffers"] = block_buffers(api, token)
     serve.terminate()
     serve.wait(timeout=30)
     shutil.rmtree(data_dir, ignore_errors=True)
@@ -211,10 +225,11 @@ def main():
                     assert summary["done_bytes"] == total << 20 and summary["failed_blocks"] == 0, summary
                     st_times.append(dt)
                     rss.append(peak)
+                    buffers = summary["buffers"]
                 cpu["moto_" + who].append(cpu_seconds(moto.pid) - moto_cpu0)
             print(f"round {r + 1}: s5cmd {s5_times[-1]:.2f} s (cpu {cpu['s5cmd'][-1]:.1f} s, origin cpu "
                   f"{cpu['moto_s5cmd'][-1]:.1f} s), strata {a.via} {st_times[-1]:.2f} s (cpu {cpu['strata'][-1]:.1f} s, "
-                  f"origin cpu {cpu['moto_strata'][-1]:.1f} s), strata peak RSS {rss[-1]:.0f} MiB")
+                  f"origin cpu {cpu['moto_strata'][-1]:.1f} s), strata peak RSS {rss[-1]:.0f} MiB, block buffers {buffers}")
         ms, mt = statistics.median(s5_times), statistics.median(st_times)
         bound = RAM_MIB + INFLIGHT_MIB + 100
         result = {
