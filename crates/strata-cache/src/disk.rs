@@ -741,6 +741,30 @@ impl BlockFile {
         Ok(())
     }
 
+    /// Append data that is in the CPU's cache (just received) straight to the file, with no copy through the
+    /// staging buffer (blocking). Only for a file through the page cache with nothing staged.
+    pub(crate) fn append_hot(&mut self, data: &[u8]) -> Result<()> {
+        if self.direct || self.stage.fill != 0 {
+            return self.append(data);
+        }
+        if self.written + data.len() as u64 > self.len {
+            return Err(Error::internal(format!(
+                "{}: more data than the block holds",
+                self.tmp.display()
+            )));
+        }
+        self.crc = crc32c::crc32c_append(self.crc, data);
+        let at = self.data_start + self.flushed;
+        let file = self
+            .file
+            .as_ref()
+            .ok_or_else(|| Error::internal("block file already closed"))?;
+        file.write_all_at(data, at).map_err(|e| self.io(e))?;
+        self.flushed += data.len() as u64;
+        self.written += data.len() as u64;
+        Ok(())
+    }
+
     fn complete(mut self) -> Result<()> {
         if self.written != self.len {
             return Err(Error::internal(format!(

@@ -77,8 +77,10 @@
 //!   lossy: 8 blocks queue freely, past them a block holds its size of the in-flight budget
 //!   until written (at most half the budget in all: a queued block the RAM tier did not keep is memory
 //!   outside the tier), and with no budget or the queue full (`disk_write_queue`) it is dropped and counted.
-//!   Warm-ups queue theirs the same way but never lose one: they wait for room in the queue (backpressure),
-//!   write through the page cache and report a block only once its file is in place. Through the page cache
+//!   Warm-ups never lose one and report a block only once its file is in place: each block is written to
+//!   its file piece by piece as it arrives, from the fill's task, while the bytes are in the CPU's cache
+//!   (`HotWrite` in `fill.rs`; a block it cannot write that way is queued, waiting for room in the queue).
+//!   Through the page cache
 //!   because a staging's blocks are mostly not kept in memory anyway and the device then catches up after
 //!   the claim is Ready, as any copy tool's writes do; with `O_DIRECT` a claim's staging waited on the device
 //!   (0.61-0.70x `s5cmd cp` against 0.84-0.87x buffered, `bench/RESULTS.md`).

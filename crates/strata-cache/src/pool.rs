@@ -121,6 +121,11 @@ impl BlockBuf {
         self.filled
     }
 
+    /// The filled bytes.
+    pub(crate) fn filled(&self) -> &[u8] {
+        &self.buf[..self.filled]
+    }
+
     /// Append `s`; grows past the capacity like a `Vec` (a caller that asked for the right size never does).
     pub(crate) fn extend_from_slice(&mut self, s: &[u8]) {
         let end = self.filled + s.len();

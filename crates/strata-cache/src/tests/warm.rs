@@ -72,3 +72,54 @@ async fn a_warm_up_returns_once_the_blocks_another_fill_is_writing_are_in_place(
     assert!(got == data);
     cache.shutdown().await;
 }
+
+/// A warm-up writes each block to its file as the block arrives. A body cut mid-block (its run is retried)
+/// must leave neither the partial file nor the block's reservation behind: a leaked reservation would make
+/// the retry skip the block and the warm-up wait for a write that never comes. The blocks are 1 MiB, so the
+/// cut lands after some of a block's pieces were written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_up_cut_mid_block_is_retried_and_leaves_no_partial_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = strata_testkit::S3Server::start();
+    server.create_bucket("warm").await;
+    let proxy = strata_testkit::FaultProxy::start(&server.endpoint()).await;
+    let t = Telemetry::new();
+    let backend = s3_backend(&proxy.endpoint(), "warm", t.clone());
+    // 3.5 blocks in one run: the cut, half-way through the body, falls inside the second block.
+    let data = pattern(3 * 1024 * 1024 + 512 * 1024, 23);
+    put(&backend, "w/x.bin", &data).await;
+    let meta = backend.head(&ctx(), "w/x.bin").await.unwrap();
+    let cfg = || config(Some(dir.path()), 1024, 2, 16, PolicyKind::Tinylfu);
+    let cache = open(cfg(), t.clone());
+    proxy.reset_next_bodies(1);
+    let p = tokio::time::timeout(
+        Duration::from_secs(60),
+        cache.warm_objects(&ctx(), &backend, vec![meta.clone()], 4, |_| {}),
+    )
+    .await
+    .expect("the warm-up ends")
+    .unwrap();
+    assert!(p.errors.is_empty(), "{p:?}");
+    assert!(t.metrics().retries_total() >= 1, "the cut body was retried");
+    let h = cache.held(&backend, std::slice::from_ref(&meta));
+    assert_eq!((h.blocks_held, h.blocks_total), (4, 4), "{h:?}");
+    let partial = std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
+    assert_eq!(partial, 0, "a partial block file was left behind");
+    cache.shutdown().await;
+    // The files alone hold the object: a new cache on the directory, with the origin's copy gone, reads it
+    // whole and right (each block's checksum is verified as it is read).
+    let cache = open(cfg(), Telemetry::new());
+    let before = cache.stats().fills;
+    let obj = cache
+        .open_object(&ctx(), &backend, "w/x.bin")
+        .await
+        .unwrap();
+    backend.delete(&ctx(), "w/x.bin").await.unwrap();
+    assert!(obj.read(0..data.len() as u64).await.unwrap() == data);
+    assert_eq!(
+        cache.stats().fills,
+        before,
+        "a block was read from the origin"
+    );
+    cache.shutdown().await;
+}
