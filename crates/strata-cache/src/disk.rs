@@ -28,6 +28,10 @@
 //! made) are verified on every read; a mismatch removes the file and counts a checksum failure. Any I/O error
 //! (EIO, ENOSPC, a file deleted underneath us) is a miss plus a counter, never a failed read: the disk tier is
 //! advisory.
+//!
+//! One room of about 1,000 lines, a fifth of them tests: the index, the file format and the writer
+//! (`BlockFile`: direct, staged and unstaged writes) share one invariant, that a file is in place exactly when
+//! its entry is `ready`, and it reads best kept together.
 
 use std::fs;
 use std::io::{Read, Seek};
