@@ -565,7 +565,7 @@ pub(crate) struct BlockFile {
     len: u64,
     /// Bytes accepted by `append`.
     written: u64,
-    /// Bytes of data written to the file (a multiple of `CHUNK` until `complete`).
+    /// Bytes of data written to the file (with direct I/O, a multiple of `CHUNK` until `complete`).
     flushed: u64,
 }
 
@@ -704,6 +704,16 @@ impl BlockFile {
 
     /// Append data (blocking).
     pub(crate) fn append(&mut self, data: &[u8]) -> Result<()> {
+        self.append_with(data, false)
+    }
+
+    /// Append data that is in the CPU's cache (just received; blocking): through the page cache it goes to the
+    /// file as it is, with no copy through the staging buffer.
+    pub(crate) fn append_hot(&mut self, data: &[u8]) -> Result<()> {
+        self.append_with(data, true)
+    }
+
+    fn append_with(&mut self, data: &[u8], hot: bool) -> Result<()> {
         if self.written + data.len() as u64 > self.len {
             return Err(Error::internal(format!(
                 "{}: more data than the block holds",
@@ -712,13 +722,23 @@ impl BlockFile {
         }
         self.crc = crc32c::crc32c_append(self.crc, data);
         let mut rest = data;
-        // Through the page cache data still goes through the staging buffer: the kernel's copy from a cache-hot
+        // Through the page cache, cold data goes through the staging buffer: the kernel's copy from a cache-hot
         // 1 MiB buffer costs far less than from a whole cold block (the kernel's copy went from 20% to 50% of
-        // the agent's CPU in a claim's staging when 8 MiB blocks were written as they are).
-        // Aligned data (a block assembled in its own page-aligned buffer) goes to the file as it is, whole
-        // chunks at a time: no copy through the staging buffer.
-        if self.direct && self.stage.fill == 0 && (rest.as_ptr() as usize).is_multiple_of(ALIGN) {
-            let whole = rest.len() / CHUNK * CHUNK;
+        // the agent's CPU in a claim's staging when 8 MiB blocks were written as they are). Hot data goes to
+        // the file as it is. With direct I/O, aligned data (a block assembled in its own page-aligned buffer)
+        // goes to the file as it is, whole chunks at a time.
+        let unstaged = self.stage.fill == 0
+            && if self.direct {
+                (rest.as_ptr() as usize).is_multiple_of(ALIGN)
+            } else {
+                hot
+            };
+        if unstaged {
+            let whole = if self.direct {
+                rest.len() / CHUNK * CHUNK
+            } else {
+                rest.len()
+            };
             if whole > 0 {
                 let at = self.data_start + self.flushed;
                 let file = self
@@ -741,30 +761,6 @@ impl BlockFile {
                 self.flush_stage()?;
             }
         }
-        self.written += data.len() as u64;
-        Ok(())
-    }
-
-    /// Append data that is in the CPU's cache (just received) straight to the file, with no copy through the
-    /// staging buffer (blocking). Only for a file through the page cache with nothing staged.
-    pub(crate) fn append_hot(&mut self, data: &[u8]) -> Result<()> {
-        if self.direct || self.stage.fill != 0 {
-            return self.append(data);
-        }
-        if self.written + data.len() as u64 > self.len {
-            return Err(Error::internal(format!(
-                "{}: more data than the block holds",
-                self.tmp.display()
-            )));
-        }
-        self.crc = crc32c::crc32c_append(self.crc, data);
-        let at = self.data_start + self.flushed;
-        let file = self
-            .file
-            .as_ref()
-            .ok_or_else(|| Error::internal("block file already closed"))?;
-        file.write_all_at(data, at).map_err(|e| self.io(e))?;
-        self.flushed += data.len() as u64;
         self.written += data.len() as u64;
         Ok(())
     }
@@ -909,7 +905,14 @@ mod tests {
             (0..n).map(|j| (j * 31 + i * 7) as u8).collect::<Vec<u8>>()
         };
         let mut files = Vec::new();
-        for (direct, aligned) in [(true, false), (false, false), (true, true), (false, true)] {
+        for (direct, aligned, hot) in [
+            (true, false, false),
+            (false, false, false),
+            (true, true, false),
+            (false, true, false),
+            (false, false, true),
+            (true, false, true),
+        ] {
             let dir = tempfile::tempdir().unwrap();
             {
                 let t = DiskTier::open(dir.path(), 64 << 20, 0, PolicyKind::Lru, 1 << 20).unwrap();
@@ -931,9 +934,14 @@ mod tests {
                         f.append(&room[off..off + cut]).unwrap();
                         f.append(&room[off + cut..off + n]).unwrap();
                     } else {
-                        // In pieces of odd sizes, as streamed fills arrive.
-                        for piece in bytes.chunks(300_001) {
-                            f.append(piece).unwrap();
+                        // In pieces of odd sizes, as streamed fills arrive; `hot`: every other one as a
+                        // warm-up's pieces (unstaged where nothing is staged), mixed with staged ones.
+                        for (j, piece) in bytes.chunks(300_001).enumerate() {
+                            if hot && j % 2 == 0 {
+                                f.append_hot(piece).unwrap();
+                            } else {
+                                f.append(piece).unwrap();
+                            }
                         }
                     }
                     t.finish(f).unwrap();
