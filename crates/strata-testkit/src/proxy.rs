@@ -96,7 +96,8 @@ impl FaultProxy {
         self.shared.faults.lock().delay = d;
     }
 
-    /// Forward the next `n` responses with bodies but cut each connection after half the body.
+    /// Forward the next `n` responses with bodies but cut each connection after half the body (the half
+    /// delivered before the cut).
     pub fn reset_next_bodies(&self, n: u32) {
         self.shared.faults.lock().reset_next_bodies = n;
     }
@@ -236,6 +237,14 @@ async fn forward(State(s): State<Arc<Shared>>, req: Request) -> Response {
                     Err(e) => vec![Err(std::io::Error::other(e))],
                 };
                 futures::stream::iter(out)
+            });
+            // The bytes before the cut reach the client before it: the server drops what it has not yet
+            // written when a body fails, which would make the cut fall anywhere before half-way.
+            let s = s.then(|item| async move {
+                if item.is_err() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                item
             });
             Body::from_stream(s)
         }
