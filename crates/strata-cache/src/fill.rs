@@ -201,7 +201,9 @@ impl BlockCache {
         };
         let start = first.index * bs;
         let end = ((last.index + 1) * bs).min(obj.meta.size);
-        // Readahead's budget is held by the reader's prefetch buffer until the block is consumed.
+        // Readahead's budget is held by the reader's prefetch buffer until the block is consumed. A warm-up
+        // holds its run's: the run's blocks, handed out as they complete, stay in memory with their in-flight
+        // entries until the run ends.
         let _permit = match (permit, mode) {
             (Some(p), _) => Some(p),
             (None, FillMode::Readahead | FillMode::Peer) => None,
@@ -290,9 +292,10 @@ impl BlockCache {
         Ok(())
     }
 
-    /// One backend request for a run of consecutive blocks. Mid-stream failures (a reset connection) retry the
-    /// whole run under the backend's retry policy; blocks completed before the failure are already cached and
-    /// correct (the ETag is pinned).
+    /// One backend request for a run of consecutive blocks. A mid-stream failure (a reset connection) is
+    /// retried under the backend's retry policy from the first block it had not completed: the blocks before
+    /// it are already cached and handed out, and correct (the ETag is pinned), so a long run cut near its end
+    /// reads one block again, not the run.
     pub(crate) async fn origin_run(
         &self,
         ctx: &IoContext,
@@ -306,13 +309,23 @@ impl BlockCache {
         let (Some((first, _)), Some((last, _))) = (keys.first(), keys.last()) else {
             return Ok(());
         };
-        let start = first.index * bs;
         let end = ((last.index + 1) * bs).min(obj.meta.size);
         let policy = obj.backend.retry_policy();
         let mut attempt = 0u32;
+        let mut complete = 0usize;
         loop {
+            let start = keys.get(complete).map_or(first.index, |k| k.0.index) * bs;
             match self
-                .receive_run(ctx, obj, keys, start..end, mode, done, given.take())
+                .receive_run(
+                    ctx,
+                    obj,
+                    keys,
+                    &mut complete,
+                    start..end,
+                    mode,
+                    done,
+                    given.take(),
+                )
                 .await
             {
                 Ok(()) => return Ok(()),
@@ -326,15 +339,17 @@ impl BlockCache {
         }
     }
 
-    /// One attempt at a run: stream `start..end` and cut it into blocks as the bytes arrive; each completed
-    /// block goes to the RAM tier and the disk queue at once, while it is still hot in the CPU cache, and to
-    /// its waiters (`done[i]`, taken when sent: a retried run does not send a block twice).
+    /// One attempt at a run: stream `start..end` (from the start of block `*complete`, the first one earlier
+    /// attempts did not complete; advanced as blocks complete) and cut it into blocks as the bytes arrive;
+    /// each completed block goes to the RAM tier and the disk queue at once, while it is still hot in the CPU
+    /// cache, and to its waiters (`done[i]`, taken when sent: a retried run does not send a block twice).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn receive_run(
         &self,
         ctx: &IoContext,
         obj: &ObjState,
         keys: &[(BlockKey, Digest)],
+        complete: &mut usize,
         span: Range<u64>,
         mode: FillMode,
         done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
@@ -350,14 +365,15 @@ impl BlockCache {
                     .await?
             }
         };
-        let mut out = 0usize;
+        let skipped = *complete;
+        let mut out = skipped;
         let mut got = 0u64;
         let mut written = Vec::new();
         let block_len =
             |i: usize| (((keys[i].0.index + 1) * bs).min(end) - keys[i].0.index * bs) as usize;
         let pool = &self.inner.pool;
         let mut warm_blocks = Vec::new();
-        let mut cur = pool.take(block_len(0));
+        let mut cur = pool.take(block_len(out.min(keys.len().saturating_sub(1))));
         // A warm-up's block goes to its file a piece at a time as it arrives, while the piece is in the CPU's
         // cache (see `HotWrite`).
         let hot_disk = match (&self.inner.disk, mode) {
@@ -370,100 +386,109 @@ impl BlockCache {
         // forced admission, through the page cache); one it could not write that way (another fill had
         // reserved it, the file could not be made) is queued whole for the writers, forced, and waited for
         // below.
-        while let Some(chunk) = stream.next().await {
-            let mut chunk = chunk?;
-            while !chunk.is_empty() {
-                let i = out;
-                if i >= keys.len() {
-                    return Err(Error::new(
-                        ErrorKind::Unavailable,
-                        format!(
-                            "{}: the backend sent more bytes than requested",
-                            obj.meta.key
-                        ),
-                    ));
-                }
-                let (key, d) = &keys[i];
-                if cur.len() == 0
-                    && let Some(disk) = &hot_disk
-                {
-                    hot = HotWrite::start(disk, key, *d, block_len(i) as u64, self.is_pinned(key));
-                }
-                let take = (block_len(i) - cur.len()).min(chunk.len());
-                cur.extend_from_slice(&chunk.split_to(take));
-                let complete = cur.len() == block_len(i);
-                if let Some(h) = &mut hot
-                    && (complete || cur.len() - h.at >= HOT_PIECE)
-                {
-                    let piece = &cur.filled()[h.at..];
-                    h.at = cur.len();
-                    let r = h.file.as_mut().map(|f| f.append_hot(piece));
-                    if let Some(Err(e)) = r
-                        && let Some(h) = hot.take()
+        // Blocks completed before a failure are still reported (their queued writes waited for) before it is
+        // returned: the retry starts after them.
+        let r: Result<()> = async {
+            while let Some(chunk) = stream.next().await {
+                let mut chunk = chunk?;
+                while !chunk.is_empty() {
+                    let i = out;
+                    if i >= keys.len() {
+                        return Err(Error::new(
+                            ErrorKind::Unavailable,
+                            format!(
+                                "{}: the backend sent more bytes than requested",
+                                obj.meta.key
+                            ),
+                        ));
+                    }
+                    let (key, d) = &keys[i];
+                    if cur.len() == 0
+                        && let Some(disk) = &hot_disk
                     {
-                        h.fail(&e);
+                        hot = HotWrite::start(
+                            disk,
+                            key,
+                            *d,
+                            block_len(i) as u64,
+                            self.is_pinned(key),
+                        );
                     }
-                }
-                if complete {
-                    let block = std::mem::take(&mut cur).freeze();
-                    self.insert_ram(
-                        key,
-                        *d,
-                        &block,
-                        mode == FillMode::Warm && self.inner.disk.is_none(),
-                    );
-                    let on_disk = match hot.take() {
-                        Some(h) => h.finish(),
-                        None => false,
-                    };
-                    if !on_disk && let Some(w) = self.store_disk(key, *d, &block, mode).await {
-                        written.push(w);
-                    }
-                    got += block.len() as u64;
-                    out += 1;
-                    if out == keys.len() {
-                        // Counted before the last block is handed out: a reader that has every byte sees
-                        // the fill in the stats.
-                        let c = &self.inner.counters;
-                        c.fill_requests.fetch_add(1, Ordering::Relaxed);
-                        c.fills.fetch_add(keys.len() as u64, Ordering::Relaxed);
-                        c.fill_bytes.fetch_add(end - start, Ordering::Relaxed);
-                        self.note_job(ctx, crate::stats::JobBytes::Origin, end - start);
-                    }
-                    // Warm-ups report a block only once it is on disk (below).
-                    if mode != FillMode::Warm
-                        && let Some(tx) = done[i].take()
+                    let take = (block_len(i) - cur.len()).min(chunk.len());
+                    cur.extend_from_slice(&chunk.split_to(take));
+                    let whole = cur.len() == block_len(i);
+                    if let Some(h) = &mut hot
+                        && (whole || cur.len() - h.at >= HOT_PIECE)
                     {
-                        let _ = tx.send(Ok(block));
-                    } else if mode == FillMode::Warm {
-                        warm_blocks.push((i, block));
+                        let piece = &cur.filled()[h.at..];
+                        h.at = cur.len();
+                        let r = h.file.as_mut().map(|f| f.append_hot(piece));
+                        if let Some(Err(e)) = r
+                            && let Some(h) = hot.take()
+                        {
+                            h.fail(&e);
+                        }
                     }
-                    if i + 1 < keys.len() {
-                        cur = pool.take(block_len(i + 1));
+                    if whole {
+                        let block = std::mem::take(&mut cur).freeze();
+                        self.insert_ram(
+                            key,
+                            *d,
+                            &block,
+                            mode == FillMode::Warm && self.inner.disk.is_none(),
+                        );
+                        let on_disk = match hot.take() {
+                            Some(h) => h.finish(),
+                            None => false,
+                        };
+                        if !on_disk && let Some(w) = self.store_disk(key, *d, &block, mode).await {
+                            written.push(w);
+                        }
+                        got += block.len() as u64;
+                        out += 1;
+                        if out == keys.len() {
+                            // Counted before the last block is handed out: a reader that has every byte sees
+                            // the fill in the stats.
+                            let c = &self.inner.counters;
+                            c.fill_requests.fetch_add(1, Ordering::Relaxed);
+                            c.fills.fetch_add(keys.len() as u64, Ordering::Relaxed);
+                            let run = end - keys[0].0.index * bs;
+                            c.fill_bytes.fetch_add(run, Ordering::Relaxed);
+                            self.note_job(ctx, crate::stats::JobBytes::Origin, run);
+                        }
+                        *complete = out;
+                        // A warm-up reports a block only once it is on disk: at once when written as it
+                        // arrived, else once its queued write is done (below).
+                        if mode == FillMode::Warm && !on_disk && self.inner.disk.is_some() {
+                            warm_blocks.push((i, block));
+                            if warm_blocks.len() as u64 >= self.run_blocks() {
+                                report_written(&mut written, &mut warm_blocks, done).await;
+                            }
+                        } else if let Some(tx) = done[i].take() {
+                            let _ = tx.send(Ok(block));
+                        }
+                        if i + 1 < keys.len() {
+                            cur = pool.take(block_len(i + 1));
+                        }
                     }
                 }
             }
-        }
-        if out != keys.len() {
-            let got = got + cur.len() as u64;
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "{}: short read, got {got} of {} bytes",
-                    obj.meta.key,
-                    end - start
-                ),
-            ));
-        }
-        for w in written {
-            let _ = w.await;
-        }
-        for (i, block) in warm_blocks {
-            if let Some(tx) = done[i].take() {
-                let _ = tx.send(Ok(block));
+            if out != keys.len() {
+                let got = got + cur.len() as u64;
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "{}: short read, got {got} of {} bytes",
+                        obj.meta.key,
+                        end - start
+                    ),
+                ));
             }
+            Ok(())
         }
-        Ok(())
+        .await;
+        report_written(&mut written, &mut warm_blocks, done).await;
+        r
     }
 
     /// Read one block: tiers first, then the backend.
@@ -525,6 +550,22 @@ impl BlockCache {
     pub(crate) fn run_blocks(&self) -> u64 {
         let cfg = &self.inner.cfg;
         (cfg.max_request_size.bytes() / cfg.block_size.bytes()).max(1)
+    }
+}
+
+/// Wait for a warm-up's queued block writes, then hand out the blocks that waited for them.
+async fn report_written(
+    written: &mut Vec<oneshot::Receiver<()>>,
+    blocks: &mut Vec<(usize, Bytes)>,
+    done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
+) {
+    for w in written.drain(..) {
+        let _ = w.await;
+    }
+    for (i, block) in blocks.drain(..) {
+        if let Some(tx) = done[i].take() {
+            let _ = tx.send(Ok(block));
+        }
     }
 }
 

@@ -128,6 +128,40 @@ async fn origin_faults_give_right_bytes_or_clear_errors() {
     cache.shutdown().await;
 }
 
+/// A reader's run of blocks cut mid-body resumes at the block the cut fell in; the blocks before it, already
+/// handed out, are not read again, and every byte is right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_mid_body_resumes_at_the_block_it_was_in() {
+    let server = S3Server::start();
+    server.create_bucket("resume").await;
+    let proxy = FaultProxy::start(&server.endpoint()).await;
+    let t = Telemetry::new();
+    let backend = s3_backend(&proxy.endpoint(), "resume", t.clone());
+    // Four 64 KiB blocks in one run (max_request_size is four blocks): the open's own request, whose body is
+    // cut half-way, in the second block.
+    let data = pattern(4 * 64 * 1024 - 1000, 5);
+    put(&backend, "r.bin", &data).await;
+    let cache = open(config(None, 64, 64, 0, PolicyKind::Tinylfu), t.clone());
+    proxy.clear();
+    proxy.reset_next_bodies(1);
+    let obj = cache.open_object(&ctx(), &backend, "r.bin").await.unwrap();
+    assert!(obj.read(0..data.len() as u64).await.unwrap() == data);
+    let ranges: Vec<_> = proxy
+        .gets_of("r.bin")
+        .into_iter()
+        .filter_map(|r| r.range)
+        .collect();
+    assert_eq!(ranges.len(), 2, "{ranges:?}");
+    assert!(ranges[0].starts_with("bytes=0-"), "{ranges:?}");
+    assert_eq!(
+        ranges[1],
+        format!("bytes=65536-{}", data.len() - 1),
+        "the retry starts at the block the cut fell in"
+    );
+    assert_eq!(cache.stats().fill_bytes, data.len() as u64, "counted once");
+    cache.shutdown().await;
+}
+
 #[tokio::test]
 async fn overwrite_at_origin_is_never_served_stale() {
     let backend = memory_backend();

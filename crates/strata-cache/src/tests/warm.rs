@@ -101,6 +101,17 @@ async fn a_warm_up_cut_mid_block_is_retried_and_leaves_no_partial_block() {
     .unwrap();
     assert!(p.errors.is_empty(), "{p:?}");
     assert!(t.metrics().retries_total() >= 1, "the cut body was retried");
+    // The retry starts at the block the cut fell in: the first block, complete, is not read again.
+    let ranges: Vec<_> = proxy
+        .gets_of("w/x.bin")
+        .into_iter()
+        .filter_map(|r| r.range)
+        .collect();
+    assert_eq!(
+        ranges,
+        ["bytes=0-3670015", "bytes=1048576-3670015"],
+        "the run's requests"
+    );
     let h = cache.held(&backend, std::slice::from_ref(&meta));
     assert_eq!((h.blocks_held, h.blocks_total), (4, 4), "{h:?}");
     let partial = std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
