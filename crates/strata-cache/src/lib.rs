@@ -65,13 +65,14 @@
 //! # Fills
 //!
 //! - `CachedObject::prefetch` starts the uncached blocks of a range as **runs**: one backend request per run
-//!   of consecutive blocks, up to half the in-flight budget (warm-ups: up to `max_request_size`).
+//!   of consecutive blocks, up to half the in-flight budget (warm-ups: from `max_request_size` up to four
+//!   times that, enough to spread the blocks over their concurrency: `warm.rs` `warm_run_blocks`).
 //! - Each block of a run is registered for single-flight separately and **resolves as soon as it has
 //!   arrived** (a oneshot per block), not when the whole run has. Warm-ups resolve a block once it is on disk.
 //! - Every ranged GET carries `If-Match` of the opened version and the response's ETag is checked: an object
 //!   changed since the open fails with `PreconditionFailed` instead of mixing versions. Short bodies are
-//!   errors. A run that fails midway is retried whole under the backend's retry policy; blocks completed
-//!   before the failure are already cached and correct.
+//!   errors. A run that fails midway is retried under the backend's retry policy from the block the failure
+//!   fell in; blocks completed before it are already cached, handed out and correct.
 //! - Completed blocks go to the RAM tier (admission) and to the disk writers. Ordinary fills queue each whole
 //!   block (its buffer is page-aligned, so it reaches its file with `O_DIRECT` without a copy); the queue is
 //!   lossy: 8 blocks queue freely, past them a block holds its size of the in-flight budget

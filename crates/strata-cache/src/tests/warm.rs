@@ -77,6 +77,57 @@ async fn a_warm_up_returns_once_the_blocks_another_fill_is_writing_are_in_place(
 /// must leave neither the partial file nor the block's reservation behind: a leaked reservation would make
 /// the retry skip the block and the warm-up wait for a write that never comes. The blocks are 1 MiB, so the
 /// cut lands after some of a block's pieces were written.
+/// A warm-up's requests are as long as spreads its blocks over its concurrency: from `max_request_size` (4
+/// blocks here) up to half the in-flight budget (8 of 16 blocks), never one per block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_up_spreads_its_blocks_over_its_concurrency_in_long_requests() {
+    let server = strata_testkit::S3Server::start();
+    server.create_bucket("runs").await;
+    let proxy = strata_testkit::FaultProxy::start(&server.endpoint()).await;
+    let backend = s3_backend(&proxy.endpoint(), "runs", Telemetry::new());
+    let data = pattern(10 * 64 * 1024, 7);
+    put(&backend, "r/x.bin", &data).await;
+    let meta = backend.head(&ctx(), "r/x.bin").await.unwrap();
+    // (concurrency, the requests): 10 blocks over 1 request are capped at 8; over 2, 5 each; over 5, 2 each
+    // are raised to 4.
+    let cases: [(usize, &[(u64, u64)]); 3] = [
+        (1, &[(0, 8), (8, 10)]),
+        (2, &[(0, 5), (5, 10)]),
+        (5, &[(0, 4), (4, 8), (8, 10)]),
+    ];
+    for (concurrency, want) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = open(
+            config(Some(dir.path()), 64, 4, 64, PolicyKind::Tinylfu),
+            Telemetry::new(),
+        );
+        proxy.clear();
+        let p = cache
+            .warm_objects(&ctx(), &backend, vec![meta.clone()], concurrency, |_| {})
+            .await
+            .unwrap();
+        assert!(
+            p.errors.is_empty() && p.done_bytes == data.len() as u64,
+            "{p:?}"
+        );
+        let mut ranges: Vec<_> = proxy
+            .gets_of("r/x.bin")
+            .into_iter()
+            .filter_map(|r| r.range)
+            .collect();
+        ranges.sort();
+        let mut want: Vec<_> = want
+            .iter()
+            .map(|(a, b)| format!("bytes={}-{}", a * 65536, b * 65536 - 1))
+            .collect();
+        want.sort();
+        assert_eq!(ranges, want, "concurrency {concurrency}");
+        let h = cache.held(&backend, std::slice::from_ref(&meta));
+        assert_eq!((h.blocks_held, h.blocks_total), (10, 10), "{h:?}");
+        cache.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_up_cut_mid_block_is_retried_and_leaves_no_partial_block() {
     let dir = tempfile::tempdir().unwrap();
