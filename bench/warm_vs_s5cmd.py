@@ -8,6 +8,7 @@ median time of each, their throughput ratio (target: Strata >= 0.9x s5cmd), and 
 against its bound (RAM tier + in-flight budget + 100 MiB).
 
     python3 bench/warm_vs_s5cmd.py [--total-mib 2048] [--object-mib 64] [--rounds 3] [--via warm|claim]
+        [--s5cmd-part-mib 64] [--split-cpus]
 
 With `--via claim`, Strata's side is a claim of the prefix submitted with `strata claim submit --wait`: admission
 (listing, versions pinned), staging, and the counted `ready` verdict, timed from submission to ready (target:
@@ -178,6 +179,10 @@ def main():
                          "stands in for a separate machine instead of competing for the client's cores")
     ap.add_argument("--via", choices=["warm", "claim"], default="warm",
                     help="Strata's side: `strata cache warm`, or a claim's staging (submit to ready)")
+    ap.add_argument("--s5cmd-part-mib", type=int, default=None,
+                    help="s5cmd's part size (`cp -p`, default 50 MiB); the object size makes it one request per "
+                         "object, as Strata's warm-up asks: the baseline at its best on an origin that reads a "
+                         "whole object for each range request (moto)")
     a = ap.parse_args()
     if not os.path.exists(STRATA):
         sys.exit("build first: cargo build --release -p strata-cli")
@@ -214,7 +219,8 @@ def main():
                     shutil.rmtree(dst, ignore_errors=True)
                     t0 = time.perf_counter()
                     t_cpu = os.times()
-                    s5cmd(endpoint, "cp", "s3://bench/data/*", dst + "/")
+                    part = ["-p", str(a.s5cmd_part_mib)] if a.s5cmd_part_mib else []
+                    s5cmd(endpoint, "cp", *part, "s3://bench/data/*", dst + "/")
                     s5_times.append(time.perf_counter() - t0)
                     t_cpu2 = os.times()
                     cpu["s5cmd"].append((t_cpu2.children_user - t_cpu.children_user) + (t_cpu2.children_system - t_cpu.children_system))
@@ -233,7 +239,7 @@ def main():
         ms, mt = statistics.median(s5_times), statistics.median(st_times)
         bound = RAM_MIB + INFLIGHT_MIB + 100
         result = {
-            "via": a.via, "split_cpus": a.split_cpus, "total_mib": total, "object_mib": a.object_mib, "rounds": a.rounds,
+            "via": a.via, "s5cmd_part_mib": a.s5cmd_part_mib, "split_cpus": a.split_cpus, "total_mib": total, "object_mib": a.object_mib, "rounds": a.rounds,
             "s5cmd_median_s": round(ms, 3), "strata_median_s": round(mt, 3),
             "s5cmd_mib_s": round(total / ms, 1), "strata_mib_s": round(total / mt, 1),
             "ratio_strata_over_s5cmd": round(ms / mt, 3),
@@ -247,7 +253,7 @@ def main():
         print(f"strata serve peak RSS {max(rss):.0f} MiB; bound RAM tier {RAM_MIB} + in-flight {INFLIGHT_MIB} + 100 = {bound} MiB"
               f" -> {'within' if max(rss) <= bound else 'OVER'}")
         os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
-        name = f"{a.via}_vs_s5cmd{'_split' if a.split_cpus else ''}.json"
+        name = f"{a.via}_vs_s5cmd{'_split' if a.split_cpus else ''}{f'_p{a.s5cmd_part_mib}' if a.s5cmd_part_mib else ''}.json"
         with open(os.path.join(ROOT, "bench", "out", name), "w") as f:
             json.dump(result, f, indent=2)
     finally:

@@ -120,7 +120,7 @@ impl BlockCache {
     ///
     /// Fewer, longer requests cost the origin less per byte: an S3 server that reads the whole object for
     /// each range request, as moto does, reads a 64 MiB object once instead of twice, and a claim's staging
-    /// went from 0.90x to 1.33x `s5cmd cp` (bench/RESULTS.md). The cap bounds how long a reader that joins
+    /// went from 0.93-0.98x to 1.28-1.39x `s5cmd cp` (bench/RESULTS.md). The cap bounds how long a reader that joins
     /// one of a run's blocks in flight waits for the bytes before it.
     fn warm_run_blocks(&self, missing: u64, concurrency: usize) -> u64 {
         let cfg = &self.inner.cfg;
