@@ -329,7 +329,12 @@ impl BlockCache {
                 .await
             {
                 Ok(()) => return Ok(()),
-                Err(e) if e.is_retryable() && attempt < policy.max_retries => {
+                // (Every block complete and still an error: the backend sent more than asked; not retried.)
+                Err(e)
+                    if e.is_retryable()
+                        && attempt < policy.max_retries
+                        && complete < keys.len() =>
+                {
                     attempt += 1;
                     self.inner.telemetry.record_retry(Op::Get, e.kind());
                     tokio::time::sleep(policy.backoff(attempt)).await;
@@ -365,15 +370,14 @@ impl BlockCache {
                     .await?
             }
         };
-        let skipped = *complete;
-        let mut out = skipped;
+        let mut out = *complete;
         let mut got = 0u64;
         let mut written = Vec::new();
         let block_len =
             |i: usize| (((keys[i].0.index + 1) * bs).min(end) - keys[i].0.index * bs) as usize;
         let pool = &self.inner.pool;
         let mut warm_blocks = Vec::new();
-        let mut cur = pool.take(block_len(out.min(keys.len().saturating_sub(1))));
+        let mut cur = pool.take(keys.get(out).map_or(0, |_| block_len(out)));
         // A warm-up's block goes to its file a piece at a time as it arrives, while the piece is in the CPU's
         // cache (see `HotWrite`).
         let hot_disk = match (&self.inner.disk, mode) {
