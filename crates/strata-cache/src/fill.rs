@@ -555,6 +555,13 @@ impl BlockCache {
         let cfg = &self.inner.cfg;
         (cfg.max_request_size.bytes() / cfg.block_size.bytes()).max(1)
     }
+
+    /// The most blocks one request of a prefetch, an open that reads ahead or a warm-up asks for: half the
+    /// in-flight budget (at least one block), which such a run holds whole.
+    pub(crate) fn max_run_blocks(&self) -> u64 {
+        let cfg = &self.inner.cfg;
+        (cfg.inflight_budget.bytes() / 2 / cfg.block_size.bytes()).max(1)
+    }
 }
 
 /// Wait for a warm-up's queued block writes, then hand out the blocks that waited for them.

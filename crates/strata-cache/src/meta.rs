@@ -110,7 +110,7 @@ impl BlockCache {
         }
         let cfg = &self.inner.cfg;
         let bs = cfg.block_size.bytes();
-        let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1) * bs;
+        let cap = self.max_run_blocks() * bs;
         // A read of more than one block from the start is a sequential reader (a client downloading in
         // parts): the same request also reads the readahead window past it, which often is the rest of the
         // object, one request where the next part would have needed another.

@@ -244,7 +244,7 @@ impl CachedObject {
         }
         let cfg = &self.cache.inner.cfg;
         let bs = cfg.block_size.bytes();
-        let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1);
+        let cap = self.cache.max_run_blocks();
         let (first, last) = (range.start / bs, (end - 1) / bs);
         let runs = {
             let ra = self.ra.lock();

@@ -74,7 +74,7 @@ impl BlockCache {
         }
         let cfg = &self.inner.cfg;
         let bs = cfg.block_size.bytes();
-        let cap = (cfg.inflight_budget.bytes() / 2 / bs).max(1);
+        let cap = self.max_run_blocks();
         let (first, last) = (range.start / bs, (end - 1) / bs);
         let runs = {
             let mut st = self.inner.staged.lock();

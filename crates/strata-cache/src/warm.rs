@@ -123,10 +123,9 @@ impl BlockCache {
     /// went from 0.93-0.98x to 1.28-1.39x `s5cmd cp` (bench/RESULTS.md). The cap bounds how long a reader that joins
     /// one of a run's blocks in flight waits for the bytes before it.
     fn warm_run_blocks(&self, missing: u64, concurrency: usize) -> u64 {
-        let cfg = &self.inner.cfg;
         let one = self.run_blocks();
         let most = (one * WARM_REQUESTS_PER_RUN)
-            .min(cfg.inflight_budget.bytes() / 2 / cfg.block_size.bytes())
+            .min(self.max_run_blocks())
             .max(one);
         missing.div_ceil(concurrency.max(1) as u64).clamp(one, most)
     }
