@@ -190,6 +190,7 @@ class Mounter:
         self.base = str(base)
         self.made = []
         self.popens = []
+        self.filesystems = []
         self.n = 0
 
     def _paths(self, d=None):
@@ -202,8 +203,21 @@ class Mounter:
         return str(d), state
 
     def hot_dir(self):
-        """The hot copies of this test's mounts (never the machine's default directory)."""
-        return os.path.join(self.base, "hot")
+        """The hot copies of this test's mounts (never the machine's default directory): a tmpfs of the test's
+        own, so that whether a copy fits (a tenth of its file system stays free) never depends on how full the
+        machine's disk is."""
+        d = os.path.join(self.base, "hot")
+        if d not in self.filesystems:
+            self.filesystem(d, "256m")
+        return d
+
+    def filesystem(self, d, size):
+        """A tmpfs of `size` on `d` (made), unmounted at cleanup."""
+        os.makedirs(d, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "strata-test", d], check=True,
+                       capture_output=True, timeout=30)
+        self.filesystems.append(d)
+        return d
 
     def args(self, api, location, d, state, *opts, token=ADMIN_TOKEN):
         hot = [] if "--hot-dir" in opts else ["--hot-dir", self.hot_dir()]
@@ -254,6 +268,8 @@ class Mounter:
                 wait_for(lambda: mount_procs(state) == ([], []), 15, f"the processes of {state} to exit")
             except AssertionError:
                 pass
+            self._unmount(d)
+        for d in self.filesystems:
             self._unmount(d)
 
 

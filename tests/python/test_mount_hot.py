@@ -5,9 +5,10 @@ Covered: the copy appears only once the whole file was read, byte-exact, and a p
 server stopped (SIGSTOP) and the page cache dropped, which a read through the server cannot; an inode held
 open through the page cache keeps every later open there until it is closed (the kernel refuses the two modes
 at once with EIO), also across a kill -9 of the server; passthrough handles keep working across a kill -9 and
-the next server reuses their backing file; the budget (`--hot-size`) evicts the least recently opened copy and
-`--hot-size 0` makes none; random reads make no copy; a file's own pages are dropped once its copy serves it
-(cachestat(2)).
+the next server reuses their backing file; the budget (`--hot-size`) evicts the least recently opened copy,
+`--hot-size 0` makes none, nor is a copy made that would leave its file system less than a tenth free; random
+reads make no copy; a file's own pages are dropped once its copy serves it (cachestat(2)). Each test's copies
+live on a tmpfs of its own (test_mount.Mounter.hot_dir), never on the machine's disk, however full.
 
 Needs root (mount(2), the backing-file ioctls), /dev/fuse and Linux 6.9; skipped like test_mount.py.
 """
@@ -218,3 +219,10 @@ def test_copies_stay_within_their_budget_and_size_0_makes_none(gw, dataset, moun
     time.sleep(1)
     assert not os.path.exists(mounts.hot_dir() + "-none"), os.listdir(mounts.hot_dir() + "-none")
     assert "passthrough=false" in m0.log(), m0.log()[-2000:]
+
+    # A copy that would leave its file system less than a tenth free is not made, and the log says why.
+    small = mounts.filesystem(os.path.join(mounts.base, "small"), "22m")
+    m1 = mounts.mount(gw.api, "origin/" + DS, "--hot-dir", small, "--hot-size", "1GiB")
+    assert sha_file(m1.path(BIG[0])) == sha(dataset["files"][BIG[0]])
+    wait_for(lambda: "no hot copy: it would leave the file system" in m1.log(), 30, "the refusal in the log")
+    assert [f for f in os.listdir(small) if f != "tmp"] == [] and os.listdir(os.path.join(small, "tmp")) == []
