@@ -235,9 +235,9 @@ scratch: {size: 4MiB, ttl_secs: 3600}
         while agent.ok("GET", f"/v1/claims/{c['id']}")["state"] != "staging":
             assert time.time() < deadline
             time.sleep(0.1)
-        d = slurm.job(j)
+        # data_in sets the Comment after the claim was submitted (staging may start first): waited for.
+        d = slurm.wait(j, "PENDING", timeout=30, pred=lambda d: (d.get("Comment") or "").startswith("strata:"))
         assert d["JobState"] == "PENDING", d
-        assert (d["Comment"] or "").startswith("strata:"), d
         slurm.scancel(j)
         slurm.wait(j, "CANCELLED", timeout=30)
     finally:
