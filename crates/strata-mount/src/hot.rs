@@ -98,15 +98,6 @@ pub struct Hot {
     full_logged: Mutex<Option<std::time::Instant>>,
 }
 
-/// Whether writing `bytes` more leaves a tenth of a file system free, counted as `df` does: of the space its
-/// users can fill (used + available), not of every block, since blocks reserved for root (`tune2fs -m`, up
-/// to most of a disk on some machines) are neither free to a copy nor used.
-pub fn keeps_a_tenth_free(available: u64, free: u64, blocks: u64, bytes: u64) -> bool {
-    let used = blocks.saturating_sub(free);
-    let usable = used.saturating_add(available);
-    available >= bytes && available - bytes >= usable / 10
-}
-
 impl std::fmt::Debug for Hot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hot")
@@ -208,25 +199,25 @@ impl Hot {
 
     /// Whether a copy of `size` bytes may start beside copies in progress of `pending` bytes: the budget is
     /// made room in (the least recently opened copies go), and the file system keeps a tenth free (the agent's
-    /// cache may share it), a tenth as `df` counts it ([`keeps_a_tenth_free`]).
+    /// cache may share it), a tenth as `df` counts it ([`strata_types::FsSpace`]).
     fn room_for(&self, size: u64, pending: u64) -> bool {
         if size.saturating_add(pending) > self.budget {
             return false;
         }
         if let Ok(st) = rustix::fs::statvfs(&self.dir) {
-            let f = st.f_frsize;
-            let (avail, free, blocks) = (
-                st.f_bavail.saturating_mul(f),
-                st.f_bfree.saturating_mul(f),
-                st.f_blocks.saturating_mul(f),
+            let space = strata_types::FsSpace::from_blocks(
+                st.f_blocks,
+                st.f_bfree,
+                st.f_bavail,
+                st.f_frsize,
             );
-            if !keeps_a_tenth_free(avail, free, blocks, size.saturating_add(pending)) {
+            if !space.keeps_a_tenth_free(size.saturating_add(pending)) {
                 let mut last = self.full_logged.lock();
                 if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
                     *last = Some(std::time::Instant::now());
                     tracing::info!(
                         dir = %self.dir.display(),
-                        available = avail,
+                        available = space.available,
                         size,
                         "no hot copy: it would leave the file system of --hot-dir less than a tenth free \
                          (logged once a minute)"
@@ -586,23 +577,6 @@ mod tests {
             etag: Some("\"e1\"".into()),
             mtime: 0,
         }
-    }
-
-    #[test]
-    fn a_tenth_free_is_counted_as_df_counts_it() {
-        const G: u64 = 1 << 30;
-        // This machine's root file system: 252 GiB of blocks, 241 free, 80 available (161 reserved for root):
-        // df says 13% used, so a 1 GiB copy leaves plenty; of every block, 80 GiB would look like a third.
-        assert!(keeps_a_tenth_free(80 * G, 241 * G, 252 * G, G));
-        // The same disk with 52 GiB used and 20 available (df: 72% used): a 1 GiB copy leaves 26% of what its
-        // users can fill, though only 7.5% of every block.
-        assert!(keeps_a_tenth_free(20 * G, 200 * G, 252 * G, G));
-        // 89 GiB used, 11 available: 11% free; 1 GiB more leaves 10%, 2 GiB more leave less.
-        assert!(keeps_a_tenth_free(11 * G, 11 * G, 100 * G, G));
-        assert!(!keeps_a_tenth_free(11 * G, 11 * G, 100 * G, 2 * G));
-        // Reserved blocks are not free to a copy: available is what counts.
-        assert!(!keeps_a_tenth_free(G / 2, 50 * G, 100 * G, G));
-        assert!(!keeps_a_tenth_free(0, 0, 0, 1));
     }
 
     fn body(size: u64) -> Vec<u8> {

@@ -19,7 +19,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use event::{IoContext, IoEvent, Op, Outcome, Tier};
 pub use extras::{ChecksumAlgorithm, StoredChecksum};
 pub use ids::{BlockKey, ObjectAttrs, ObjectId, ObjectMeta, validate_key};
-pub use size::ByteSize;
+pub use size::{ByteSize, FsSpace};
 
 /// Percent-encode `s` for one URL path segment or query value (everything but `A-Za-z0-9-_.~`).
 pub fn encode_segment(s: &str) -> String {

@@ -97,9 +97,64 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
+/// The space of a file system as `df` counts it: `usable` is what its users can fill (used + available),
+/// not every block, since blocks reserved for root (`tune2fs -m`, most of a disk on some machines) are
+/// neither free to Strata nor used; a fullness measured against every block calls such a disk full early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsSpace {
+    /// Used + available bytes.
+    pub usable: u64,
+    /// Bytes an unprivileged writer may still fill.
+    pub available: u64,
+}
+
+impl FsSpace {
+    /// From `statvfs(3)`'s block counts (`f_blocks`, `f_bfree`, `f_bavail`) and fragment size.
+    pub fn from_blocks(blocks: u64, free: u64, available: u64, frsize: u64) -> Self {
+        let used = blocks.saturating_sub(free).saturating_mul(frsize);
+        let available = available.saturating_mul(frsize);
+        Self {
+            usable: used.saturating_add(available),
+            available,
+        }
+    }
+
+    /// Whether writing `bytes` more still leaves a tenth of `usable` available.
+    pub fn keeps_a_tenth_free(&self, bytes: u64) -> bool {
+        self.available >= bytes && self.available - bytes >= self.usable / 10
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenth_free_is_counted_as_df_counts_it() {
+        const G: u64 = 1 << 30;
+        let fs = |available: u64, free: u64, blocks: u64| {
+            FsSpace::from_blocks(blocks / 4096, free / 4096, available / 4096, 4096)
+        };
+        // A root file system seen on our machines: 252 GiB of blocks, 241 free, 80 available (161 reserved for
+        // root): df says 12% used.
+        assert_eq!(
+            fs(80 * G, 241 * G, 252 * G),
+            FsSpace {
+                usable: 91 * G,
+                available: 80 * G
+            }
+        );
+        assert!(fs(80 * G, 241 * G, 252 * G).keeps_a_tenth_free(G));
+        // The same disk with 52 GiB used and 20 available (df: 72% used): a 1 GiB write leaves 26% of what its
+        // users can fill, though only 7.5% of every block.
+        assert!(fs(20 * G, 200 * G, 252 * G).keeps_a_tenth_free(G));
+        // 89 GiB used, 11 available: 11% free; 1 GiB more leaves 10%, 2 GiB more leave less.
+        assert!(fs(11 * G, 11 * G, 100 * G).keeps_a_tenth_free(G));
+        assert!(!fs(11 * G, 11 * G, 100 * G).keeps_a_tenth_free(2 * G));
+        // Reserved blocks are not free to a writer: available is what counts.
+        assert!(!fs(G / 2, 50 * G, 100 * G).keeps_a_tenth_free(G));
+        assert!(!fs(0, 0, 0).keeps_a_tenth_free(1));
+    }
 
     #[test]
     fn parses_units() {
