@@ -104,6 +104,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 PACKAGES = ("slurm-wlm", "munge")
@@ -584,3 +585,23 @@ def _zombie(pid):
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+class OriginGate:
+    """A gate for the proxy in front of a test's origin (its `before` hook): while held, every object GET waits
+    (listings pass), so a claim stays in staging for as long as a test needs to look at it, however slow or
+    fast the machine; `release()` lets the waiting GETs go on."""
+
+    def __init__(self):
+        self._open = threading.Event()
+        self._open.set()
+
+    def hold(self):
+        self._open.clear()
+
+    def release(self):
+        self._open.set()
+
+    def before(self, method, path):
+        if method == "GET" and "list-type=" not in path:
+            self._open.wait(timeout=300)

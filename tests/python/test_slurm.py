@@ -25,24 +25,13 @@ import time
 import pytest
 
 from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, client, free_port
-from slurm import SlurmCluster, require_slurm
+from slurm import OriginGate, SlurmCluster, require_slurm
 from test_claims import BUCKET, MIB, Agent, put_dataset
 from test_shared_cache import Proxy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LUA = os.path.join(ROOT, "contrib", "slurm", "burst_buffer.lua")
-GRACE = 3  # seconds a job whose claim failed stays held before it is cancelled
-
-
-class Slow:
-    """A switch for the proxy in front of the origin: while on, every GET waits."""
-
-    def __init__(self):
-        self.delay = 0.0
-
-    def before(self, method, path):
-        if method == "GET" and self.delay:
-            time.sleep(self.delay)
+GRACE = 6  # seconds a job whose claim failed stays held before it is cancelled (sampled by polling)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +42,7 @@ def site(origin):
         s3.create_bucket(Bucket=BUCKET)
     except s3.exceptions.BucketAlreadyOwnedByYou:
         pass
-    slow = Slow()
+    slow = OriginGate()
     proxy = Proxy(origin.split("//", 1)[1], before=slow.before)
     agent = Agent(f"http://{proxy.addr}", ram="16MiB", disk="48MiB")
     for team in ("vision", "audio"):
@@ -227,7 +216,7 @@ datasets:
 scratch: {size: 4MiB, ttl_secs: 3600}
 """)
     agent, slurm = site["agent"], site["slurm"]
-    site["slow"].delay = 1.5
+    site["slow"].hold()  # staging stays at its first GETs until released
     try:
         j = slurm.sbatch(f"#!/bin/bash\n#BB_LUA strata claim={f}\necho never\n", extra_args=submit_env())
         c = job_claim(site, j, released=False, timeout=60)
@@ -241,7 +230,7 @@ scratch: {size: 4MiB, ttl_secs: 3600}
         slurm.scancel(j)
         slurm.wait(j, "CANCELLED", timeout=30)
     finally:
-        site["slow"].delay = 0
+        site["slow"].release()
     # Teardown releases it; in 22.05 a kill of data_in sometimes kills the teardown too, and then the TTL does.
     c = job_claim(site, j, timeout=60)
     assert c["reason"] in (f"slurm job {j} cancelled", "no heartbeat for 30 s (the claim's TTL)"), c

@@ -59,7 +59,7 @@ import time
 import pytest
 
 from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, client
-from slurm import SlurmCluster, require_slurm
+from slurm import OriginGate, SlurmCluster, require_slurm
 from test_claims import BUCKET, MIB, Agent, put_dataset
 from test_shared_cache import Proxy
 
@@ -75,17 +75,6 @@ NOOP_LUA = "\n".join(f"function {f}(...) return slurm.SUCCESS end" for f in (
 REQUEUE_DELAY = 120  # seconds a requeued job waits (Slurm 22.05)
 
 
-class Slow:
-    """A switch for the proxy in front of the origin: while on, every GET waits."""
-
-    def __init__(self):
-        self.delay = 0.0
-
-    def before(self, method, path):
-        if method == "GET" and self.delay:
-            time.sleep(self.delay)
-
-
 @pytest.fixture(scope="module")
 def site(origin):
     require_slurm()
@@ -94,7 +83,7 @@ def site(origin):
         s3.create_bucket(Bucket=BUCKET)
     except s3.exceptions.BucketAlreadyOwnedByYou:
         pass
-    slow = Slow()
+    slow = OriginGate()
     proxy = Proxy(origin.split("//", 1)[1], before=slow.before)
     agent = Agent(f"http://{proxy.addr}", ram="16MiB", disk="48MiB")
     agent.call("POST", "/v1/teams", {"name": "vision"})
@@ -184,6 +173,15 @@ def recorded(site, script, job_id):
         return dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)
 
 
+def no_state_files(site, job_id, timeout=30):
+    """Waits until the job's state files are gone (the epilog removes them after it releases the claim, so a
+    released claim may be seen first); fails with what is left."""
+    deadline = time.time() + timeout
+    while state_files(site, job_id) and time.time() < deadline:
+        time.sleep(0.2)
+    assert state_files(site, job_id) == [], state_files(site, job_id)
+
+
 def state_files(site, job_id):
     try:
         return sorted(n for n in os.listdir(site["state"]) if n.split(".")[0] == str(job_id))
@@ -211,12 +209,12 @@ echo "START $(date +%s.%N)"
 env | grep '^STRATA_' | sort | sed 's/^/ENV /'
 ls {site['state']} >/dev/null 2>&1; echo "LIST $?"
 """
-    site["slow"].delay = 1.0
+    site["slow"].hold()  # staging stays at its first GETs until released
     try:
         j = slurm.sbatch(script, extra_args=(f"--comment=strata:claim={f}", *CLEAN))
         c = job_claim(site, j, released=False, timeout=60)
         deadline = time.time() + 30
-        while agent.ok("GET", f"/v1/claims/{c['id']}")["state"] != "staging":  # each origin GET takes 1 s
+        while agent.ok("GET", f"/v1/claims/{c['id']}")["state"] != "staging":  # its object GETs are held
             assert time.time() < deadline
             time.sleep(0.05)
         # staging: the job has its node but its script has not started
@@ -224,7 +222,7 @@ ls {site['state']} >/dev/null 2>&1; echo "LIST $?"
         assert d["JobState"] == "CONFIGURING", d
         assert "START" not in slurm.output(j)
     finally:
-        site["slow"].delay = 0
+        site["slow"].release()
     d = slurm.wait(j, "COMPLETED", timeout=120)
     out = slurm.output(j)
     env = dict(line[4:].split("=", 1) for line in out.splitlines() if line.startswith("ENV "))
@@ -241,7 +239,7 @@ ls {site['state']} >/dev/null 2>&1; echo "LIST $?"
     assert d["AdminComment"].startswith('strata:{"claim":"' + c["id"] + '"'), d["AdminComment"]
     assert json.loads(d["AdminComment"][len("strata:"):])["usage"]["staged_bytes"] == sum(sizes)
     assert c["usage"]["staged_bytes"] == sum(sizes), c["usage"]
-    assert state_files(site, j) == [], "the epilog removed what the prolog kept"
+    no_state_files(site, j)  # the epilog removed what the prolog kept
     assert agent.ok("GET", "/v1/claims?team=vision") == [] and agent.ok("GET", "/v1/protections") == []
     q = {q["scope"]: q for q in agent.ok("GET", "/v1/quotas/vision")}
     assert q["scratch"]["used_bytes"] == 0, q
@@ -276,7 +274,7 @@ def test_scancel_of_a_running_job_releases_its_claim(site):
     c = job_claim(site, j)
     assert c["reason"] == f"slurm job {j} ended", c
     assert not any(p["prefix"] == "prolog-cancel/" for p in agent.cache()["pins"]), "unpinned"
-    assert state_files(site, j) == []
+    no_state_files(site, j)
 
 
 def test_a_job_without_a_strata_comment_runs_as_usual_and_makes_no_claim(site):
@@ -290,7 +288,7 @@ def test_a_job_without_a_strata_comment_runs_as_usual_and_makes_no_claim(site):
         assert "ran" in out and "ENV " not in out, out
         assert d["AdminComment"] is None, d
         assert claims_of(site, j) == []
-        assert state_files(site, j) == []
+        no_state_files(site, j)
         assert recorded(site, "prolog.sh", j)["SLURM_JOB_ID"] == str(j), "the prolog ran (and let it be)"
 
 
@@ -338,7 +336,7 @@ def test_a_claim_that_cannot_be_had_requeues_the_job_with_the_reason_and_leaves_
                 c = job_claim(site, j)
                 assert c["reason"] == f"slurm job {j} not started: its claim failed", c
                 assert c.get("ready_at") is None, c
-            assert state_files(site, j) == [], state_files(site, j)
+            no_state_files(site, j)
         assert agent.ok("GET", "/v1/claims?team=vision") == [], "nothing left live"
         assert agent.ok("GET", "/v1/protections") == []
     finally:
