@@ -374,16 +374,19 @@ def test_a_claim_without_heartbeats_is_released_after_its_ttl(agent, s3):
                                         "scratch": {"size": "1MiB", "ttl_secs": 3600}})
     h = agent.wait_settled(c["id"])
     assert h["state"] == "ready"
-    time.sleep(6)
+    # Timed from the agent's own stamps (whole seconds), not from sleeps a loaded machine stretches: the
+    # heartbeat renews the stamp, and the release comes a TTL after the renewed one, not after the first.
+    time.sleep(max(0.0, h["heartbeat_at"] + 5 - time.time()))
     hb = agent.cli("claim", "heartbeat", c["id"])
     assert "ready" in hb.stdout
-    time.sleep(6)
-    assert agent.ok("GET", f"/v1/claims/{c['id']}")["state"] == "ready", "the heartbeat renewed it"
-    deadline = time.time() + 30
+    renewed = agent.ok("GET", f"/v1/claims/{c['id']}")
+    assert renewed["state"] == "ready" and renewed["heartbeat_at"] >= h["heartbeat_at"] + 5, (h, renewed)
+    deadline = time.time() + 40
     while agent.ok("GET", f"/v1/claims/{c['id']}")["state"] != "released":
         assert time.time() < deadline, "not released after its TTL"
         time.sleep(0.5)
     r = agent.ok("GET", f"/v1/claims/{c['id']}")
+    assert r["released_at"] >= renewed["heartbeat_at"] + 10, ("released on the first stamp's TTL", h, r)
     assert "no heartbeat for 10 s" in r["reason"], r
     q = {x["scope"]: x for x in agent.ok("GET", "/v1/quotas/vision")}
     assert q["scratch"]["used_bytes"] == 0
