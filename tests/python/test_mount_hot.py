@@ -103,7 +103,7 @@ def test_a_file_read_whole_is_then_read_through_its_copy_without_the_server(gw, 
     assert oct(os.stat(mounts.hot_dir()).st_mode & 0o777) == "0o700"
     # Opened now (once the kernel told the server the earlier handles are released: that comes after close
     # returns): through the copy, so it reads with the server stopped and nothing in the page cache.
-    fd = wait_for(lambda: _passthrough_fd(m, m.path(BIG[0]), want), 30, "a passthrough open")
+    fd = wait_for(lambda: _passthrough_fd(m, m.path(BIG[0]), want), 60, "a passthrough open")
     os.close(fd)
     assert sha_file(m.path(BIG[0])) == want
     assert "passthrough=true" in m.log(), m.log()[-3000:]
@@ -126,7 +126,7 @@ def test_an_inode_open_through_the_page_cache_is_not_also_opened_passthrough(gw,
     assert held.read(MIB) == body[5 * MIB:6 * MIB]
     held.close()
     # Closed: the next open goes through the copy, and stays readable across a kill -9.
-    fd = wait_for(lambda: _passthrough_fd(m, m.path(BIG[1]), want), 30, "a passthrough open")
+    fd = wait_for(lambda: _passthrough_fd(m, m.path(BIG[1]), want), 60, "a passthrough open")
     try:
         kill_server(m)
         # The new server opens the same inode passthrough again with the same backing file.
@@ -191,7 +191,7 @@ def test_a_files_pages_are_dropped_once_its_copy_serves_it(gw, dataset, mounts):
 def _passthrough_fd(m, path, want):
     """A descriptor of `path` that reads without the server (a passthrough open), or None."""
     fd = os.open(path, os.O_RDONLY)
-    got = read_without_the_server(m, fd, timeout=5)
+    got = read_without_the_server(m, fd, timeout=10)
     if got == [want, want]:
         return fd
     os.close(fd)

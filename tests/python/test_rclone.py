@@ -476,7 +476,7 @@ def test_aws_cli_uploads_empty_files_without_stalling(gateway, bucket, tmp_path)
     env = aws_env(AWS_CONFIG_FILE=str(cfg))
     prefix = f"empty-{bucket}/"
     t = time.monotonic()
-    r = subprocess.run([os.path.join(VENV_BIN, "aws"), "--endpoint-url", gateway.endpoint, "--cli-read-timeout", "5",
+    r = subprocess.run([os.path.join(VENV_BIN, "aws"), "--endpoint-url", gateway.endpoint, "--cli-read-timeout", "20",
                         "--debug", "s3", "cp", "--recursive", "--no-progress", str(src), f"s3://{bucket}/{prefix}"],
                        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     took = time.monotonic() - t
