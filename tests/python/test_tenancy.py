@@ -245,6 +245,13 @@ def test_cleanup_plan_run_restore_with_protections(tenancy):
     # Forecast and scratch from the CLI.
     out = cli(gw, "forecast").stdout
     assert "KIND" in out
+    # A volume's capacity is what df counts, used + available: blocks reserved for root are neither.
+    volumes = [f for f in cli_json(gw, "forecast") if f["kind"] == "volume"]
+    assert volumes, "no volume sampled"
+    for f in volumes:
+        st = os.statvfs(f["scope"])
+        usable = (st.f_blocks - st.f_bfree + st.f_bavail) * st.f_frsize
+        assert abs(f["capacity"] - usable) <= usable // 100, (f, st)  # what was written since moves neither
     s = cli_json(gw, "scratch", "alloc", "--team", "vision", "--bytes", "1MiB", "--ttl", "1h", token=vision_admin)
     assert os.path.isdir(s["path"])
     cli(gw, "scratch", "free", s["id"], token=vision_admin)

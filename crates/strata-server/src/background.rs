@@ -120,7 +120,10 @@ pub async fn sample_usage(a: &Agent) -> Result<()> {
     let keep = 2 * a.config().catalog.forecast_window_days as i64 * 86_400;
     cat.prune_samples(now - keep).await?;
     for v in volumes {
-        if let Some((total, avail)) = crate::sys::statvfs(&v) {
+        // As `df` counts it: capacity is used + available, and blocks reserved for root are neither (counted
+        // as used, they made a disk that df calls 12% full look 68% full).
+        if let Some(space) = crate::sys::statvfs(&v) {
+            let (total, avail) = (space.usable, space.available);
             cat.add_sample(
                 "volume",
                 &v.display().to_string(),

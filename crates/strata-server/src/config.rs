@@ -439,7 +439,7 @@ impl Config {
             let fs = fs_space(&dir);
             let capacity = match c.disk_capacity {
                 AutoSize::Fixed(b) => {
-                    if let Some((total, _)) = fs
+                    if let Some(total) = fs.map(|f| f.size)
                         && b.bytes() > total
                     {
                         return Err(Error::config(format!(
@@ -451,7 +451,7 @@ impl Config {
                     b
                 }
                 AutoSize::Auto => {
-                    let free = fs.map(|(_, f)| f).unwrap_or(1 << 30);
+                    let free = fs.map_or(1 << 30, |f| f.available);
                     ByteSize(round_down((free / 4).clamp(256 << 20, 1 << 40), bs).max(bs))
                 }
             };
@@ -676,8 +676,8 @@ fn total_memory() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// (total, available) bytes of the file system holding `dir`, or its nearest existing ancestor.
-fn fs_space(dir: &Path) -> Option<(u64, u64)> {
+/// The space of the file system holding `dir`, or its nearest existing ancestor.
+fn fs_space(dir: &Path) -> Option<strata_types::FsSpace> {
     let mut p = dir.to_path_buf();
     while !p.exists() {
         p = p.parent()?.to_path_buf();

@@ -102,6 +102,8 @@ impl<'de> Deserialize<'de> for ByteSize {
 /// neither free to Strata nor used; a fullness measured against every block calls such a disk full early.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FsSpace {
+    /// Every block, in bytes (`df`'s Size).
+    pub size: u64,
     /// Used + available bytes.
     pub usable: u64,
     /// Bytes an unprivileged writer may still fill.
@@ -114,6 +116,7 @@ impl FsSpace {
         let used = blocks.saturating_sub(free).saturating_mul(frsize);
         let available = available.saturating_mul(frsize);
         Self {
+            size: blocks.saturating_mul(frsize),
             usable: used.saturating_add(available),
             available,
         }
@@ -140,6 +143,7 @@ mod tests {
         assert_eq!(
             fs(80 * G, 241 * G, 252 * G),
             FsSpace {
+                size: 252 * G,
                 usable: 91 * G,
                 available: 80 * G
             }
