@@ -104,7 +104,7 @@ def origin():
     wait_port(port, proc)
     endpoint = f"http://127.0.0.1:{port}"
     c = client(endpoint, ORIGIN_KEY, ORIGIN_SECRET)
-    for b in ("gw-origin", "direct"):
+    for b in ("gw-origin", "direct", "gw-buckets"):
         c.create_bucket(Bucket=b)
     yield endpoint
     proc.terminate()

@@ -30,7 +30,7 @@ def rooted(origin, request):
             f.write(cfg)
         gw.start()
     else:
-        gw = Gateway(origin, gateway_extra=f"""bucket_root = "s3://gw-origin/made"
+        gw = Gateway(origin, gateway_extra=f"""bucket_root = "s3://gw-buckets/made"
 [gateway.bucket_root_options]
 endpoint = "{origin}"
 access_key_id = "{ORIGIN_KEY}"
@@ -59,7 +59,7 @@ def test_create_use_list_and_delete_a_bucket(rooted, origin):
         assert open(os.path.join(root_dir, name, "a", "b c+d.bin"), "rb").read() == data
     else:
         direct = client(origin, ORIGIN_KEY, ORIGIN_SECRET)
-        assert direct.get_object(Bucket="gw-origin", Key=f"made/{name}/a/b c+d.bin")["Body"].read() == data
+        assert direct.get_object(Bucket="gw-buckets", Key=f"made/{name}/a/b c+d.bin")["Body"].read() == data
     # again by its owner: us-east-1 answers 200, as S3 there
     s3.create_bucket(Bucket=name)
     with pytest.raises(ClientError) as e:

@@ -27,6 +27,7 @@ mod localetag;
 mod localkeys;
 mod retry;
 mod s3wire;
+mod store_id;
 
 pub use backend::{
     Backend, BackendOptions, ListPage, ListSpan, MultipartUpload, PutMode, PutOutcome,
@@ -34,3 +35,4 @@ pub use backend::{
 pub use classify::classify;
 pub use retry::RetryPolicy;
 pub use s3wire::IncompleteUpload;
+pub use store_id::{Relation, StoreLocation};

@@ -541,6 +541,17 @@ impl Config {
                 ))
             }
         };
+        if let Some((root, root_options)) = &bucket_root {
+            for b in &backends {
+                if stores_overlap(root, root_options, &b.url, &b.options) {
+                    return Err(Error::config(format!(
+                        "gateway.bucket_root = {root:?} overlaps backend {:?} ({}): created buckets would \
+                         be reachable by that backend's name and outside their owners' rule",
+                        b.name, b.url
+                    )));
+                }
+            }
+        }
         let s3_listen = if self.gateway.enabled {
             let l = self
                 .gateway
@@ -654,6 +665,24 @@ impl Config {
             s3_defaults: self.s3_defaults,
             backends,
         })
+    }
+}
+
+/// Whether two store URLs reach the same data, one inside the other: local directories by path, S3 stores
+/// by endpoint, bucket and prefix, whatever their spelling.
+fn stores_overlap(a: &str, ao: &BackendOptions, b: &str, bo: &BackendOptions) -> bool {
+    use strata_object::{Relation, StoreLocation};
+    let under = |x: &str, y: &str| x == y || x.strip_prefix(y).is_some_and(|r| r.starts_with('/'));
+    if let (Some(x), Some(y)) = (a.strip_prefix("file://"), b.strip_prefix("file://")) {
+        let (x, y) = (x.trim_end_matches('/'), y.trim_end_matches('/'));
+        return under(x, y) || under(y, x);
+    }
+    match (
+        StoreLocation::of_s3_url(a, ao),
+        StoreLocation::of_s3_url(b, bo),
+    ) {
+        (Some(x), Some(y)) => x.against(&y) != Relation::Apart || y.against(&x) != Relation::Apart,
+        _ => false,
     }
 }
 

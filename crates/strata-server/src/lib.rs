@@ -19,6 +19,7 @@ pub mod config;
 pub mod control;
 pub mod gateway;
 pub mod http;
+mod locate;
 mod metrics;
 pub mod peer;
 pub mod routes;
@@ -39,9 +40,6 @@ use strata_types::{Error, ErrorKind, Result};
 
 pub use config::{Config, Overrides, Resolved};
 
-/// Most ad-hoc backends (URLs that match no configured backend) kept open at once.
-const MAX_ADHOC_BACKENDS: usize = 64;
-
 /// One configured backend.
 #[derive(Debug, Clone)]
 pub struct NamedBackend {
@@ -60,7 +58,9 @@ pub struct Agent {
     telemetry: Arc<Telemetry>,
     cache: BlockCache,
     backends: Vec<NamedBackend>,
-    adhoc: Mutex<HashMap<String, Backend>>,
+    adhoc: Mutex<HashMap<String, (Option<String>, Backend)>>,
+    /// Configured S3 backends and an S3 bucket root, as stores ([`locate`]).
+    s3_roots: Vec<locate::S3Root>,
     handoffs: peer::Handoffs,
     catalog: strata_catalog::Catalog,
     access: control::AccessLog,
@@ -194,6 +194,7 @@ impl Agent {
             }
             _ => (None, None),
         };
+        let s3_roots = locate::s3_roots(&config);
         Ok(Arc::new(Self {
             cluster,
             catalog_members,
@@ -207,6 +208,7 @@ impl Agent {
             cache,
             backends,
             adhoc: Mutex::new(HashMap::new()),
+            s3_roots,
             handoffs: peer::Handoffs::default(),
             ownership: Arc::new(access::Ownership::new(catalog.clone())),
             catalog,
@@ -260,41 +262,6 @@ impl Agent {
         &self.handoffs
     }
 
-    /// Open a backend rooted at `url` with the options of the configured backend it lies under, or, for
-    /// another `s3://` URL, with `[s3_defaults]` and the AWS environment. Other local paths are refused.
-    pub fn open_url(&self, url: &str) -> Result<Backend> {
-        let url = url.trim_end_matches('/');
-        for b in &self.config.backends {
-            let base = b.url.trim_end_matches('/');
-            if url == base || url.strip_prefix(base).is_some_and(|r| r.starts_with('/')) {
-                return Backend::open(url, &b.options, self.config.retry, self.telemetry.clone());
-            }
-        }
-        if url.starts_with("s3://") {
-            return Backend::open(
-                url,
-                &self.config.s3_defaults,
-                self.config.retry,
-                self.telemetry.clone(),
-            );
-        }
-        Err(Error::invalid_input(format!(
-            "{url:?} is not under a configured backend; only s3:// URLs can be used ad hoc"
-        )))
-    }
-
-    /// Resolve a location to a backend and a key (or prefix). Accepted forms:
-    ///
-    /// - `NAME/key` or `NAME` for a configured backend;
-    /// - a URL under a configured backend's URL (`s3://bucket/prefix/key`);
-    /// - any other `s3://bucket/key`, opened ad hoc with `[s3_defaults]` and the AWS environment.
-    ///
-    /// Local paths that are not under a configured backend are refused: the API must not become a way to read
-    /// arbitrary files of the agent's host.
-    pub fn resolve(&self, location: &str) -> Result<(Backend, String)> {
-        self.locate(location).map(|(_, b, k)| (b, k))
-    }
-
     /// [`Self::resolve`] `location` for `caller` and check that it holds `need` on the key (or, with `prefix`,
     /// on every key under it) as [`access`] decides: the backend, the key and the team that owns it.
     pub async fn authorize(
@@ -319,6 +286,17 @@ impl Agent {
         prefix: bool,
     ) -> Result<(String, Backend, String, Option<String>)> {
         let (name, backend, key) = self.locate(location)?;
+        // A created bucket reached by URL exists only while the catalog records it: what a deleted one left
+        // behind belongs to nobody and is nobody's to read.
+        if let Some(n) = &name
+            && !self.backends.iter().any(|b| &b.name == n)
+            && self.catalog.bucket(n).await?.is_none()
+        {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("{location:?} is in bucket {n:?} of the bucket root, which does not exist"),
+            ));
+        }
         // Ad-hoc buckets are named by their URL, which no owned prefix names.
         let name = name.unwrap_or_else(|| backend.id().to_string());
         let owner = if prefix {
@@ -401,79 +379,6 @@ impl Agent {
     /// Principals looked up for peer reads.
     pub(crate) fn peer_principals(&self) -> &PrincipalCache {
         &self.peer_principals
-    }
-
-    /// The backend whose canonical id is `id` (configured, or ad hoc and open) and its name in the catalog.
-    pub fn backend_by_id(&self, id: &str) -> Option<(String, Backend)> {
-        if let Some(b) = self.backends.iter().find(|b| &**b.backend.id() == id) {
-            return Some((b.name.clone(), b.backend.clone()));
-        }
-        self.adhoc
-            .lock()
-            .values()
-            .find(|b| &**b.id() == id)
-            .map(|b| (b.id().to_string(), b.clone()))
-    }
-
-    /// The configured backend's name (ad hoc: none), the backend and the key of `location`.
-    pub(crate) fn locate(&self, location: &str) -> Result<(Option<String>, Backend, String)> {
-        if location.contains('\0') {
-            return Err(Error::invalid_input("location contains a NUL byte"));
-        }
-        if !location.contains("://") {
-            let (name, key) = location.split_once('/').unwrap_or((location, ""));
-            return match self.backends.iter().find(|b| b.name == name) {
-                Some(b) => Ok((Some(b.name.clone()), b.backend.clone(), key.to_string())),
-                None => Err(Error::new(
-                    ErrorKind::NotFound,
-                    format!(
-                        "no backend named {name:?}; configured: {}",
-                        self.backends
-                            .iter()
-                            .map(|b| b.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                )),
-            };
-        }
-        for b in &self.backends {
-            if location == b.url {
-                return Ok((Some(b.name.clone()), b.backend.clone(), String::new()));
-            }
-            if let Some(rest) = location.strip_prefix(&b.url)
-                && let Some(key) = rest.strip_prefix('/')
-            {
-                return Ok((Some(b.name.clone()), b.backend.clone(), key.to_string()));
-            }
-        }
-        let Some(rest) = location.strip_prefix("s3://") else {
-            return Err(Error::invalid_input(format!(
-                "{location:?} is not under a configured backend; only s3:// URLs can be used ad hoc"
-            )));
-        };
-        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-        let root = format!("s3://{bucket}");
-        let mut adhoc = self.adhoc.lock();
-        if let Some(b) = adhoc.get(&root) {
-            return Ok((None, b.clone(), key.to_string()));
-        }
-        if adhoc.len() >= MAX_ADHOC_BACKENDS {
-            return Err(Error::new(
-                ErrorKind::ResourceExhausted,
-                format!(
-                    "too many ad-hoc backends open ({MAX_ADHOC_BACKENDS}); configure {root} as a backend"
-                ),
-            ));
-        }
-        let b = Backend::open(
-            &root,
-            &self.config.s3_defaults,
-            self.config.retry,
-            self.telemetry.clone(),
-        )?;
-        adhoc.insert(root, b.clone());
-        Ok((None, b, key.to_string()))
     }
 }
 

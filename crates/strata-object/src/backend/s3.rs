@@ -164,7 +164,7 @@ pub(super) fn host_of(url: &url::Url, raw: &str) -> Result<String> {
 /// The rest of the AWS environment (credentials chain, web identity, container credentials, region) is read
 /// by object_store's builder ([`object_store::aws::AmazonS3Builder::from_env`]), as every AWS client does; these
 /// and the region below are the only variables Strata's own code reads here.
-pub(super) fn s3_endpoint(o: &BackendOptions) -> Option<String> {
+pub(crate) fn s3_endpoint(o: &BackendOptions) -> Option<String> {
     o.endpoint
         .clone()
         .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
