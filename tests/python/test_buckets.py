@@ -160,3 +160,62 @@ def test_without_a_bucket_root_create_bucket_is_not_implemented(gateway):
     with pytest.raises(ClientError) as e:
         s3.head_bucket(Bucket="would-be-new")
     assert code_of(e.value)[1] == 404
+
+
+def test_configured_team_keys_keep_to_their_team_and_root_buckets_to_root(origin, tmp_path):
+    """Issue 44, finding 2: a `[[gateway.keys]]` key that names a team is that team's, not root: another
+    team's key neither lists, reads, writes, deletes in nor deletes its bucket (ceph s3-tests' main and alt
+    users), a listing of it is 403 (not an empty 200), and a bucket made by a key with no team is root's
+    alone."""
+    root_dir = tmp_path / "buckets"
+    root_dir.mkdir()
+    keys = {"main": ("s3mainkey", "s3mainsecret"), "alt": ("s3altkey", "s3altsecret"),
+            "root": ("s3rootkey", "s3rootsecret")}
+    gw = Gateway(origin, gateway_extra=f'bucket_root = "file://{root_dir}"', extra=f"""
+[[gateway.keys]]
+access_key = "{keys['main'][0]}"
+secret_key = "{keys['main'][1]}"
+team = "s3main"
+[[gateway.keys]]
+access_key = "{keys['alt'][0]}"
+secret_key = "{keys['alt'][1]}"
+team = "s3alt"
+[[gateway.keys]]
+access_key = "{keys['root'][0]}"
+secret_key = "{keys['root'][1]}"
+""")
+    try:
+        for t in ("s3main", "s3alt"):
+            cli(gw, "team", "create", t)
+        c = {who: s3_for(gw, {"access_key": k, "secret_key": s}) for who, (k, s) in keys.items()}
+        c["main"].create_bucket(Bucket="main-bucket")
+        c["main"].put_object(Bucket="main-bucket", Key="k", Body=b"main's")
+        c["root"].create_bucket(Bucket="root-bucket")
+        c["root"].put_object(Bucket="root-bucket", Key="k", Body=b"root's")
+        for who, bucket in (("alt", "main-bucket"), ("alt", "root-bucket"), ("main", "root-bucket")):
+            s3 = c[who]
+            for name, call in (
+                ("list v2", lambda: s3.list_objects_v2(Bucket=bucket)),
+                ("list v1", lambda: s3.list_objects(Bucket=bucket)),
+                ("uploads", lambda: s3.list_multipart_uploads(Bucket=bucket)),
+                ("get", lambda: s3.get_object(Bucket=bucket, Key="k")),
+                ("head", lambda: s3.head_object(Bucket=bucket, Key="k")),
+                ("put", lambda: s3.put_object(Bucket=bucket, Key="new", Body=b"x")),
+                ("overwrite", lambda: s3.put_object(Bucket=bucket, Key="k", Body=b"x")),
+                ("delete", lambda: s3.delete_object(Bucket=bucket, Key="k")),
+                ("mpu", lambda: s3.create_multipart_upload(Bucket=bucket, Key="m")),
+                ("delete bucket", lambda: s3.delete_bucket(Bucket=bucket)),
+            ):
+                with pytest.raises(ClientError) as e:
+                    call()
+                assert code_of(e.value)[1] == 403, (who, bucket, name, e.value.response)
+            assert bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]], (who, bucket)
+        # nothing changed, and the owners still do everything
+        assert c["main"].get_object(Bucket="main-bucket", Key="k")["Body"].read() == b"main's"
+        assert c["root"].get_object(Bucket="root-bucket", Key="k")["Body"].read() == b"root's"
+        assert [o["Key"] for o in c["main"].list_objects_v2(Bucket="main-bucket")["Contents"]] == ["k"]
+        assert sorted(os.listdir(root_dir / "main-bucket")) == ["k"]
+        c["main"].delete_object(Bucket="main-bucket", Key="k")
+        c["main"].delete_bucket(Bucket="main-bucket")
+    finally:
+        gw.close()

@@ -24,23 +24,36 @@ use strata_types::{Error, ErrorKind, Result};
 /// How long the owned prefixes read from the catalog are reused.
 const TTL: Duration = Duration::from_secs(5);
 
-/// Who is calling: a root key (configuration, environment, generated) or a catalog principal.
+/// Who is calling: a root key (configuration, environment, generated), a configured key of one team, or a
+/// catalog principal.
 #[derive(Debug, Clone)]
 pub enum Caller {
-    /// A key from the configuration or environment: not subject to ownership or quotas unless it names a team.
+    /// A key from the configuration or environment that names no team, or a member of this agent's cluster
+    /// acting for a request another member authorized (with that request's team): every check passes.
     Root {
-        /// The team the configured key acts for, if any.
+        /// The team the request is charged to, if any.
         team: Option<String>,
+    },
+    /// A `[[gateway.keys]]` key that names a team: every role in that team, nothing in any other (its
+    /// buckets and owned prefixes are closed to it, as to the team's members).
+    TeamKey {
+        /// The team the key acts for.
+        team: String,
     },
     /// A principal from the catalog.
     Principal(Principal),
 }
+
+/// The owner recorded for a created bucket whose creator had no team (a root key): only root keys and
+/// administrators hold a role in it. No team can have this name (team names are never empty).
+pub const ROOT_ONLY: &str = "";
 
 impl Caller {
     /// Root keys and global administrators: every check passes.
     pub fn is_root(&self) -> bool {
         match self {
             Caller::Root { .. } => true,
+            Caller::TeamKey { .. } => false,
             Caller::Principal(p) => p.is_admin,
         }
     }
@@ -49,6 +62,7 @@ impl Caller {
     pub fn home_team(&self) -> Option<String> {
         match self {
             Caller::Root { team } => team.clone(),
+            Caller::TeamKey { team } => Some(team.clone()),
             Caller::Principal(p) => p.team.clone(),
         }
     }
@@ -56,13 +70,18 @@ impl Caller {
     /// The principal id recorded in the inventory.
     pub fn id(&self) -> Option<String> {
         match self {
-            Caller::Root { .. } => None,
+            Caller::Root { .. } | Caller::TeamKey { .. } => None,
             Caller::Principal(p) => Some(p.id.clone()),
         }
     }
 
-    fn can(&self, team: &str, need: Role) -> bool {
-        self.is_root() || matches!(self, Caller::Principal(p) if p.can(team, need))
+    /// Whether the caller holds `need` in `team` (root: everywhere).
+    pub fn can(&self, team: &str, need: Role) -> bool {
+        match self {
+            Caller::Root { .. } => true,
+            Caller::TeamKey { team: mine } => mine == team && team != ROOT_ONLY,
+            Caller::Principal(p) => p.can(team, need),
+        }
     }
 }
 
@@ -97,15 +116,14 @@ impl Ownership {
         }
         // A created bucket's team owns every key in it: an owned empty prefix (longer owned prefixes inside
         // it still decide for theirs).
+        // A bucket made by a root key is root's alone ([`ROOT_ONLY`]).
         let mut all = self.catalog.list_prefixes().await?;
         for b in self.catalog.list_buckets().await? {
-            if let Some(team) = b.team {
-                all.push(strata_catalog::inventory::OwnedPrefix {
-                    backend: b.name,
-                    prefix: String::new(),
-                    team,
-                });
-            }
+            all.push(strata_catalog::inventory::OwnedPrefix {
+                backend: b.name,
+                prefix: String::new(),
+                team: b.team.unwrap_or_else(|| ROOT_ONLY.to_string()),
+            });
         }
         let p = Arc::new(all);
         *self.prefixes.lock() = Some((Instant::now(), p.clone()));
@@ -203,6 +221,14 @@ impl Ownership {
 }
 
 fn denied(backend: &str, key: &str, team: &str, need: Role) -> Error {
+    if team == ROOT_ONLY {
+        return Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "{backend}/{key} is in a bucket made by a root key: only root keys and administrators act there"
+            ),
+        );
+    }
     Error::new(
         ErrorKind::PermissionDenied,
         format!(

@@ -74,6 +74,17 @@ impl Gateway {
         Ok(b)
     }
 
+    /// The backend of `bucket` for a listing by `who`: a created bucket of a team the caller may not read is
+    /// `403` as a whole, as S3 answers a bucket one has no access to (not an empty `200`); a configured
+    /// backend lists, each owned prefix filtered as the listing goes.
+    pub(super) async fn listable(&self, who: &Who, bucket: &str) -> S3Result<Backend> {
+        let backend = self.backend(bucket).await?;
+        self.tenancy
+            .attribute(bucket, "", &who.caller, Role::Reader)
+            .await?;
+        Ok(backend)
+    }
+
     /// Every bucket `caller` may see: the configured backends, and created buckets of teams it reads (all,
     /// for root), with when each was made.
     pub(super) async fn buckets_for(&self, caller: &Caller) -> S3Result<Vec<(String, i64)>> {
@@ -148,11 +159,9 @@ impl Gateway {
             ));
         }
         let team = who.caller.home_team();
-        if let Caller::Principal(p) = &who.caller
-            && !p.is_admin
-        {
+        if !who.caller.is_root() {
             match &team {
-                Some(t) if p.can(t, Role::Member) => {}
+                Some(t) if who.caller.can(t, Role::Member) => {}
                 _ => {
                     return Err(s3_error!(
                         AccessDenied,
@@ -241,7 +250,10 @@ impl Gateway {
             .map_err(s3err)?
             .ok_or_else(|| s3_error!(NoSuchBucket))?;
         let allowed = who.caller.is_root()
-            || matches!((&who.caller, &record.team), (Caller::Principal(p), Some(t)) if p.can(t, Role::Member));
+            || record
+                .team
+                .as_deref()
+                .is_some_and(|t| who.caller.can(t, Role::Member));
         if !allowed {
             return Err(s3_error!(
                 AccessDenied,
@@ -281,11 +293,7 @@ impl Gateway {
 
 /// Whether `caller` may see a created bucket of `team`.
 pub(super) fn may_see(caller: &Caller, team: Option<&str>) -> bool {
-    caller.is_root()
-        || match (caller, team) {
-            (Caller::Principal(p), Some(t)) => p.can(t, Role::Reader),
-            _ => false,
-        }
+    caller.is_root() || team.is_some_and(|t| caller.can(t, Role::Reader))
 }
 
 /// Remove `dir` and the empty directories under it, never a file (one written meanwhile stays).

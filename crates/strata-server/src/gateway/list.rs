@@ -197,7 +197,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let ctx = who.ctx.clone();
         let input = req.input;
-        let backend = self.backend(&input.bucket).await?;
+        let backend = self.listable(&who, &input.bucket).await?;
         let url = url_encoded(input.encoding_type.as_ref())?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let max = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;
@@ -264,7 +264,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let ctx = who.ctx.clone();
         let input = req.input;
-        let backend = self.backend(&input.bucket).await?;
+        let backend = self.listable(&who, &input.bucket).await?;
         let url = url_encoded(input.encoding_type.as_ref())?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let max = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;

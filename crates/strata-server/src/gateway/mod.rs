@@ -259,8 +259,9 @@ impl Gateway {
             .map(|c| c.access_key.clone())
             .unwrap_or_default();
         let caller = match self.keys.get(&access_key) {
-            Some(k) => Caller::Root {
-                team: k.team.clone(),
+            Some(k) => match &k.team {
+                Some(team) => Caller::TeamKey { team: team.clone() },
+                None => Caller::Root { team: None },
             },
             None => match self.tenancy.principal(&access_key).await? {
                 Some(p) => {

@@ -166,8 +166,9 @@ impl Gateway {
         req: S3Request<ListMultipartUploadsInput>,
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
         let (_, owner) = self.caller(&req)?;
+        let who = self.who(&req).await?;
         let input = req.input;
-        self.backend(&input.bucket).await?;
+        self.listable(&who, &input.bucket).await?;
         let url = super::list::url_encoded(input.encoding_type.as_ref())?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let delimiter = input.delimiter.clone().filter(|d| !d.is_empty());

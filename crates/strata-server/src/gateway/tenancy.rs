@@ -175,7 +175,7 @@ impl Tenancy {
         }
         let owned = self.prefixes().await?;
         let hidden = |key: &str| match owner_in(&owned, bucket, key) {
-            Some(team) => !matches!(caller, Caller::Principal(p) if p.can(&team, Role::Reader)),
+            Some(team) => !caller.can(&team, Role::Reader),
             None => false,
         };
         Ok((
