@@ -743,3 +743,33 @@ def test_the_loaders_io_stall_is_in_the_claims_accounting_counted_once(agent, s3
     assert abs(final - (stall + 1.5)) < 0.002
     s, v = agent.call("POST", f"/v1/claims/{c['id']}/heartbeat", {"stall_secs": 9.0, "reporter": "other:1"})
     assert s == 412, (s, v)
+
+
+def test_a_job_named_by_another_team_is_not_charged_and_no_team_sees_anothers_jobs(agent, s3):
+    """Issue 44, finding 4: `x-strata-job` (and `x-strata-team`) naming another team's job does not charge that
+    team's claim, and `GET /v1/cache` shows each caller only the jobs of teams it reads."""
+    put_dataset(s3, "ds-forge/", [MIB])
+    c = agent.ok("POST", "/v1/claims", {"version": 1, "job": "job-forge", "team": "vision",
+                                        "datasets": [{"name": "train", "location": "origin/ds-forge/"}]})
+    agent.wait_settled(c["id"])
+    before = agent.ok("GET", f"/v1/claims/{c['id']}")["usage"]["origin_bytes"]
+    other = agent.token("audio", "member", "audio-forger")
+    own = put_dataset(s3, "audio-own/", [3 * MIB])
+    for key in own:
+        req = urllib.request.Request(agent.api + "/v1/read?location=" + urllib.parse.quote(f"origin/{key}", safe=""),
+                                     headers={"Authorization": f"Bearer {other}", "x-strata-job": "job-forge",
+                                              "x-strata-team": "vision"})
+        with urllib.request.urlopen(req) as r:
+            assert len(r.read()) == 3 * MIB
+    after = agent.ok("GET", f"/v1/claims/{c['id']}")["usage"]["origin_bytes"]
+    assert after == before, (before, after)
+    # the audio member's own I/O is audio's, whatever team it named
+    rows = agent.ok("GET", "/v1/cache", token=other)["by_job"]
+    assert rows and all(r.get("team") == "audio" for r in rows), rows
+    assert sum(r["origin_bytes"] for r in rows) >= 3 * MIB, rows
+    # vision's member sees vision's job, not audio's rows
+    member = agent.token("vision", "member", "vision-jobs")
+    rows = agent.ok("GET", "/v1/cache", token=member)["by_job"]
+    assert rows and all(r.get("team") == "vision" for r in rows), rows
+    assert any(r["job"] == "job-forge" for r in rows), rows
+    agent.ok("POST", f"/v1/claims/{c['id']}/release", {})

@@ -126,8 +126,9 @@ pub struct CacheStats {
     pub pool_kept_bytes: u64,
     /// Pinned prefixes.
     pub pins: Vec<PinSpec>,
-    /// Bytes from the origin, from peers and to peers by job and dataset (the request's `x-strata-job` and
-    /// `x-strata-dataset`, or the access key's job), busiest first.
+    /// Bytes from the origin, from peers and to peers by team, job and dataset (the caller's team; the
+    /// request's `x-strata-job` and `x-strata-dataset`, or the access key's job), busiest first. A job is
+    /// counted apart for each team that named it: naming another team's job charges nothing of it.
     #[serde(default)]
     pub by_job: Vec<JobIo>,
 }
@@ -135,6 +136,9 @@ pub struct CacheStats {
 /// The I/O of one job and dataset through the cache.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobIo {
+    /// The team the I/O was made for (the caller's, as the agent authenticated it; `None`: no team).
+    #[serde(default)]
+    pub team: Option<String>,
     /// The job (`None`: I/O that named none).
     pub job: Option<String>,
     /// The dataset (`None`: I/O that named none).
@@ -152,8 +156,8 @@ pub struct JobIo {
 /// Jobs and datasets tracked (past it, the least busy half is dropped).
 const MAX_JOBS: usize = 1024;
 
-/// A job and a dataset, either unnamed.
-type JobKey = (Option<Arc<str>>, Option<Arc<str>>);
+/// A team, a job and a dataset, any unnamed.
+type JobKey = (Option<Arc<str>>, Option<Arc<str>>, Option<Arc<str>>);
 
 /// [`JobIo`] by (job, dataset), bounded: origin, peer and served bytes.
 #[derive(Debug, Default)]
@@ -171,26 +175,22 @@ pub(crate) enum JobBytes {
 
 impl ByJob {
     pub(crate) fn add(&mut self, ctx: &IoContext, what: JobBytes, bytes: u64) {
-        if self.map.len() >= MAX_JOBS
-            && !self
-                .map
-                .contains_key(&(ctx.job.clone(), ctx.dataset.clone()))
-        {
+        let key = (ctx.team.clone(), ctx.job.clone(), ctx.dataset.clone());
+        if self.map.len() >= MAX_JOBS && !self.map.contains_key(&key) {
             let mut totals: Vec<u64> = self.map.values().map(|v| v.iter().sum()).collect();
             totals.sort_unstable();
             let median = totals[totals.len() / 2];
             self.map.retain(|_, v| v.iter().sum::<u64>() > median);
         }
-        self.map
-            .entry((ctx.job.clone(), ctx.dataset.clone()))
-            .or_default()[what as usize] += bytes;
+        self.map.entry(key).or_default()[what as usize] += bytes;
     }
 
     fn snapshot(&self) -> Vec<JobIo> {
         let mut v: Vec<JobIo> = self
             .map
             .iter()
-            .map(|((job, dataset), [o, p, s])| JobIo {
+            .map(|((team, job, dataset), [o, p, s])| JobIo {
+                team: team.as_deref().map(str::to_string),
                 job: job.as_deref().map(str::to_string),
                 dataset: dataset.as_deref().map(str::to_string),
                 origin_bytes: *o,
@@ -206,7 +206,7 @@ impl ByJob {
         v.sort_by(|a, b| {
             let t = |j: &JobIo| j.origin_bytes + j.peer_bytes + j.served_to_peers_bytes;
             t(b).cmp(&t(a))
-                .then_with(|| (&a.job, &a.dataset).cmp(&(&b.job, &b.dataset)))
+                .then_with(|| (&a.team, &a.job, &a.dataset).cmp(&(&b.team, &b.job, &b.dataset)))
         });
         v
     }

@@ -176,6 +176,12 @@ async fn cache_stats(
                 )
                 .all(|t| principal.can(&t, Role::Reader))
         });
+        // Jobs are their team's: a caller sees the I/O of teams it reads (I/O of no team: administrators).
+        stats.by_job.retain(|j| {
+            j.team
+                .as_deref()
+                .is_some_and(|t| principal.can(t, Role::Reader))
+        });
     }
     Ok(Json(stats))
 }

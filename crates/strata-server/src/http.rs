@@ -46,9 +46,17 @@ impl IntoResponse for ApiError {
 /// (values of at most 256 bytes; others are ignored).
 /// [`io_context`] of a request made by `principal`: the read is for that principal (an agent asked for one of
 /// its blocks decides access for it).
+///
+/// The team is the one `x-strata-team` names if the principal reads there, else the principal's home team: no
+/// caller has its I/O counted as another team's (nor another team's job's, which is counted by team).
 pub fn principal_context(headers: &HeaderMap, principal: &strata_catalog::Principal) -> IoContext {
     let mut ctx = io_context(headers);
     ctx.principal = Some(Arc::from(principal.id.as_str()));
+    let named = ctx
+        .team
+        .take()
+        .filter(|t| principal.can(t, strata_catalog::Role::Reader));
+    ctx.team = named.or_else(|| principal.team.as_deref().map(Arc::from));
     ctx
 }
 

@@ -537,7 +537,10 @@ pub(crate) async fn usage(a: &Agent, c: &ClaimRecord, spec: &ClaimSpec) -> JobUs
     if c.agent == a.id() {
         let (mut origin, mut peer) = (0, 0);
         for j in a.cache().stats().by_job {
-            if j.job.as_deref() == Some(c.job.as_str()) {
+            // Only the claim's team's I/O: another team naming this job charges it nothing.
+            if j.job.as_deref() == Some(c.job.as_str())
+                && j.team.as_deref() == Some(c.team.as_str())
+            {
                 origin += j.origin_bytes;
                 peer += j.peer_bytes;
             }
