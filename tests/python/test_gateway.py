@@ -860,3 +860,40 @@ def test_keys_that_are_not_plain_paths_are_written_as_they_are(gateway, origin, 
     for k in keys:
         s3.delete_object(Bucket=bucket, Key=k)
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="w/")
+
+
+@pytest.mark.parametrize("bucket", ["default", "origin"])
+def test_list_object_versions_of_an_unversioned_bucket(gateway, bucket):
+    """Issue 44, finding 14: every bucket here is unversioned, and S3 lists those too (each object once, its
+    version `null`, the latest): cleanup tools (ceph s3-tests' fixtures, rclone's `--s3-versions`) call it."""
+    s3 = gateway.client()
+    keys = [f"lov/{k}" for k in ("a b.txt", "c+d.txt", "e%f.txt", "dir/x.txt", "dir/y.txt", "ünï.txt")]
+    for i, k in enumerate(keys):
+        s3.put_object(Bucket=bucket, Key=k, Body=b"v" * (i + 1))
+    assert s3.get_bucket_versioning(Bucket=bucket).get("Status") is None
+    seen, prefixes, kwargs = [], [], {}
+    pages = 0
+    while True:
+        r = s3.list_object_versions(Bucket=bucket, Prefix="lov/", Delimiter="/", MaxKeys=2, **kwargs)
+        pages += 1
+        assert r.get("DeleteMarkers", []) == []
+        for v in r.get("Versions", []):
+            assert v["VersionId"] == "null" and v["IsLatest"] is True, v
+            seen.append((v["Key"], v["Size"]))
+        prefixes += [p["Prefix"] for p in r.get("CommonPrefixes", [])]
+        if not r["IsTruncated"]:
+            break
+        assert r["NextVersionIdMarker"] == "null"
+        kwargs = {"KeyMarker": r["NextKeyMarker"], "VersionIdMarker": r["NextVersionIdMarker"]}
+    assert pages >= 3
+    assert sorted(seen) == sorted((k, i + 1) for i, k in enumerate(keys) if not k.startswith("lov/dir/"))
+    assert prefixes == ["lov/dir/"]
+    # the whole tree without a delimiter, as a cleanup lists it, then deletes each version
+    r = s3.list_object_versions(Bucket=bucket, Prefix="lov/")
+    assert sorted(v["Key"] for v in r["Versions"]) == sorted(keys)
+    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": v["Key"], "VersionId": v["VersionId"]}
+                                                         for v in r["Versions"]]})
+    assert s3.list_object_versions(Bucket=bucket, Prefix="lov/").get("Versions", []) == []
+    with pytest.raises(ClientError) as e:
+        s3.list_object_versions(Bucket=bucket, VersionIdMarker="null")
+    assert code_of(e.value)[1] == 400

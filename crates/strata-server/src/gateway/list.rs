@@ -309,6 +309,95 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// ListObjectVersions. No bucket here ever had versioning (PutBucketVersioning is `501`), so each object
+    /// is its one version, `null` and the latest, as S3 lists an unversioned bucket: what cleanup tools (ceph
+    /// s3-tests' own fixtures among them) call before deleting. Pages by key (`key-marker`; a
+    /// `version-id-marker` can only be `null` here, which ends that key's versions), the same visibility as
+    /// the other listings.
+    pub(super) async fn s3_list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        let who = self.who(&req).await?;
+        let ctx = who.ctx.clone();
+        let input = req.input;
+        let backend = self.listable(&who, &input.bucket).await?;
+        let url = url_encoded(input.encoding_type.as_ref())?;
+        if let Some(v) = input.version_id_marker.as_deref().filter(|v| !v.is_empty()) {
+            if input.key_marker.as_deref().unwrap_or_default().is_empty() {
+                return Err(s3_error!(
+                    InvalidArgument,
+                    "A version-id marker cannot be specified without a key marker."
+                ));
+            }
+            if v != "null" {
+                return Err(s3_error!(InvalidArgument, "Invalid version id specified"));
+            }
+        }
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let max = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;
+        let (objects, prefixes, next) = self
+            .visible_list(
+                &ctx,
+                &backend,
+                &input.bucket,
+                &who.caller,
+                &prefix,
+                input.delimiter.as_deref(),
+                input.key_marker.as_deref().filter(|k| !k.is_empty()),
+                max,
+                false,
+            )
+            .await?;
+        let (objects, prefixes) = encode_entries(url, objects, prefixes);
+        let versions = objects
+            .into_iter()
+            .map(|o| ObjectVersion {
+                key: o.key,
+                size: o.size,
+                e_tag: o.e_tag,
+                last_modified: o.last_modified,
+                is_latest: Some(true),
+                version_id: Some("null".into()),
+                owner: Some(super::service::owner()),
+                storage_class: Some(ObjectVersionStorageClass::from_static(
+                    ObjectVersionStorageClass::STANDARD,
+                )),
+                ..Default::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListObjectVersionsOutput {
+            name: Some(input.bucket),
+            prefix: Some(encode(url, input.prefix.unwrap_or_default())),
+            delimiter: input
+                .delimiter
+                .filter(|d| !d.is_empty())
+                .map(|d| encode(url, d)),
+            key_marker: Some(encode(url, input.key_marker.unwrap_or_default())),
+            version_id_marker: Some(input.version_id_marker.unwrap_or_default()),
+            max_keys: Some(max as i32),
+            is_truncated: Some(next.is_some()),
+            next_version_id_marker: next.as_ref().map(|_| "null".to_string()),
+            next_key_marker: next.map(|n| encode(url, n)),
+            versions: Some(versions),
+            common_prefixes: Some(prefixes),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    /// GetBucketVersioning: never enabled here, which S3 answers with an empty configuration.
+    pub(super) async fn s3_get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        let who = self.who(&req).await?;
+        self.listable(&who, &req.input.bucket).await?;
+        Ok(S3Response::new(GetBucketVersioningOutput::default()))
+    }
+}
+
 /// Characters a listing with `EncodingType=url` leaves as they are: the unreserved ones and `/`, as S3 does
 /// (`test_file(3).png` is `test_file%283%29.png`).
 const LISTING_KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC

@@ -447,6 +447,20 @@ impl S3 for Gateway {
         self.s3_list_objects(req).await.map_err(tagged)
     }
 
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        self.s3_list_object_versions(req).await.map_err(tagged)
+    }
+
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        self.s3_get_bucket_versioning(req).await.map_err(tagged)
+    }
+
     async fn put_object(
         &self,
         req: S3Request<PutObjectInput>,
