@@ -25,6 +25,7 @@ pub mod manifest;
 pub mod ops;
 pub mod quota;
 pub mod tier;
+mod unsent;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -264,6 +265,8 @@ pub struct Checkpointer {
     /// This rank's uploads a previous process journaled and never ended, when this checkpointer was made:
     /// what [`Checkpointer::finish_pending`] aborts at the object store.
     journaled: Arc<Vec<(u64, String)>>,
+    /// Steps committed locally whose upload failed, retried in the background ([`unsent`]).
+    unsent: Arc<unsent::Unsent>,
 }
 
 mod tokio_tasks {
@@ -344,12 +347,14 @@ impl Checkpointer {
             .as_ref()
             .map(|j| j.pending(cfg.rank))
             .unwrap_or_default();
+        let unsent = unsent::Unsent::found(&cfg.local, &cfg.run_id, cfg.rank, &found);
         Ok(Self {
             cfg: Arc::new(cfg),
             ctx,
             running: Arc::new(Semaphore::new(1)),
             saves: Arc::default(),
             tasks: tokio_tasks::Tracker::default(),
+            unsent: Arc::new(unsent),
             found: Arc::new(found),
             journal,
             journaled: Arc::new(journaled),
@@ -720,11 +725,71 @@ impl Checkpointer {
                 Ok::<_, Error>(())
             }
             .await;
-            if let Err(e) = r {
-                failed.push(e.context(remote.describe()));
+            match r {
+                Ok(()) => self.unsent.remove(&cfg.local, run, cfg.rank, step),
+                Err(e) => {
+                    // Committed locally, not in the store: kept locally and tried again until it lands.
+                    if e.is_retryable() && self.unsent.add(&cfg.local, run, cfg.rank, step) {
+                        self.retry_unsent_in_background();
+                    }
+                    failed.push(e.context(remote.describe()));
+                }
             }
         }
         failed
+    }
+
+    /// Start the task that uploads the unsent steps ([`unsent`]), on the current runtime.
+    fn retry_unsent_in_background(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(run = %self.cfg.run_id, "no runtime to retry unsent checkpoint steps on; the next start uploads them");
+            return;
+        };
+        let me = self.clone();
+        rt.spawn(async move { me.retry_unsent().await });
+    }
+
+    /// Upload the unsent steps, oldest first, until none is left or the checkpointer is closed.
+    async fn retry_unsent(self) {
+        let cfg = &self.cfg;
+        let run = &cfg.run_id;
+        let mut wait = unsent::Unsent::first_wait();
+        while let Some(step) = self.unsent.next() {
+            if self.unsent.pause(wait).await.is_err() {
+                return;
+            }
+            match self.finish_from_local(step, true).await {
+                Ok(()) => {
+                    self.unsent.remove(&cfg.local, run, cfg.rank, step);
+                    wait = unsent::Unsent::first_wait();
+                    tracing::info!(run = %run, step, "uploaded a step an outage had left local only");
+                    if cfg.rank == 0 && cfg.local_is_shared {
+                        self.retain(&[&cfg.local], cfg.keep_local).await;
+                    }
+                }
+                Err(e) if !e.is_retryable() => {
+                    // Its local copy is gone or damaged, or the store holds other bytes: nothing to retry.
+                    tracing::error!(run = %run, step, error = %e, "an unsent step cannot be uploaded; giving it up");
+                    self.unsent.remove(&cfg.local, run, cfg.rank, step);
+                }
+                Err(e) => {
+                    wait = unsent::Unsent::backoff(wait);
+                    tracing::warn!(run = %run, step, error = %e, retry_in = ?wait, "uploading an unsent step");
+                }
+            }
+        }
+    }
+
+    /// Stop retrying unsent uploads in this process (they stay marked in the local tier: the next process
+    /// of the run uploads them).
+    pub fn close(&self) {
+        self.unsent.stop();
+    }
+
+    /// Steps committed locally whose upload has not landed yet (this process's, and those a previous process
+    /// of this rank marked).
+    pub fn unsent_steps(&self) -> Vec<u64> {
+        self.unsent.steps()
     }
 
     /// Finish what a previous process on this run left undone: this rank's steps durable in the local tier
@@ -769,7 +834,8 @@ impl Checkpointer {
         steps.sort_unstable();
         let mut done = Vec::new();
         for step in steps {
-            if newest_remote.is_some_and(|n| step <= n) {
+            // Older than the store's newest: there already, or left unsent by an outage (marked).
+            if newest_remote.is_some_and(|n| step <= n) && !self.unsent.contains(step) {
                 continue;
             }
             let record = manifest::record_file(cfg.rank);
@@ -933,31 +999,51 @@ impl Checkpointer {
             let is_local = stores.len() == 1 && std::ptr::eq(stores[0], &self.cfg.local);
             let charged = self.cfg.quota.as_ref().filter(|_| is_local);
             // The local tier gives a step up only once it is durable elsewhere: committed in another tier, or
-            // superseded by a newer step that is. (A tier that cannot be listed now holds nothing.)
+            // superseded by a newer step that is. (A tier that cannot be listed now holds nothing.) A step
+            // whose own upload failed ([`unsent`]) is given up only once it is in the store itself, or the
+            // store's retention would drop it anyway: newer steps there do not stand for it.
             let durable = if is_local && (self.cfg.remote.is_some() || !self.cfg.peers.is_empty()) {
                 let mut elsewhere = Vec::new();
+                let mut in_store = Vec::new();
                 for t in self.cfg.remote.iter().chain(self.cfg.peers.iter()) {
                     match t.committed(&self.ctx, run).await {
-                        Ok(c) => elsewhere.extend(c),
+                        Ok(c) => {
+                            if self.cfg.remote.as_ref().is_some_and(|r| std::ptr::eq(r, t)) {
+                                in_store = c.clone();
+                            }
+                            elsewhere.extend(c)
+                        }
                         Err(e) => {
                             tracing::warn!(tier = %t.describe(), error = %e, "retention: cannot tell what this tier holds; keeping local steps");
                         }
                     }
                 }
-                Some(elsewhere)
+                Some((elsewhere, in_store))
             } else {
                 None
+            };
+            let store_drops = |s: u64, in_store: &[u64]| {
+                let mut with: Vec<u64> = in_store.to_vec();
+                with.push(s);
+                with.sort_unstable();
+                with.dedup();
+                self.cfg.keep_remote.victims(&with).contains(&s)
             };
             let victims: Vec<u64> = policy
                 .victims(&committed)
                 .into_iter()
-                .filter(|s| {
-                    durable.as_ref().is_none_or(|d| {
-                        let keep = !d.iter().any(|o| o >= s);
-                        if keep {
+                .filter(|&s| {
+                    durable.as_ref().is_none_or(|(d, in_store)| {
+                        if !d.iter().any(|&o| o >= s) {
                             tracing::info!(step = s, "retention keeps a local step no other tier has yet");
+                            return false;
                         }
-                        !keep
+                        let unsent = self.unsent.contains(s) || unsent::marked(&self.cfg.local, run, s);
+                        if unsent && !in_store.contains(&s) && !store_drops(s, in_store) {
+                            tracing::info!(step = s, "retention keeps a local step whose upload has not landed");
+                            return false;
+                        }
+                        true
                     })
                 })
                 .collect();
@@ -971,9 +1057,15 @@ impl Checkpointer {
                     }
                 }
                 // Debris of saves that never committed, older than the newest commit: never complete, never
-                // needed.
+                // needed. Not a step whose upload is being retried ([`unsent`]: its marker goes only once it
+                // is committed), nor one committed since the listing above (checked last).
                 for step in t.steps(&self.ctx, run).await? {
-                    if step < newest && !committed.contains(&step) {
+                    if step < newest
+                        && !committed.contains(&step)
+                        && !self.unsent.contains(step)
+                        && !unsent::marked(&self.cfg.local, run, step)
+                        && t.manifest(&self.ctx, run, step).await?.is_none()
+                    {
                         t.delete_step(&self.ctx, run, step).await?;
                     }
                 }

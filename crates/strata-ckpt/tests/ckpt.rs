@@ -374,3 +374,69 @@ async fn save_1_then_2_and_3_with_the_store_down(
         );
     }
 }
+
+/// Issue 44, finding 16: a process that keeps running through a store outage keeps every step it committed
+/// locally until that very step is durable in the store (with `keep_remote` keeping all, newer steps reaching
+/// the store do not make older ones expendable), and uploads them in the background once the store is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_committed_during_an_outage_reach_the_store_while_the_process_runs_on() {
+    let server = S3Server::start();
+    server.create_bucket("outage").await;
+    let proxy = strata_testkit::FaultProxy::start(&server.endpoint()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = || remote(&proxy.endpoint(), "outage");
+    let base = ckpt(dir.path(), Some(store()), 0, 1);
+    let c = strata_ckpt::Checkpointer::new(
+        strata_ckpt::CheckpointConfig {
+            keep_local: Retention {
+                keep_last: 1,
+                keep_every: None,
+            },
+            keep_remote: Retention {
+                keep_last: 0,
+                keep_every: None,
+            },
+            ..base.config().clone()
+        },
+        IoContext::default(),
+    )
+    .unwrap();
+    save_1_then_2_and_3_with_the_store_down(&c, &proxy).await;
+    // The store is back; the run goes on saving, and newer steps reach the store first.
+    proxy.fail_next(0, 503);
+    let rt = tokio::runtime::Handle::current();
+    for step in [4, 5] {
+        let h = c.save(&rt, step, state(0, step), meta(step)).await.unwrap();
+        assert!(matches!(h.wait().await, SaveState::Done), "{:?}", h.state());
+    }
+    let ctx = IoContext::default();
+    let local = Tier::Local(dir.path().to_path_buf());
+    // Every committed step is in some tier at every moment, and 2 and 3 reach the store without a restart.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let l = local.committed(&ctx, "run-1").await.unwrap();
+        let r = store().committed(&ctx, "run-1").await.unwrap();
+        for step in 1..=5u64 {
+            assert!(
+                l.contains(&step) || r.contains(&step),
+                "step {step} is in no tier: local {l:?}, store {r:?}"
+            );
+        }
+        if r == vec![1, 2, 3, 4, 5] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "steps 2 and 3 never reached the store: {r:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let fresh = tempfile::tempdir().unwrap();
+    let remote_only = ckpt(fresh.path(), Some(store()), 0, 1);
+    for step in 1..=5u64 {
+        let (t, _) = remote_only.load(step).await.unwrap();
+        assert_eq!(t, state(0, step));
+    }
+    // Once durable, the local tier keeps only what its own policy asks for.
+    c.flush().await;
+}
