@@ -39,6 +39,10 @@ pub use format::Tensor;
 pub use manifest::{Manifest, ShardRecord};
 pub use tier::Tier;
 
+/// How long a restore waits for a tier other than the local one (peers, the object store) to list its
+/// checkpoints before going on without what it has not said.
+pub const TIER_WAIT: Duration = Duration::from_secs(10);
+
 /// The refusal of a save of a step `tier` has committed.
 fn already_committed(run: &str, step: u64, tier: &Tier) -> Error {
     Error::new(
@@ -1087,26 +1091,65 @@ impl Checkpointer {
     }
 
     /// Committed steps in any tier, descending, with the manifest found first (local first).
+    ///
+    /// The local tier is listed whole (this node's disk); the peers and the object store at once, each for at
+    /// most [`TIER_WAIT`], and only for steps the local tier lacks: a store that hangs (accepts connections,
+    /// never answers) delays a restore by that bound, never by its request timeouts, and a restore then
+    /// proceeds from what answered (the verified local copies).
     pub async fn committed(&self) -> Result<Vec<(u64, Manifest)>> {
         let mut steps = BTreeMap::new();
-        for tier in self.tiers() {
-            let list = match tier.committed(&self.ctx, &self.cfg.run_id).await {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(tier = %tier.describe(), error = %e, "cannot list checkpoints");
-                    continue;
+        let tiers = self.tiers();
+        let (local, others) = tiers.split_at(1);
+        let found = parking_lot::Mutex::new(Vec::new());
+        self.list_manifests(local[0], &Default::default(), &found)
+            .await;
+        for (s, m) in found.into_inner() {
+            steps.insert(s, m);
+        }
+        let known: std::collections::BTreeSet<u64> = steps.keys().copied().collect();
+        let per_tier: Vec<parking_lot::Mutex<Vec<(u64, Manifest)>>> =
+            others.iter().map(|_| Default::default()).collect();
+        futures::future::join_all(others.iter().zip(&per_tier).map(|(t, found)| {
+            let known = &known;
+            async move {
+                let listed = self.list_manifests(t, known, found);
+                if tokio::time::timeout(TIER_WAIT, listed).await.is_err() {
+                    tracing::warn!(tier = %t.describe(), wait = ?TIER_WAIT, "the tier did not list its checkpoints in time; going on with what answered");
                 }
-            };
-            for s in list {
-                if steps.contains_key(&s) {
-                    continue;
-                }
-                if let Ok(Some(m)) = tier.manifest(&self.ctx, &self.cfg.run_id, s).await {
-                    steps.insert(s, m);
-                }
+            }
+        }))
+        .await;
+        // In restore order: what a nearer tier found first is kept.
+        for found in per_tier {
+            for (s, m) in found.into_inner() {
+                steps.entry(s).or_insert(m);
             }
         }
         Ok(steps.into_iter().rev().collect())
+    }
+
+    /// The committed steps of `tier` not in `known`, with their manifests, pushed to `found` as they come (a
+    /// caller that stops waiting keeps what came).
+    async fn list_manifests(
+        &self,
+        tier: &Tier,
+        known: &std::collections::BTreeSet<u64>,
+        found: &parking_lot::Mutex<Vec<(u64, Manifest)>>,
+    ) {
+        let run = &self.cfg.run_id;
+        let list = match tier.committed(&self.ctx, run).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(tier = %tier.describe(), error = %e, "cannot list checkpoints");
+                return;
+            }
+        };
+        // Newest first: a restore wants those.
+        for s in list.into_iter().rev().filter(|s| !known.contains(s)) {
+            if let Ok(Some(m)) = tier.manifest(&self.ctx, run, s).await {
+                found.lock().push((s, m));
+            }
+        }
     }
 
     /// The manifest of `step`, or of the newest committed step (`None` when there is none).
