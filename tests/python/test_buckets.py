@@ -219,3 +219,103 @@ secret_key = "{keys['root'][1]}"
         c["main"].delete_bucket(Bucket="main-bucket")
     finally:
         gw.close()
+
+
+def _slow_put(gw, bucket, key, total):
+    """A PUT whose body is still arriving: headers and half the body sent through a raw socket, signed with
+    the test's key. Returns (socket, rest of the body)."""
+    import socket
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    from conftest import ACCESS_KEY, SECRET_KEY
+    import hashlib
+    host, port = gw.endpoint.replace("http://", "").split(":")
+    body = b"L" * total
+    req = AWSRequest(method="PUT", url=f"{gw.endpoint}/{bucket}/{key}", data=body,
+                     headers={"x-amz-content-sha256": hashlib.sha256(body).hexdigest(),
+                              "content-length": str(total)})
+    S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
+    head = f"PUT /{bucket}/{key} HTTP/1.1\r\nhost: {host}:{port}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in req.headers.items() if k.lower() != "host") + "\r\n"
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(head.encode())
+    sock.sendall(body[:total // 2])
+    return sock, body[total // 2:]
+
+
+def _answer(sock):
+    sock.settimeout(60)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    assert data, "no answer"
+    return int(data.split(b" ", 2)[1]), data
+
+
+def test_delete_bucket_and_a_put_in_flight_never_leave_an_object_behind(rooted):
+    """Issue 44, finding 3: DeleteBucket while a PUT's body is still arriving is refused (the write is in
+    progress), the PUT lands; and a bucket deleted once it is empty takes nothing with it to the next team
+    that makes its name."""
+    gw, kind, root_dir = rooted
+    s3 = gw.client()
+    name = f"race-{kind}"
+    s3.create_bucket(Bucket=name)
+    for _ in range(3):
+        sock, rest = _slow_put(gw, name, "late.bin", 4 << 20)
+        # the PUT's half body is in; the gateway is reading it
+        with pytest.raises(ClientError) as e:
+            s3.delete_bucket(Bucket=name)
+        assert code_of(e.value) == ("BucketNotEmpty", 409), e.value.response
+        sock.sendall(rest)
+        status, raw = _answer(sock)
+        assert status == 200, raw
+        assert len(s3.get_object(Bucket=name, Key="late.bin")["Body"].read()) == 4 << 20
+        s3.delete_object(Bucket=name, Key="late.bin")
+    s3.delete_bucket(Bucket=name)
+    # another team makes the name: it finds nothing
+    cli(gw, "team", "create", "racers", check=False)
+    other = s3_for(gw, cli_json(gw, "token", "create", "--name", f"racer-{kind}", "--team", "racers", "--s3"))
+    other.create_bucket(Bucket=name)
+    assert other.list_objects_v2(Bucket=name).get("Contents", []) == []
+    with pytest.raises(ClientError) as e:
+        other.get_object(Bucket=name, Key="late.bin")
+    assert code_of(e.value)[1] == 404
+    other.delete_bucket(Bucket=name)
+
+
+def test_a_put_into_a_bucket_another_agent_deleted_meanwhile_keeps_nothing(rooted):
+    """Issue 44, finding 3, across agents: the bucket's record leaves the shared catalog (DeleteBucket through
+    another agent) while a PUT's body is arriving here: the PUT answers 404 NoSuchBucket and its object is
+    gone, so the next team to make the name finds nothing."""
+    import sqlite3
+    gw, kind, root_dir = rooted
+    s3 = gw.client()
+    name = f"race-x-{kind}"
+    s3.create_bucket(Bucket=name)
+    sock, rest = _slow_put(gw, name, "late.bin", 4 << 20)
+    db = sqlite3.connect(os.path.join(gw.data, "catalog.db"), timeout=30)
+    db.execute("DELETE FROM buckets WHERE name = ?", (name,))
+    db.commit()
+    db.close()
+    sock.sendall(rest)
+    status, raw = _answer(sock)
+    assert status == 404 and b"NoSuchBucket" in raw, raw
+    if kind == "dir":
+        left = [os.path.join(d, f) for d, _, fs in os.walk(root_dir) for f in fs if name in d]
+        assert left == [], left
+    else:
+        direct = client(gw_origin_endpoint(gw), ORIGIN_KEY, ORIGIN_SECRET)
+        assert direct.list_objects_v2(Bucket="gw-buckets", Prefix=f"made/{name}/").get("Contents", []) == []
+
+
+def gw_origin_endpoint(gw):
+    with open(gw.cfg) as f:
+        for line in f:
+            if line.strip().startswith("endpoint"):
+                return line.split("=", 1)[1].strip().strip('"')
+    raise AssertionError("no endpoint in the configuration")

@@ -4,6 +4,7 @@
 //! catalog. Names follow S3's rules; a configured backend's name is taken.
 
 use super::*;
+use crate::cluster::coherence::Change;
 
 /// How long a created bucket found in the catalog is used without asking again (a bucket deleted through
 /// another agent is gone here within this).
@@ -11,10 +12,83 @@ const CREATED_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 /// The most created buckets kept open at once (others are opened again when used).
 const CREATED_MAX: usize = 4096;
 
-/// Created buckets this agent has opened, by name.
+/// Created buckets this agent has opened, by name, and the writes in progress into them.
 #[derive(Debug, Default)]
 pub(super) struct Created {
     open: parking_lot::Mutex<HashMap<String, (Backend, std::time::Instant)>>,
+    writes: parking_lot::Mutex<Writes>,
+}
+
+/// Writes in progress through this agent per bucket, and the buckets being deleted here: a DeleteBucket and
+/// a write into the same bucket exclude each other on this agent.
+#[derive(Debug, Default)]
+struct Writes {
+    in_flight: HashMap<String, usize>,
+    deleting: std::collections::HashSet<String>,
+}
+
+/// A write into a bucket in progress ([`Created::begin_write`]); ends when dropped.
+pub(super) struct Writing<'a> {
+    created: &'a Created,
+    bucket: String,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut w = self.created.writes.lock();
+        if let Some(n) = w.in_flight.get_mut(&self.bucket) {
+            *n -= 1;
+            if *n == 0 {
+                w.in_flight.remove(&self.bucket);
+            }
+        }
+    }
+}
+
+/// A DeleteBucket in progress ([`Created::begin_delete`]); ends when dropped.
+pub(super) struct Deleting<'a> {
+    created: &'a Created,
+    bucket: String,
+}
+
+impl Drop for Deleting<'_> {
+    fn drop(&mut self) {
+        self.created.writes.lock().deleting.remove(&self.bucket);
+    }
+}
+
+impl Created {
+    /// Start a write into `bucket`: refused (`NoSuchBucket`) while the bucket is being deleted here.
+    pub(super) fn begin_write(&self, bucket: &str) -> S3Result<Writing<'_>> {
+        let mut w = self.writes.lock();
+        if w.deleting.contains(bucket) {
+            return Err(s3_error!(
+                NoSuchBucket,
+                "The specified bucket is being deleted"
+            ));
+        }
+        *w.in_flight.entry(bucket.to_string()).or_default() += 1;
+        Ok(Writing {
+            created: self,
+            bucket: bucket.to_string(),
+        })
+    }
+
+    /// Start deleting `bucket`: refused (`BucketNotEmpty`) while a write into it is in progress here.
+    fn begin_delete(&self, bucket: &str) -> S3Result<Deleting<'_>> {
+        let mut w = self.writes.lock();
+        if w.in_flight.get(bucket).is_some_and(|n| *n > 0) || !w.deleting.insert(bucket.to_string())
+        {
+            return Err(s3_error!(
+                BucketNotEmpty,
+                "The bucket you tried to delete is not empty (a write into it is in progress)"
+            ));
+        }
+        Ok(Deleting {
+            created: self,
+            bucket: bucket.to_string(),
+        })
+    }
 }
 
 /// Whether `name` is a bucket name S3 allows: 3-63 of `a-z 0-9 . -`, starting and ending with a letter or
@@ -72,6 +146,41 @@ impl Gateway {
         }
         open.insert(bucket.to_string(), (b.clone(), std::time::Instant::now()));
         Ok(b)
+    }
+
+    /// After a write of `key` into `bucket` landed: if the bucket is a created one that was deleted meanwhile
+    /// (through another agent: this one refuses to delete a bucket it is writing into), the object is
+    /// removed again and the write answered `NoSuchBucket`, so nothing outlives its bucket for the next team
+    /// that makes one of that name.
+    pub(super) async fn still_there(
+        &self,
+        ctx: &IoContext,
+        bucket: &str,
+        backend: &Backend,
+        key: &str,
+    ) -> S3Result<()> {
+        if self.agent.backends().iter().any(|b| b.name == bucket) {
+            return Ok(());
+        }
+        if self
+            .agent
+            .catalog()
+            .bucket(bucket)
+            .await
+            .map_err(s3err)?
+            .is_some()
+        {
+            return Ok(());
+        }
+        if let Err(e) = backend.delete(ctx, key).await {
+            tracing::warn!(%bucket, %key, error = %e, "removing an object written into a bucket deleted meanwhile");
+        }
+        self.agent.announce(vec![Change::key(backend, key)]).await;
+        self.created.open.lock().remove(bucket);
+        Err(s3_error!(
+            NoSuchBucket,
+            "The specified bucket was deleted while the object was being written; nothing was kept"
+        ))
     }
 
     /// The backend of `bucket` for a listing by `who`: a created bucket of a team the caller may not read is
@@ -249,6 +358,8 @@ impl Gateway {
             .await
             .map_err(s3err)?
             .ok_or_else(|| s3_error!(NoSuchBucket))?;
+        // No write into it starts here from now on, and none is in progress.
+        let _deleting = self.created.begin_delete(&name)?;
         let allowed = who.caller.is_root()
             || record
                 .team

@@ -332,6 +332,7 @@ impl Gateway {
         let who = self.who(&req).await?;
         let (ctx, owner) = (who.ctx.clone(), who.access_key.clone());
         let input = req.input;
+        let _writing = self.created.begin_write(&input.bucket)?;
         let backend = self.backend(&input.bucket).await?;
         let listed = |m: &Option<CompletedMultipartUpload>| -> Vec<(i32, String)> {
             m.as_ref()

@@ -125,6 +125,7 @@ impl Gateway {
         let req_headers = req.headers;
         let input = req.input;
         refuse_unimplemented!(input)?;
+        let _writing = self.created.begin_write(&input.bucket)?;
         let backend = self.backend(&input.bucket).await?;
         check_write_key(&backend, &input.key)?;
         let team = self
@@ -189,6 +190,13 @@ impl Gateway {
                 return Err(e);
             }
         };
+        if let Err(e) = self
+            .still_there(&ctx, &input.bucket, &backend, &input.key)
+            .await
+        {
+            self.tenancy.release(res).await;
+            return Err(e);
+        }
         // Charged what was stored (a streaming upload's Content-Length counts its chunk framing too).
         self.tenancy
             .written(
@@ -329,6 +337,7 @@ impl Gateway {
         let input = req.input;
         refuse_unimplemented!(input)?;
         let (src_bucket, src_key) = copy_source(&input.copy_source)?;
+        let _writing = self.created.begin_write(&input.bucket)?;
         let dst = self.backend(&input.bucket).await?;
         check_write_key(&dst, &input.key)?;
         let (src, team) = self
