@@ -81,8 +81,10 @@ def test_create_use_list_and_delete_a_bucket(rooted, origin):
 def test_bucket_names_are_checked_as_s3_does(rooted):
     gw, kind, _ = rooted
     s3 = gw.client()
+    # (the last four name quota scopes of their own: a bucket there would be charged as pinned cache,
+    # scratch, checkpoints or peer replicas)
     for bad in ["ab", "Upper", "a..b", "-lead", "trail-", "192.168.1.1", "x" * 64, "under_score", "xn--abc",
-                "name-s3alias"]:
+                "name-s3alias", "cache", "scratch", "ckpt", "peer"]:
         with pytest.raises(ClientError) as e:
             s3.create_bucket(Bucket=bad)
         assert code_of(e.value) == ("InvalidBucketName", 400), bad
@@ -319,3 +321,36 @@ def gw_origin_endpoint(gw):
             if line.strip().startswith("endpoint"):
                 return line.split("=", 1)[1].strip().strip('"')
     raise AssertionError("no endpoint in the configuration")
+
+
+def test_embedded_defaults_make_buckets_under_the_data_dir(tmp_path):
+    """Issue 44, finding 15: `strata serve` with no configuration makes buckets (under `<data-dir>/buckets`), as
+    MinIO would; `bucket_root = ""` turns that off."""
+    import subprocess
+    import time
+    import boto3
+    from botocore.config import Config
+    from conftest import STRATA
+    data = tmp_path / "data"
+    env = dict(os.environ, STRATA_ACCESS_KEY="embeddedkey", STRATA_SECRET_KEY="embeddedsecret", STRATA_LOG="warn")
+    proc = subprocess.Popen([STRATA, "serve", "--data-dir", str(data), "--api-listen", "127.0.0.1:0",
+                             "--s3-listen", "127.0.0.1:0"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        addr = data / "s3.addr"
+        deadline = time.time() + 30
+        while not (addr.exists() and addr.read_text().strip()):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.time() < deadline, "strata serve did not start"
+            time.sleep(0.05)
+        s3 = boto3.client("s3", endpoint_url=addr.read_text().strip(), aws_access_key_id="embeddedkey",
+                          aws_secret_access_key="embeddedsecret", region_name="us-east-1",
+                          config=Config(s3={"addressing_style": "path"}))
+        s3.create_bucket(Bucket="my-data")
+        s3.put_object(Bucket="my-data", Key="a b+c.txt", Body=b"hello")
+        assert s3.get_object(Bucket="my-data", Key="a b+c.txt")["Body"].read() == b"hello"
+        assert (data / "buckets" / "my-data" / "a b+c.txt").read_bytes() == b"hello"
+        assert {b["Name"] for b in s3.list_buckets()["Buckets"]} == {"default", "my-data"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -154,7 +154,8 @@ pub struct GatewaySection {
     /// into `<data_dir>/credentials.json`.
     pub keys: Vec<crate::gateway::auth::AccessKey>,
     /// Where CreateBucket makes buckets: `file:///dir` (a directory per bucket) or `s3://bucket/prefix` (a
-    /// prefix per bucket). Unset: CreateBucket is refused and the buckets are the configured backends.
+    /// prefix per bucket). Unset: `<data_dir>/buckets` on embedded defaults (no backend configured), else
+    /// CreateBucket is refused and the buckets are the configured backends; `""`: refused always.
     pub bucket_root: Option<String>,
     /// Connection options for `bucket_root` (as `[backends.options]`).
     pub bucket_root_options: BackendOptions,
@@ -487,6 +488,9 @@ impl Config {
         }
 
         let mut backends = self.backends;
+        // Embedded defaults: no backend configured means a local-directory backend and, unless
+        // `bucket_root` says otherwise (`""`: none), a directory for the buckets CreateBucket makes.
+        let embedded = backends.is_empty();
         if backends.is_empty() {
             let objects = data_dir.join("objects");
             backends.push(BackendSection {
@@ -525,6 +529,10 @@ impl Config {
             }
         }
         let bucket_root = match self.gateway.bucket_root.as_deref().map(str::trim) {
+            None if embedded => Some((
+                format!("file://{}", data_dir.join("buckets").display()),
+                BackendOptions::default(),
+            )),
             None | Some("") => None,
             Some(u) => {
                 let scheme = u.split("://").next().unwrap_or_default();

@@ -91,6 +91,15 @@ impl Created {
     }
 }
 
+/// Quota scopes that are not backends: a created bucket is charged on the scope of its name, so none may take
+/// one of these (its writes would count as pinned cache, scratch, checkpoints or peer replicas).
+const RESERVED_SCOPES: [&str; 4] = [
+    crate::api::CACHE_SCOPE,
+    "scratch",
+    strata_ckpt::quota::SCOPE,
+    crate::peer::PEER_SCOPE,
+];
+
 /// Whether `name` is a bucket name S3 allows: 3-63 of `a-z 0-9 . -`, starting and ending with a letter or
 /// digit, no `..`, not an IP address, none of the reserved prefixes and suffixes.
 pub(super) fn valid_bucket_name(name: &str) -> bool {
@@ -265,6 +274,12 @@ impl Gateway {
             return Err(s3_error!(
                 InvalidBucketName,
                 "The specified bucket is not valid: 3-63 characters of a-z, 0-9, '.' and '-', starting and ending with a letter or digit"
+            ));
+        }
+        if RESERVED_SCOPES.contains(&name.as_str()) {
+            return Err(s3_error!(
+                InvalidBucketName,
+                "The bucket name {name:?} is reserved: it names a quota scope of its own (cache, scratch, ckpt, peer)"
             ));
         }
         let team = who.caller.home_team();
