@@ -312,8 +312,9 @@ def test_checkpoint_saves_replicas_and_cache_pins_are_admitted_first(tenancy, tm
     assert used(gw, "nlp", "cache")["used_bytes"] == 0
 
 
-def chunked_put(gw, key, cred, data, declared):
-    """A correctly signed aws-chunked PUT (unsigned chunks) whose x-amz-decoded-content-length is `declared`."""
+def chunked_put(gw, key, cred, data, declared, trailer=True):
+    """A correctly signed aws-chunked PUT (unsigned chunks) whose x-amz-decoded-content-length is `declared`;
+    without `trailer`, the checksum trailer its `x-amz-trailer` promises never comes."""
     import urllib.request
     from botocore.auth import SigV4Auth
     from botocore.awsrequest import AWSRequest
@@ -323,7 +324,8 @@ def chunked_put(gw, key, cred, data, declared):
     import zlib
 
     crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big"))
-    body = b"%x\r\n" % len(data) + data + b"\r\n0\r\nx-amz-checksum-crc32:" + crc + b"\r\n\r\n"
+    body = b"%x\r\n" % len(data) + data + b"\r\n0\r\n"
+    body += (b"x-amz-checksum-crc32:" + crc + b"\r\n\r\n") if trailer else b"\r\n"
     url = f"{gw.endpoint}/default/{key}"
     headers = {"x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER", "content-encoding": "aws-chunked",
                "x-amz-trailer": "x-amz-checksum-crc32", "x-amz-decoded-content-length": str(declared),
@@ -872,3 +874,37 @@ def test_a_handoff_goes_only_where_its_caller_may_write(tenancy):
         raise AssertionError(f"the agent called the caller's URL: {conn.recv(4096)!r}")
     listener.close()
     assert not os.path.exists(os.path.join(gw.mount, "nlp", "stolen"))
+
+
+def test_a_promised_checksum_trailer_that_never_comes_stores_nothing(tenancy):
+    """Issue 44, finding 5: an upload whose `x-amz-trailer` promises a checksum and whose body ends without it
+    is unchecked: refused, nothing stored."""
+    gw, keys, _ = tenancy
+    s3 = s3_for(gw, keys["vision"])
+    status, body = chunked_put(gw, "vision/chunked/no-trailer.bin", keys["vision"], b"z" * 1000, 1000,
+                               trailer=False)
+    assert status == 400 and b"trailer" in body, (status, body[:300])
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket="default", Key="vision/chunked/no-trailer.bin")
+
+
+def test_backends_show_where_they_are_to_administrators_only(tenancy):
+    """Issue 44, finding 5: `GET /v1/backends` names the backends to every principal, but their URLs and ids
+    (the agent host's absolute paths, endpoints) only to administrators."""
+    gw, _, _ = tenancy
+    member = cli_json(gw, "token", "create", "--name", "backends-member", "--team", "nlp")["token"]
+    status, body = _api(gw, "GET", "/v1/backends", member)
+    assert status == 200, body
+    seen = json.loads(body)
+    assert {b["name"] for b in seen} >= {"default", "origin"}
+    assert all(set(b) == {"name", "scheme"} for b in seen), seen
+    assert gw.mount.encode() not in body and b"127.0.0.1" not in body, body
+    status, body = _api(gw, "GET", "/v1/backends", ADMIN_TOKEN)
+    assert status == 200 and gw.mount.encode() in body, body
+
+
+def test_the_operators_metrics_listen_on_loopback_unless_told():
+    """Issue 44, finding 5: `strata operator run` serves /metrics on loopback by default (the manifests name
+    0.0.0.0 for the pod)."""
+    r = subprocess.run([STRATA, "operator", "run", "--help"], capture_output=True, text=True, check=True)
+    assert "[default: 127.0.0.1:9464]" in " ".join(r.stdout.split()), r.stdout

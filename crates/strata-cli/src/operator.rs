@@ -27,8 +27,9 @@ pub struct RunArgs {
     /// each claim's locations as its team only).
     #[arg(long, env = "STRATA_AGENT")]
     agent: String,
-    /// Where /metrics (Prometheus) and /healthz are served.
-    #[arg(long, default_value = "0.0.0.0:9464")]
+    /// Where /metrics (Prometheus) and /healthz are served: loopback unless told otherwise (in a pod, pass
+    /// 0.0.0.0:9464 so the kubelet and Prometheus reach it, as deploy/10-operator.yaml does).
+    #[arg(long, default_value = "127.0.0.1:9464")]
     metrics_addr: SocketAddr,
     /// Milliseconds between looks at a claim being staged.
     #[arg(long, default_value_t = 2000)]

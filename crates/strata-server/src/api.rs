@@ -186,22 +186,34 @@ async fn cache_stats(
     Ok(Json(stats))
 }
 
+/// A configured backend as `GET /v1/backends` shows it. Where it is (its URL and canonical id: a local
+/// directory's absolute path on the agent's host, an S3 endpoint) is shown to administrators only; every
+/// principal sees the names it can use in locations, and each backend's kind.
 #[derive(Serialize)]
 struct BackendInfo {
     name: String,
-    url: String,
-    id: String,
+    /// `s3`, `file`, `memory`, `gs` or `az`.
+    scheme: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
 }
 
-async fn backends(State(agent): State<Arc<Agent>>) -> Json<Vec<BackendInfo>> {
+async fn backends(
+    State(agent): State<Arc<Agent>>,
+    Extension(principal): Extension<Principal>,
+) -> Json<Vec<BackendInfo>> {
+    let admin = principal.is_admin;
     Json(
         agent
             .backends()
             .iter()
             .map(|b| BackendInfo {
                 name: b.name.clone(),
-                url: b.url.clone(),
-                id: b.backend.id().to_string(),
+                scheme: b.backend.scheme().to_string(),
+                url: admin.then(|| b.url.clone()),
+                id: admin.then(|| b.backend.id().to_string()),
             })
             .collect(),
     )

@@ -17,6 +17,8 @@ pub(super) struct BodyCheck {
     seen: u64,
     /// The algorithm whose checksum is kept with the object: the one the request named or sent.
     kept: Option<StrataAlgorithm>,
+    /// The checksum a streaming upload's `x-amz-trailer` promised: the body is refused when it ends without.
+    promised: Option<StrataAlgorithm>,
 }
 
 /// What a verified body was: its hex MD5 and the checksum kept with it (algorithm, base64 value).
@@ -253,6 +255,7 @@ impl BodyCheck {
             declared: None,
             seen: 0,
             kept,
+            promised: None,
         })
     }
 
@@ -285,7 +288,9 @@ impl BodyCheck {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().strip_prefix("x-amz-checksum-"))
             .and_then(StrataAlgorithm::parse);
-        self.keeping(declared)
+        let mut me = self.keeping(declared);
+        me.promised = declared;
+        me
     }
 
     pub(super) fn with_trailers(mut self, t: Option<s3s::TrailingHeaders>) -> Self {
@@ -352,6 +357,16 @@ impl BodyCheck {
             e.checksum_sha1 = get("x-amz-checksum-sha1").or(e.checksum_sha1.take());
             e.checksum_sha256 = get("x-amz-checksum-sha256").or(e.checksum_sha256.take());
             e.checksum_crc64nvme = get("x-amz-checksum-crc64nvme").or(e.checksum_crc64nvme.take());
+        }
+        // A trailer that was promised and never came: the body is unchecked, so it is not stored.
+        if let Some(alg) = self.promised
+            && pick(&self.expected, alg).is_none()
+        {
+            return Err(s3_error!(
+                InvalidRequest,
+                "x-amz-trailer promised x-amz-checksum-{} but the body ended without it; nothing was stored",
+                alg.as_str().to_ascii_lowercase()
+            ));
         }
         let got = self.checksum.finalize();
         let pairs = [
