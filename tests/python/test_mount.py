@@ -979,6 +979,13 @@ def test_a_token_that_may_not_read_the_location_mounts_nothing(gw, s3, mounts):
     ok = mounts.mount(gw.api, "origin/mnt-open/", token=member)
     with open(ok.path("ok.bin"), "rb") as f:
         assert f.read() == b"anyone's"
+    # Issue 44, finding 5: the long-lived holder and its server keep the token out of their command lines
+    # (`/proc/<pid>/cmdline` is readable by every user of the node).
+    holders, servers = ok.procs()
+    assert holders and servers, (holders, servers)
+    for pid in holders + servers:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert member.encode() not in f.read(), pid
     # A token the agent does not know.
     m = mounts.mount(gw.api, "origin/mnt-open/", token="not-a-token-0123456789", check=False)
     err = (m.result.stdout + m.result.stderr).lower()

@@ -190,14 +190,20 @@ async fn background(a: &MountArgs, dir: &Path, state: &Path) -> Result<()> {
     let log =
         std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
     let exe = std::env::current_exe().context("the strata binary's path")?;
-    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    // The token goes to the holder in its environment (readable by its user alone), never on its command
+    // line (`/proc/<pid>/cmdline` is readable by every user of the node, for as long as the mount lives).
+    let (mut args, token) = without_token(std::env::args_os().skip(1));
     args.push("--foreground".into());
     if a.state_dir.is_none() {
         args.push("--state-dir".into());
         args.push(state.into());
     }
     use std::os::unix::process::CommandExt;
-    let mut child = std::process::Command::new(exe)
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(t) = token.or_else(|| a.api.token.clone().map(OsString::from)) {
+        cmd.env("STRATA_TOKEN", t);
+    }
+    let mut child = cmd
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
@@ -378,4 +384,49 @@ pub async fn mounter(
     strata_server::claims::mounter::serve(&a.socket, exe, shutdown)
         .await
         .with_context(|| format!("strata mounter on {}", a.socket.display()))
+}
+
+/// `args` without `--token T` / `--token=T`, and the token they named.
+fn without_token(args: impl Iterator<Item = OsString>) -> (Vec<OsString>, Option<OsString>) {
+    let mut out = Vec::new();
+    let mut token = None;
+    let mut args = args.peekable();
+    while let Some(arg) = args.next() {
+        if arg == "--token" {
+            token = args.next();
+        } else if let Some(t) = arg.to_str().and_then(|s| s.strip_prefix("--token=")) {
+            token = Some(t.into());
+        } else if arg == "--" {
+            out.push(arg);
+            out.extend(args.by_ref());
+        } else {
+            out.push(arg);
+        }
+    }
+    (out, token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_holders_command_line_carries_no_token() {
+        let args = [
+            "mount",
+            "--token",
+            "T1",
+            "loc",
+            "--token=T2",
+            "/mnt",
+            "--",
+            "--token",
+            "x",
+        ]
+        .into_iter()
+        .map(OsString::from);
+        let (rest, token) = without_token(args);
+        assert_eq!(token, Some("T2".into()));
+        assert_eq!(rest, ["mount", "loc", "/mnt", "--", "--token", "x"]);
+    }
 }
