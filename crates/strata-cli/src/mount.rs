@@ -365,6 +365,26 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn the_holders_command_line_carries_no_token() {
+        let args = [
+            "mount",
+            "--token",
+            "T1",
+            "loc",
+            "--token=T2",
+            "/mnt",
+            "--",
+            "--token",
+            "x",
+        ]
+        .into_iter()
+        .map(OsString::from);
+        let (rest, token) = without_token(args);
+        assert_eq!(token, Some("T2".into()));
+        assert_eq!(rest, ["mount", "loc", "/mnt", "--", "--token", "x"]);
+    }
 }
 
 /// `strata mounter` arguments.
@@ -404,29 +424,4 @@ fn without_token(args: impl Iterator<Item = OsString>) -> (Vec<OsString>, Option
         }
     }
     (out, token)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_holders_command_line_carries_no_token() {
-        let args = [
-            "mount",
-            "--token",
-            "T1",
-            "loc",
-            "--token=T2",
-            "/mnt",
-            "--",
-            "--token",
-            "x",
-        ]
-        .into_iter()
-        .map(OsString::from);
-        let (rest, token) = without_token(args);
-        assert_eq!(token, Some("T2".into()));
-        assert_eq!(rest, ["mount", "loc", "/mnt", "--", "--token", "x"]);
-    }
 }
