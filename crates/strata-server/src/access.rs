@@ -90,6 +90,7 @@ impl Caller {
 pub struct Ownership {
     catalog: Catalog,
     prefixes: Mutex<Option<(Instant, Arc<Vec<OwnedPrefix>>)>>,
+    outage: Arc<crate::outage::Outage>,
 }
 
 impl Ownership {
@@ -98,7 +99,14 @@ impl Ownership {
         Self {
             catalog,
             prefixes: Mutex::new(None),
+            outage: Arc::default(),
         }
+    }
+
+    /// Whether the catalog is away, shared by every lookup that may use a cached answer then
+    /// ([`crate::outage`]).
+    pub fn outage(&self) -> &Arc<crate::outage::Outage> {
+        &self.outage
     }
 
     /// Forget the cached prefixes: a change made through this agent takes effect here at once (other agents
@@ -107,27 +115,40 @@ impl Ownership {
         *self.prefixes.lock() = None;
     }
 
-    /// Every owned prefix (at most [`TTL`] old).
+    /// Every owned prefix (at most [`TTL`] old; while the catalog is away, the last ones read, for up to
+    /// [`crate::outage::GRACE`]).
     pub async fn owned(&self) -> Result<Arc<Vec<OwnedPrefix>>> {
-        if let Some((at, p)) = self.prefixes.lock().as_ref()
+        let cached = self.prefixes.lock().clone();
+        if let Some((at, p)) = &cached
             && at.elapsed() < TTL
         {
             return Ok(p.clone());
         }
         // A created bucket's team owns every key in it: an owned empty prefix (longer owned prefixes inside
-        // it still decide for theirs).
-        // A bucket made by a root key is root's alone ([`ROOT_ONLY`]).
-        let mut all = self.catalog.list_prefixes().await?;
-        for b in self.catalog.list_buckets().await? {
-            all.push(strata_catalog::inventory::OwnedPrefix {
-                backend: b.name,
-                prefix: String::new(),
-                team: b.team.unwrap_or_else(|| ROOT_ONLY.to_string()),
-            });
-        }
-        let p = Arc::new(all);
-        *self.prefixes.lock() = Some((Instant::now(), p.clone()));
-        Ok(p)
+        // it still decide for theirs). A bucket made by a root key is root's alone ([`ROOT_ONLY`]).
+        let fetch = async {
+            let mut all = self.catalog.list_prefixes().await?;
+            for b in self.catalog.list_buckets().await? {
+                all.push(strata_catalog::inventory::OwnedPrefix {
+                    backend: b.name,
+                    prefix: String::new(),
+                    team: b.team.unwrap_or_else(|| ROOT_ONLY.to_string()),
+                });
+            }
+            let p = Arc::new(all);
+            *self.prefixes.lock() = Some((Instant::now(), p.clone()));
+            Ok(p)
+        };
+        self.outage.fetch("owned prefixes", cached, fetch).await
+    }
+
+    /// Whether `name` is a bucket CreateBucket made (and not deleted), as [`Self::owned`] last read it.
+    pub async fn is_created_bucket(&self, name: &str) -> Result<bool> {
+        Ok(self
+            .owned()
+            .await?
+            .iter()
+            .any(|p| p.backend == name && p.prefix.is_empty()))
     }
 
     /// The team `key` of backend `backend` belongs to (`None` outside owned prefixes), or
@@ -167,7 +188,10 @@ impl Ownership {
                 Some(home) if caller.can(&home, need) => {
                     // An object another team wrote here stays that team's: overwriting or deleting it takes
                     // the role in the writer's team (it would also hand that team's usage back).
-                    if let Some(rec) = self.catalog.object(backend, key).await?
+                    self.outage.refuse_if_down()?;
+                    let rec = self.catalog.object(backend, key).await;
+                    self.outage.note(&rec);
+                    if let Some(rec) = rec?
                         && let Some(writer) = rec.team
                         && writer != home
                         && !caller.can(&writer, need)

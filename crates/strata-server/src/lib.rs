@@ -21,6 +21,7 @@ pub mod gateway;
 pub mod http;
 mod locate;
 mod metrics;
+pub mod outage;
 pub mod peer;
 pub mod routes;
 pub mod schemas;
@@ -290,7 +291,7 @@ impl Agent {
         // behind belongs to nobody and is nobody's to read.
         if let Some(n) = &name
             && !self.backends.iter().any(|b| &b.name == n)
-            && self.catalog.bucket(n).await?.is_none()
+            && !self.ownership.is_created_bucket(n).await?
         {
             return Err(Error::new(
                 ErrorKind::NotFound,

@@ -113,21 +113,28 @@ pub async fn require_token(
 
 async fn authenticate(agent: &Agent, token: &str) -> Result<Option<Principal>> {
     let key = blake3::hash(token.as_bytes()).to_hex().to_string();
+    let cached = agent.access.tokens.lock().get(&key).cloned();
+    if let Some((at, p)) = &cached
+        && at.elapsed() < TOKEN_CACHE
     {
-        let cache = agent.access.tokens.lock();
-        if let Some((at, p)) = cache.get(&key)
-            && at.elapsed() < TOKEN_CACHE
-        {
-            return Ok(Some(p.clone()));
-        }
+        return Ok(Some(p.clone()));
     }
-    let p = agent.catalog().authenticate(token).await?;
-    if let Some(p) = &p {
-        let mut cache = agent.access.tokens.lock();
-        if cache.len() > 10_000 {
-            cache.clear();
+    // While the catalog is away, a token it accepted lately still is ([`crate::outage`]).
+    // Only a fresh answer is remembered (a cached one stands in without being renewed).
+    let fetch = async {
+        let p = agent.catalog().authenticate(token).await?;
+        if let Some(p) = &p {
+            let mut cache = agent.access.tokens.lock();
+            if cache.len() > 10_000 {
+                cache.clear();
+            }
+            cache.insert(key.clone(), (std::time::Instant::now(), p.clone()));
         }
-        cache.insert(key, (std::time::Instant::now(), p.clone()));
-    }
-    Ok(p)
+        Ok(p)
+    };
+    agent
+        .ownership()
+        .outage()
+        .fetch("token", cached.map(|(at, p)| (at, Some(p))), fetch)
+        .await
 }

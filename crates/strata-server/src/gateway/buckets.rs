@@ -129,7 +129,8 @@ impl Gateway {
         let Some((root, options)) = self.agent.config().bucket_root.clone() else {
             return Err(no_such());
         };
-        if let Some((b, at)) = self.created.open.lock().get(bucket)
+        let cached = self.created.open.lock().get(bucket).cloned();
+        if let Some((b, at)) = &cached
             && at.elapsed() < CREATED_TTL
         {
             return Ok(b.clone());
@@ -137,7 +138,31 @@ impl Gateway {
         if !valid_bucket_name(bucket) {
             return Err(no_such());
         }
-        let found = self.agent.catalog().bucket(bucket).await.map_err(s3err)?;
+        // While the catalog is away, a bucket it had lately still is ([`crate::outage`]).
+        let found = self
+            .agent
+            .ownership()
+            .outage()
+            .fetch(
+                "bucket",
+                cached.as_ref().map(|(_, at)| (*at, Some(()))),
+                async {
+                    let found = self.agent.catalog().bucket(bucket).await?.map(|_| ());
+                    // A fresh answer renews the open backend's time (a cached one stands in unrenewed).
+                    if let (Some(()), Some((b, _))) = (&found, &cached) {
+                        self.created
+                            .open
+                            .lock()
+                            .insert(bucket.to_string(), (b.clone(), std::time::Instant::now()));
+                    }
+                    Ok(found)
+                },
+            )
+            .await
+            .map_err(s3err)?;
+        if let (Some((b, _)), Some(())) = (&cached, &found) {
+            return Ok(b.clone());
+        }
         let Some(_) = found else {
             self.created.open.lock().remove(bucket);
             return Err(no_such());

@@ -36,6 +36,7 @@ pub struct CatalogAuth {
     statics: HashMap<String, String>,
     catalog: Catalog,
     keys: Arc<KeyCache>,
+    outage: Arc<crate::outage::Outage>,
 }
 
 impl std::fmt::Debug for CatalogAuth {
@@ -52,7 +53,7 @@ impl S3Auth for CatalogAuth {
         if let Some(s) = self.statics.get(access_key) {
             return Ok(SecretKey::from(s.clone()));
         }
-        match lookup(&self.catalog, &self.keys, access_key).await? {
+        match lookup(&self.catalog, &self.keys, &self.outage, access_key).await? {
             Some((secret, _)) => Ok(SecretKey::from(secret)),
             None => Err(s3_error!(InvalidAccessKeyId)),
         }
@@ -62,23 +63,30 @@ impl S3Auth for CatalogAuth {
 async fn lookup(
     catalog: &Catalog,
     keys: &KeyCache,
+    outage: &crate::outage::Outage,
     access_key: &str,
 ) -> S3Result<Option<(String, Principal)>> {
-    if let Some((at, v)) = keys.lock().get(access_key)
+    let cached = keys.lock().get(access_key).cloned();
+    if let Some((at, v)) = &cached
         && at.elapsed() < TTL
     {
         return Ok(v.clone());
     }
-    let v = catalog
-        .s3_key(access_key)
+    // While the catalog is away, a key it knew lately still works ([`crate::outage`]).
+    // Only a fresh answer is remembered (a cached one stands in without being renewed).
+    let fetch = async {
+        let v = catalog.s3_key(access_key).await?;
+        let mut k = keys.lock();
+        if k.len() >= MAX_KEYS {
+            k.clear();
+        }
+        k.insert(access_key.to_string(), (Instant::now(), v.clone()));
+        Ok(v)
+    };
+    outage
+        .fetch("S3 key", cached, fetch)
         .await
-        .map_err(|e| S3Error::with_message(S3ErrorCode::ServiceUnavailable, e.to_string()))?;
-    let mut k = keys.lock();
-    if k.len() >= MAX_KEYS {
-        k.clear();
-    }
-    k.insert(access_key.to_string(), (Instant::now(), v.clone()));
-    Ok(v)
+        .map_err(|e| S3Error::with_message(S3ErrorCode::ServiceUnavailable, e.to_string()))
 }
 
 pub use crate::access::Caller;
@@ -126,14 +134,20 @@ impl Tenancy {
             statics,
             catalog: self.catalog.clone(),
             keys: self.keys.clone(),
+            outage: self.ownership.outage().clone(),
         }
     }
 
     /// The catalog principal behind an access key (after authentication filled the cache).
     pub async fn principal(&self, access_key: &str) -> S3Result<Option<Principal>> {
-        Ok(lookup(&self.catalog, &self.keys, access_key)
-            .await?
-            .map(|(_, p)| p))
+        Ok(lookup(
+            &self.catalog,
+            &self.keys,
+            self.ownership.outage(),
+            access_key,
+        )
+        .await?
+        .map(|(_, p)| p))
     }
 
     async fn prefixes(&self) -> S3Result<Arc<Vec<OwnedPrefix>>> {
@@ -199,11 +213,17 @@ impl Tenancy {
         objects: i64,
     ) -> S3Result<Option<Reservation>> {
         let Some(team) = team else { return Ok(None) };
-        match self
+        // The catalog is away: refused now (retryable), not after the pool's wait.
+        self.ownership
+            .outage()
+            .refuse_if_down()
+            .map_err(unavailable)?;
+        let r = self
             .catalog
             .reserve(team, bucket, bytes.max(0), objects, self.ttl_secs)
-            .await
-        {
+            .await;
+        self.ownership.outage().note(&r);
+        match r {
             Ok(r) => Ok(Some(r)),
             Err(e) if e.kind() == ErrorKind::ResourceExhausted => Err(quota_exceeded(&e)),
             Err(e) => Err(unavailable(e)),
