@@ -1560,3 +1560,58 @@ def test_a_claim_is_mounted_on_every_node_that_attaches_and_unmounted_everywhere
                 except ProcessLookupError:
                     pass
         shutil.rmtree(where, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A hung peer (issue 44, finding 8): it accepts connections (the kernel completes the handshake) and answers
+# nothing. Reads must not wait for the peer timeout on it, nor writes for their announcement once its lease is
+# over.
+
+
+def test_a_hung_peer_stalls_no_read_for_its_timeout_and_no_write_past_its_lease(origin, bucket, cluster):
+    name, s3 = bucket
+    objects = make_objects(44, 24, lo=256 * KIB, hi=1536 * KIB, prefix="hung/")
+    upload(s3, name, objects)
+    timeout = 10.0  # the default peer_timeout_ms
+    lease = 3.0
+    agents = static_cluster(cluster, 3, origin, name,
+                            extra_cluster=f"peer_timeout_ms = {int(timeout * 1000)}\n"
+                                          f"metadata_lease_ms = {int(lease * 1000)}")
+    live, hung = agents[:2], agents[2]
+    hung.proc.send_signal(signal.SIGSTOP)
+    try:
+        lat = []
+        lock = threading.Lock()
+
+        def one(t):
+            a, k = t
+            start = time.time()
+            body = a.read(k, timeout=120)
+            with lock:
+                lat.append((a.name, k, time.time() - start))
+            return md5(body) == md5(objects[k])
+
+        with concurrent.futures.ThreadPoolExecutor(6) as ex:
+            ok = list(ex.map(one, [(a, k) for k in objects for a in live]))
+        assert all(ok)
+        # Its blocks went to the origin instead; no read waited for the peer timeout.
+        slow = [(n, k, round(t, 2)) for n, k, t in lat if t >= timeout]
+        assert not slow, f"reads that waited for the hung peer's timeout ({timeout} s): {slow}"
+        for a in live:
+            m = a.member(hung)
+            assert m is not None and m["state"] == "suspect", (a.name, m)
+        # Writes: once the hung member's lease is surely over (a lease after the last contact, plus margins),
+        # none waits for its announcement.
+        time.sleep(lease + 1)
+        gw = client(f"http://127.0.0.1:{live[0].s3_port}", GW_KEY, GW_SECRET)
+        before = live[0].cluster()["coherence"]
+        for i in range(5):
+            gw.put_object(Bucket="default", Key=f"hung/written-{i}", Body=b"w" * 1000)
+        after = live[0].cluster()["coherence"]
+        # Each write told the live member and skipped the hung one (its lease over): none waited for it.
+        assert after["skipped"] - before.get("skipped", 0) == 5, (before, after)
+        assert (after["unanswered"], after["waited_ms"]) == (before["unanswered"], before["waited_ms"]), \
+            (before, after)
+        assert live[1].read("hung/written-4") == b"w" * 1000
+    finally:
+        hung.proc.send_signal(signal.SIGCONT)

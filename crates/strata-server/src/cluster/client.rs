@@ -34,6 +34,11 @@ pub enum Answer {
     Busy,
 }
 
+/// How long a block request waits for its answer before the peer's liveness is probed on the side.
+pub const FIRST_ANSWER: Duration = Duration::from_millis(250);
+/// How long a liveness probe waits: a peer that answers nothing within it is stopped or hung.
+pub const PROBE: Duration = Duration::from_millis(750);
+
 /// The header carrying the asking agent's catalog identity ([`strata_catalog::Catalog::identity`]).
 pub const CATALOG_HEADER: &str = "x-strata-catalog";
 
@@ -267,6 +272,40 @@ impl PeerClient {
             .context(format!("{peer}: {what}")))
     }
 
+    /// `send`'s answer; but when it has not come within [`FIRST_ANSWER`], `peer` is asked for `/healthz` on
+    /// the side (at most [`PROBE`]): a peer that does not answer that either accepts connections and serves
+    /// nothing (a stopped or hung process: the kernel still completes the handshake), and is given up at
+    /// once (`Err` inside: unavailable, retryable) instead of after the request's timeout. A peer that answers
+    /// the probe is busy (filling from a slow origin): the request goes on.
+    async fn answered<T>(
+        &self,
+        peer: &str,
+        send: impl std::future::Future<Output = std::result::Result<T, reqwest::Error>>,
+    ) -> std::result::Result<Result<T>, reqwest::Error> {
+        tokio::pin!(send);
+        tokio::select! {
+            r = &mut send => return r.map(Ok),
+            _ = tokio::time::sleep(FIRST_ANSWER) => {}
+        }
+        let probe = self
+            .http
+            .get(format!("{peer}/healthz"))
+            .timeout(PROBE)
+            .send();
+        tokio::select! {
+            r = &mut send => r.map(Ok),
+            alive = probe => match alive {
+                Ok(resp) if resp.status().is_success() => send.await.map(Ok),
+                _ => Ok(Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "{peer} accepted the request but answered neither it within {FIRST_ANSWER:?} nor a health probe within {PROBE:?} (stopped or hung)"
+                    ),
+                ))),
+            },
+        }
+    }
+
     /// The block from `peer` (see [`Answer`]).
     pub async fn block(&self, peer: &str, b: &PeerBlock<'_>, fill: bool) -> Result<Answer> {
         let meta = b.meta;
@@ -291,10 +330,11 @@ impl PeerClient {
             .for_ctx(self.http.get(url), b.ctx)
             .header(WAIT_HEADER, self.wait.as_millis().to_string());
         let what = "block request";
-        let resp = req
-            .send()
+        let resp = self
+            .answered(peer, req.send())
             .await
-            .map_err(|e| strata_client::transport(peer, what, e))?;
+            .map_err(|e| strata_client::transport(peer, what, e))?
+            .map_err(|e| e.context(format!("{peer}: block {} of {}", b.key.index, meta.key)))?;
         let status = resp.status().as_u16();
         if status != 200 {
             if resp.headers().contains_key(BUSY_HEADER) {

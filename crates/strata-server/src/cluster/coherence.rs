@@ -97,6 +97,8 @@ pub struct CoherenceCounters {
     pub sent: AtomicU64,
     /// Of them, not answered at first (retried until the member's lease ran out).
     pub unanswered: AtomicU64,
+    /// Announcements not sent: the member's lease of contact had run out already (it trusts no metadata).
+    pub skipped: AtomicU64,
     /// Milliseconds acknowledgements waited for members that did not answer.
     pub waited_ms: AtomicU64,
     /// Announcements received from other members, and the changes they carried.
@@ -295,9 +297,17 @@ impl Coherence {
         body: &Announcement,
         timeout: Duration,
     ) {
+        // A member whose lease of contact has run out already trusts no metadata (it drops all of it): there
+        // is nothing to wait for, and an unanswering member costs a write nothing once its lease is over.
+        let Some(until) = self.lease_of(member) else {
+            self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
         self.counters.sent.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let mut first = true;
+        // No attempt outlasts the member's lease.
+        let timeout = timeout.min(until.saturating_duration_since(Instant::now()));
         loop {
             let start = Instant::now();
             let err = match cluster.client().invalidate(member, body, timeout).await {
@@ -423,6 +433,8 @@ pub struct CoherenceStatus {
     /// See [`CoherenceCounters`].
     pub unanswered: u64,
     /// See [`CoherenceCounters`].
+    pub skipped: u64,
+    /// See [`CoherenceCounters`].
     pub waited_ms: u64,
     /// See [`CoherenceCounters`].
     pub received: u64,
@@ -442,6 +454,7 @@ impl Coherence {
             trusted: self.trusted(),
             sent: l(&c.sent),
             unanswered: l(&c.unanswered),
+            skipped: l(&c.skipped),
             waited_ms: l(&c.waited_ms),
             received: l(&c.received),
             applied: l(&c.applied),
