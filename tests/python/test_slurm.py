@@ -279,6 +279,12 @@ def test_a_claim_that_cannot_be_had_keeps_the_job_pending_with_the_reason_then_f
         if case == "too-big":
             assert job_claim(site, j)["state"] == "released"
         assert agent.ok("GET", "/v1/claims?team=vision") == [], "nothing left live"
+        # Issue 44, finding 13: nothing of the refused job stays in the state dir.
+        jobs = os.path.join(site["state"], "jobs")
+        deadline = time.time() + 30
+        while any(f.startswith(f"{j}.") for f in os.listdir(jobs)):
+            assert time.time() < deadline, sorted(f for f in os.listdir(jobs) if f.startswith(f"{j}."))
+            time.sleep(0.2)
     finally:
         if case == "quota":
             agent.ok("PUT", "/v1/quotas/vision/scratch", {})
@@ -313,3 +319,40 @@ def test_doctor_slurm(site):
     env["STRATA_API"] = f"http://127.0.0.1:{free_port()}"
     r = subprocess.run([STRATA, "doctor", "slurm"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "FAIL agent" in r.stdout and "start `strata serve`" in r.stdout, r.stdout
+
+
+def test_doctor_slurm_reads_strata_site_lua_and_checks_what_the_script_will_use(site):
+    """Issue 44, finding 13: `strata doctor slurm` reads the settings as the script does (its defaults,
+    slurmctld's environment, then `strata_site.lua`), and checks the binary, the token file, the agent at the
+    script's API with the script's token, and STRATA_WAIT_SECS against StageInTimeout."""
+    conf_dir = os.path.dirname(site["slurm"].conf)
+    site_lua = os.path.join(conf_dir, "strata_site.lua")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    env["SLURM_CONF"] = site["slurm"].conf
+
+    def doctor():
+        return subprocess.run([STRATA, "doctor", "slurm"], env=env, capture_output=True, text=True, timeout=60)
+
+    token_file = os.path.join(site["state"], "token")
+    try:
+        # A working site whose settings are in strata_site.lua (this command's environment names none).
+        with open(site_lua, "w") as f:
+            f.write(f'-- the site\nSTRATA_BIN = "{STRATA}"\nSTRATA_API = "{site["agent"].api}"\n'
+                    f"STRATA_TOKEN_FILE = '{token_file}'\nSTRATA_WAIT_SECS = 100 -- below StageInTimeout\n")
+        r = doctor()
+        assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
+        assert "strata_site.lua" in r.stdout and "administrator" in r.stdout, r.stdout
+        # Each wrong setting is found, and named with where it came from.
+        with open(site_lua, "w") as f:
+            f.write(f'STRATA_BIN = "/nonexistent/strata"\nSTRATA_API = "http://127.0.0.1:{free_port()}"\n'
+                    f'STRATA_TOKEN_FILE = "/nonexistent/token"\nSTRATA_WAIT_SECS = 500\n')
+        r = doctor()
+        out = r.stdout
+        assert r.returncode == 1, out
+        fails = [line for line in out.splitlines() if line.startswith("FAIL")]
+        for want in ("/nonexistent/strata (strata_site.lua)", "/nonexistent/token (strata_site.lua)",
+                     "FAIL agent http://127.0.0.1:", "STRATA_WAIT_SECS = 500 (strata_site.lua) against "
+                     "StageInTimeout = 120"):
+            assert any(want in line for line in fails), (want, out)
+    finally:
+        os.remove(site_lua)
