@@ -258,20 +258,26 @@ function slurm_bb_setup(job_id, uid, gid, pool, bb_size, job_script)
 	end
 	local file, ferr = claim_file(job_id, uid, gid, d)
 	if file == nil then
+		os.remove(STRATA_STATE_DIR .. "/" .. tostring(job_id) .. ".yaml")
 		return fail(job_id, "strata: " .. ferr)
+	end
+	-- A refused job leaves nothing in the state dir (Slurm runs no teardown for it).
+	local function refuse(reason)
+		os.remove(file)
+		return fail(job_id, reason)
 	end
 	local ok, out = run(STRATA_BIN .. " claim validate --job " .. q(job_id) .. " " .. q(file) .. " --json")
 	if not ok then
-		return fail(job_id, "strata: " .. last_line(out))
+		return refuse("strata: " .. last_line(out))
 	end
 	local team = out:match('"team"%s*:%s*"([^"]+)"')
 	if STRATA_TEAM_GROUPS == "1" and (team == nil or not groups_of(uid)[team]) then
-		return fail(job_id, "strata: user " .. tostring(uid) .. " is not in the Unix group of team " .. tostring(team))
+		return refuse("strata: user " .. tostring(uid) .. " is not in the Unix group of team " .. tostring(team))
 	end
 	ok, out = run(STRATA_BIN .. " claim submit " .. q(file) .. " --job " .. q(job_id) .. " --json")
 	local id = out:match('"id"%s*:%s*"(claim_[^"]+)"')
 	if not ok or id == nil then
-		return fail(job_id, "strata: " .. last_line(out))
+		return refuse("strata: " .. last_line(out))
 	end
 	mkdirs(STRATA_STATE_DIR)
 	local f = io.open(state_file(job_id), "w")

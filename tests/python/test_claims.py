@@ -773,3 +773,19 @@ def test_a_job_named_by_another_team_is_not_charged_and_no_team_sees_anothers_jo
     assert rows and all(r.get("team") == "vision" for r in rows), rows
     assert any(r["job"] == "job-forge" for r in rows), rows
     agent.ok("POST", f"/v1/claims/{c['id']}/release", {})
+
+
+def test_the_readmes_claim_validates_without_a_job(tmp_path):
+    """Issue 44, finding 13: a claim file leaves its job to the submitter (the README's own example); `strata
+    claim validate FILE` checks the rest and says so, from a file and from stdin."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    yaml_text = readme.split("# /shared/claims/train.yaml", 1)[1].split("\n", 1)[1].split("```", 1)[0]
+    f = write_claim(tmp_path, yaml_text)
+    r = subprocess.run([STRATA, "claim", "validate", f], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "set at submission" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([STRATA, "claim", "validate", "-", "--json"], input=yaml_text, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout)["job"] is None, r.stdout + r.stderr
+    # a bad job is still refused, naming the field
+    r = subprocess.run([STRATA, "claim", "validate", f, "--job", "a b"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "job" in r.stderr, r.stderr

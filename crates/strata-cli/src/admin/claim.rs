@@ -136,12 +136,28 @@ fn load(file: &str, job: Option<String>) -> Result<strata_claim::ClaimSpec> {
 pub async fn run(c: ClaimCommand, out: Out) -> Result<()> {
     match c {
         ClaimCommand::Validate { file, job } => {
-            let spec = load(&file, job)?;
-            let v = serde_json::to_value(&spec)?;
+            // A file may leave its job to whoever submits it (the Slurm integration, `submit --job`): valid
+            // without one, the rest checked as it will be then.
+            let mut spec = strata_claim::ClaimSpec::parse_unchecked(&read_file(&file)?)?;
+            let unset = job.is_none() && spec.job.is_empty();
+            if let Some(j) = job {
+                spec.job = j;
+            } else if unset {
+                spec.job = "pending".into();
+            }
+            spec.check()?;
+            let mut v = serde_json::to_value(&spec)?;
+            if unset {
+                v["job"] = serde_json::Value::Null;
+            }
             return emit(&out, &v, |_| {
                 println!(
                     "valid: job {} of team {}, {} dataset(s){}{}",
-                    spec.job,
+                    if unset {
+                        "(set at submission)"
+                    } else {
+                        spec.job.as_str()
+                    },
                     spec.team,
                     spec.datasets.len(),
                     if spec.checkpoint.is_some() {
