@@ -188,7 +188,7 @@ class Agent:
     """One `strata serve` of a cluster, with its own data dir, API and gateway ports; restartable."""
 
     def __init__(self, root, name, backend_endpoint, bucket, cluster, api_host="127.0.0.1", api_port=None,
-                 extra="", env=None, disk="128MiB", me=None, wrap=()):
+                 extra="", env=None, disk="128MiB", me=None, wrap=(), ram="128MiB"):
         self.name = name
         # wrap: a command the agent runs under (`unshare --mount ...`: a node of its own for mounts).
         self.wrap = list(wrap)
@@ -221,7 +221,7 @@ secret_key = "{GW_SECRET}"
 principal = "reader"
 [cache]
 block_size = "{BLOCK // KIB}KiB"
-ram_capacity = "128MiB"
+ram_capacity = "{ram}"
 {disk_cfg}
 [retry]
 max_retries = 2
@@ -1615,3 +1615,41 @@ def test_a_hung_peer_stalls_no_read_for_its_timeout_and_no_write_past_its_lease(
         assert live[1].read("hung/written-4") == b"w" * 1000
     finally:
         hung.proc.send_signal(signal.SIGCONT)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Full caches (issue 44, finding 6): a standing cluster's caches are always full, and the default policy
+# (TinyLFU) admits a new block only over a colder one. An owner that read a block for one member must still
+# have it for the next: a new data set costs the origin each byte once, full caches or empty.
+
+
+def test_full_caches_still_read_each_block_from_the_origin_once(origin, bucket, cluster):
+    name, s3 = bucket
+    old = make_objects(60, 60, lo=1 * MIB, hi=1 * MIB + 1, prefix="old/")
+    new = make_objects(61, 24, lo=1 * MIB, hi=1 * MIB + 1, prefix="new/")
+    upload(s3, name, {**old, **new})
+    proxy = cluster.proxy(origin.removeprefix("http://"))
+    # Each agent's RAM and disk tiers hold 16 + 16 MiB, under its 20 MiB share of the old set, whose blocks are
+    # read three times through every agent: every tier is full of blocks TinyLFU counts as hot.
+    agents = static_cluster(cluster, 3, proxy.url, name, ram="16MiB", disk="16MiB")
+    for _ in range(3):
+        failed, bad = check_bodies(read_all([(a, k, None) for k in old for a in agents], workers=6), old)
+        assert not failed and not bad, (failed[:3], bad[:3])
+    for a in agents:
+        s = a.get_json("/v1/cache")
+        assert s["disk"]["used_bytes"] >= 14 * MIB and s["ram"]["used_bytes"] >= 14 * MIB, (a.name, s)
+    proxy.clear()
+    # The new set, through every agent at once, each in its own order.
+    tasks = []
+    for i, a in enumerate(agents):
+        tasks += [(a, k, None) for k in random.Random(i).sample(sorted(new), len(new))]
+    failed, bad = check_bodies(read_all(tasks, workers=6), new)
+    assert not failed and not bad, (failed[:3], bad[:3])
+    gets = object_gets(proxy, name)
+    egress = sum(sum(b - a for a, b in r) for r in gets.values())
+    size = sum(len(v) for v in new.values())
+    twice = {k: sorted(r) for k, r in gets.items() if sum(b - a for a, b in r) != len(new[k])}
+    # Each byte once (before owned blocks were kept whatever the policy said, and peers' blocks off the disk
+    # tier, this read 2.9x).
+    assert egress == size, f"origin bytes {egress / size:.3f}x the set's; read more than once: {twice}"
+    assert_each_byte_fetched_once(proxy, name, new)

@@ -17,8 +17,16 @@ impl BlockCache {
         let Some(disk) = &self.inner.disk else {
             return None;
         };
+        // A warm-up waits for its write (and is admitted whatever the policy says); a block this agent owns
+        // in a cluster is admitted too (see [`Self::admit_forced`]), written as any fill's.
         let force = mode == FillMode::Warm;
-        let a = disk.reserve(key, d, data.len() as u64, self.is_pinned(key), force);
+        let a = disk.reserve(
+            key,
+            d,
+            data.len() as u64,
+            self.is_pinned(key),
+            self.admit_forced(key, mode),
+        );
         if !a.admitted {
             return None;
         }
@@ -37,7 +45,9 @@ impl BlockCache {
             _held: None,
         };
         if force {
+            self.inner.queued.lock().insert(d, data.clone());
             if tx.send(job).await.is_err() {
+                self.inner.queued.lock().remove(&d);
                 disk.drop_entry(&d);
                 return None;
             }
@@ -58,7 +68,10 @@ impl BlockCache {
                 .ok();
         }
         let queued_ok = queued < LOSSY_QUEUE_MAX || job._held.is_some();
+        // In the queued map before the writer can take it (it removes the entry once written).
+        self.inner.queued.lock().insert(d, data.clone());
         if !queued_ok || tx.try_send(job).is_err() {
+            self.inner.queued.lock().remove(&d);
             disk.drop_entry(&d);
             self.inner
                 .counters
@@ -129,8 +142,16 @@ impl BlockCache {
                 return vec![f.clone()];
             }
             // The fill may have finished between our lookup and taking this lock.
-            if let Some((_, b)) = self.inner.ram.lock().map.get(d) {
-                return vec![futures::future::ready(Ok(b.clone())).boxed().shared()];
+            let done = self
+                .inner
+                .ram
+                .lock()
+                .map
+                .get(d)
+                .map(|(_, b)| b.clone())
+                .or_else(|| self.inner.queued.lock().get(d).cloned());
+            if let Some(b) = done {
+                return vec![futures::future::ready(Ok(b)).boxed().shared()];
             }
         }
         let this = self.clone();
@@ -439,7 +460,10 @@ impl BlockCache {
                             key,
                             *d,
                             &block,
-                            mode == FillMode::Warm && self.inner.disk.is_none(),
+                            // Forced in RAM too while its disk write is queued (a warm-up: only
+                            // without a disk tier, which it waits for).
+                            self.admit_forced(key, mode)
+                                && (mode != FillMode::Warm || self.inner.disk.is_none()),
                         );
                         let on_disk = match hot.take() {
                             Some(h) => h.finish(),

@@ -193,6 +193,7 @@ impl BlockCache {
             pins_path,
             counters: Counters::default(),
             disk_tx: Mutex::new(None),
+            queued: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
             meta: Mutex::new(MetaMap::default()),
@@ -208,12 +209,13 @@ impl BlockCache {
             *inner.disk_tx.lock() = Some(tx);
             let rx = Arc::new(tokio::sync::Mutex::new(rx));
             for _ in 0..2 {
-                let (rx, disk) = (rx.clone(), disk.clone());
+                let (rx, disk, me) = (rx.clone(), disk.clone(), Arc::downgrade(&inner));
                 inner.tasks.spawn(async move {
                     loop {
                         let job = rx.lock().await.recv().await;
                         let Some(job) = job else { break };
                         let disk = disk.clone();
+                        let d = job.digest;
                         let _ = tokio::task::spawn_blocking(move || {
                             let _ = disk.write(&job.key, &job.digest, &job.data, job.direct);
                             if let Some(done) = job.done {
@@ -221,6 +223,9 @@ impl BlockCache {
                             }
                         })
                         .await;
+                        if let Some(inner) = me.upgrade() {
+                            inner.queued.lock().remove(&d);
+                        }
                     }
                 });
             }

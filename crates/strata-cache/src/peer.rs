@@ -8,8 +8,10 @@
 //! agent failed). A fill's run is split accordingly: the blocks asked of peers and the runs of this agent's own
 //! blocks go at once, each block handed to its readers as it arrives; a block no peer served is read from the
 //! origin at once, on its own: a block never waits on another block's owner (see
-//! `BlockCache::fill_from_peers`). Peer blocks are admitted into RAM and disk like any fill's (warm-ups: forced, and
-//! reported once on disk).
+//! `BlockCache::fill_from_peers`). A block this agent owns, filled from the origin, is admitted whatever the
+//! policy says ([`BlockCache::admit_forced`]): the owner's copy must outlive the first asker. A block served
+//! by a peer is kept in RAM only, by the policy (its owner's disk holds the cluster's copy); a warm-up's is
+//! forced onto disk and reported once written.
 //!
 //! An agent serving a peer ([`BlockCache::serve_peer`]) answers from its tiers, else fills the block from the
 //! origin itself (joining a fill in flight), and never asks a peer in turn: a block request makes at most one
@@ -70,6 +72,19 @@ impl BlockCache {
 
     pub(crate) fn peers(&self) -> Option<&Arc<dyn PeerSource>> {
         self.inner.peers.get()
+    }
+
+    /// Whether a block this agent filled from the origin is admitted whatever the policy says (evicting the
+    /// oldest unpinned blocks): a warm-up's, and in a cluster a block this agent owns (a fill for a peer, or
+    /// its own read of its share). The owner's copy is the cluster's one copy: were it refused (TinyLFU
+    /// refuses a new block over a full tier of hotter ones, as a standing cluster's always are), the next
+    /// member to ask would send the owner to the origin again, and a full cluster would read a new data set
+    /// from the origin once per member instead of once.
+    pub(crate) fn admit_forced(&self, key: &BlockKey, mode: FillMode) -> bool {
+        match mode {
+            FillMode::Warm | FillMode::Peer => true,
+            FillMode::Readahead => self.peers().is_some_and(|p| p.owns(key)),
+        }
     }
 
     /// A block of `meta`'s version for another agent: from a tier, else (with `fill`) read from the origin
@@ -173,13 +188,13 @@ impl BlockCache {
                 return r;
             }
         };
-        self.insert_ram(
-            key,
-            *d,
-            &b,
-            mode == FillMode::Warm && self.inner.disk.is_none(),
-        );
-        if let Some(written) = self.store_disk(key, *d, &b, mode).await {
+        // Another member's block is kept in RAM only (by the policy): its owner's disk holds the cluster's
+        // copy, and a second copy on this disk would take the room of this agent's own share (TinyLFU admits a
+        // block asked of a peer over the owned blocks the other members have not read yet). A warm-up's, or a
+        // block that moved here with a view change (this agent owns it now), is kept as an owned one is.
+        let keep = self.admit_forced(key, mode);
+        self.insert_ram(key, *d, &b, keep && self.inner.disk.is_none());
+        if keep && let Some(written) = self.store_disk(key, *d, &b, mode).await {
             let _ = written.await;
         }
         let c = &self.inner.counters;

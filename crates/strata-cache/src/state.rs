@@ -117,6 +117,10 @@ pub(crate) struct Inner {
     pub(crate) pins_path: Option<PathBuf>,
     pub(crate) counters: Counters,
     pub(crate) disk_tx: Mutex<Option<mpsc::Sender<DiskJob>>>,
+    /// Blocks queued for the disk writers and not written yet (the bytes the queued job holds anyway): a
+    /// lookup finds them here, so a block the RAM tier did not keep is not read from the backend again while
+    /// its disk write waits.
+    pub(crate) queued: Mutex<HashMap<Digest, Bytes>>,
     pub(crate) tasks: TaskTracker,
     pub(crate) cancel: CancellationToken,
     pub(crate) meta: Mutex<MetaMap>,

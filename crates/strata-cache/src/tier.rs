@@ -136,6 +136,15 @@ impl BlockCache {
         if let Some(b) = self.ram_hit(ctx, &key.object, d, start) {
             return Some(b);
         }
+        // Filled, not kept in RAM, its disk write still queued: the queued bytes (in memory already).
+        let queued = self.inner.queued.lock().get(d).cloned();
+        if let Some(b) = queued {
+            let c = &self.inner.counters;
+            c.ram_hits.fetch_add(1, Ordering::Relaxed);
+            c.hit_bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+            self.emit_lookup(ctx, &key.object, Tier::Ram, b.len() as u64, start);
+            return Some(b);
+        }
         self.inner.ram.record_request(d);
         let c = &self.inner.counters;
         for tier in self.slower_tiers() {
