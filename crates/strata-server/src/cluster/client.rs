@@ -35,9 +35,9 @@ pub enum Answer {
 }
 
 /// How long a block request waits for its answer before the peer's liveness is probed on the side.
-pub const FIRST_ANSWER: Duration = Duration::from_millis(250);
+pub const FIRST_ANSWER: Duration = Duration::from_millis(200);
 /// How long a liveness probe waits: a peer that answers nothing within it is stopped or hung.
-pub const PROBE: Duration = Duration::from_millis(750);
+pub const PROBE: Duration = Duration::from_millis(500);
 
 /// The header carrying the asking agent's catalog identity ([`strata_catalog::Catalog::identity`]).
 pub const CATALOG_HEADER: &str = "x-strata-catalog";
