@@ -789,3 +789,62 @@ def test_the_readmes_claim_validates_without_a_job(tmp_path):
     # a bad job is still refused, naming the field
     r = subprocess.run([STRATA, "claim", "validate", f, "--job", "a b"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "job" in r.stderr, r.stderr
+
+
+def test_a_claim_released_mid_staging_accounts_for_the_fills_it_had_in_flight(origin, s3):
+    """Issue 44, finding 12: fills a staging had in flight when its claim was released go on (readers may have
+    joined them); the claim's final `origin_bytes` includes what they read, as the cache's by-job counters do."""
+    import threading
+    from test_shared_cache import Proxy
+
+    class Gate:
+        def __init__(self):
+            self.open = threading.Event()
+            self.waiting = 0
+            self.lock = threading.Lock()
+
+        def before(self, method, path):
+            if method == "GET" and "list-type=" not in path and "/ds-inflight/" in path:
+                with self.lock:
+                    self.waiting += 1
+                self.open.wait(timeout=300)
+
+    put_dataset(s3, "ds-inflight/", [2 * MIB] * 6)
+    gate = Gate()
+    proxy = Proxy(origin.split("//", 1)[1], before=gate.before)
+    agent = Agent(f"http://{proxy.addr}", ram="16MiB", disk="64MiB")
+    try:
+        agent.call("POST", "/v1/teams", {"name": "vision"})
+        c = agent.ok("POST", "/v1/claims", {"version": 1, "job": "job-inflight", "team": "vision",
+                                            "datasets": [{"name": "train", "location": "origin/ds-inflight/"}]})
+        deadline = time.time() + 60
+        while gate.waiting == 0:
+            assert time.time() < deadline, "staging never reached the origin"
+            time.sleep(0.05)
+        released = []
+        t = threading.Thread(target=lambda: released.append(
+            agent.call("POST", f"/v1/claims/{c['id']}/release", {})))
+        t.start()
+        time.sleep(0.5)  # the release is under way, its staging's fills held at the origin
+        gate.open.set()
+        t.join(timeout=120)
+        assert released and released[0][0] == 200, released
+
+        def job_origin():
+            return sum(r["origin_bytes"] for r in agent.cache()["by_job"]
+                       if r["job"] == "job-inflight" and r.get("team", "vision") == "vision")
+        # What the fills read, once they have all landed (stable for a second).
+        seen, stable_since = job_origin(), time.time()
+        while time.time() - stable_since < 1.0:
+            time.sleep(0.1)
+            now = job_origin()
+            if now != seen:
+                seen, stable_since = now, time.time()
+        assert seen > 0
+        final = agent.ok("GET", f"/v1/claims/{c['id']}")
+        assert final["state"] == "released", final
+        assert final["usage"]["origin_bytes"] == seen, (final["usage"], seen)
+    finally:
+        gate.open.set()
+        agent.close()
+        proxy.close()

@@ -166,10 +166,12 @@ impl BlockCache {
                 (Some(tx), rx)
             })
             .unzip();
+        let job = JobFill::start(&self.inner, &ctx);
         self.inner.tasks.spawn(async move {
             let guard = InflightGuard {
                 cache: this.clone(),
                 digests: guard_digests,
+                _job: job,
             };
             let cancel = this.inner.cancel.clone();
             let mut given = given;
@@ -676,6 +678,53 @@ impl Drop for HotWrite {
 pub(crate) struct InflightGuard {
     pub(crate) cache: BlockCache,
     pub(crate) digests: Vec<Digest>,
+    pub(crate) _job: Option<JobFill>,
+}
+
+/// A fill in flight for a team's job ([`BlockCache::job_fills`]), counted until dropped.
+pub(crate) struct JobFill {
+    inner: Arc<Inner>,
+    key: TeamJob,
+}
+
+impl JobFill {
+    /// Count a fill for `ctx`'s job (none when it names no job).
+    pub(crate) fn start(inner: &Arc<Inner>, ctx: &IoContext) -> Option<Self> {
+        let key = (
+            ctx.team.clone().unwrap_or_else(|| Arc::from("")),
+            ctx.job.clone()?,
+        );
+        *inner.job_fills.lock().entry(key.clone()).or_default() += 1;
+        Some(Self {
+            inner: inner.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for JobFill {
+    fn drop(&mut self) {
+        let mut m = self.inner.job_fills.lock();
+        if let Some(n) = m.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl BlockCache {
+    /// Fills from the backend in flight for `team`'s job `job`: their bytes reach the job's I/O counters
+    /// ([`CacheStats::by_job`]) when they end (a job's final accounting waits for them).
+    pub fn job_fills(&self, team: &str, job: &str) -> usize {
+        self.inner
+            .job_fills
+            .lock()
+            .get(&(Arc::from(team), Arc::from(job)))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 impl Drop for InflightGuard {

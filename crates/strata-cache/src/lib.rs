@@ -194,6 +194,7 @@ impl BlockCache {
             counters: Counters::default(),
             disk_tx: Mutex::new(None),
             queued: Mutex::new(HashMap::new()),
+            job_fills: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
             meta: Mutex::new(MetaMap::default()),

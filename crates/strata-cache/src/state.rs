@@ -101,6 +101,9 @@ pub(crate) enum FillMode {
     Peer,
 }
 
+/// A team and a job (`""`: no team).
+pub(crate) type TeamJob = (Arc<str>, Arc<str>);
+
 pub(crate) struct Inner {
     pub(crate) cfg: CacheConfig,
     pub(crate) telemetry: Arc<Telemetry>,
@@ -121,6 +124,8 @@ pub(crate) struct Inner {
     /// lookup finds them here, so a block the RAM tier did not keep is not read from the backend again while
     /// its disk write waits.
     pub(crate) queued: Mutex<HashMap<Digest, Bytes>>,
+    /// Fills in flight per (team, job) ([`crate::BlockCache::job_fills`]).
+    pub(crate) job_fills: Mutex<HashMap<TeamJob, usize>>,
     pub(crate) tasks: TaskTracker,
     pub(crate) cancel: CancellationToken,
     pub(crate) meta: Mutex<MetaMap>,

@@ -10,6 +10,10 @@ use strata_types::Result;
 use crate::Agent;
 use crate::api::{CACHE_SCOPE, pin_key};
 
+/// The longest a release waits for the fills its cancelled staging had in flight, before it takes the final
+/// accounting.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Release claim `id` with `reason`. Returns false if it was already released.
 pub(crate) async fn release(a: &Agent, id: &str, reason: &str, actor: &str) -> Result<bool> {
     let cat = a.catalog();
@@ -17,11 +21,17 @@ pub(crate) async fn release(a: &Agent, id: &str, reason: &str, actor: &str) -> R
     if rec.released_at.is_some() {
         return Ok(false);
     }
-    if let Some(t) = a.claim_tasks.lock().get(id) {
-        t.cancel();
-    }
+    let staging = a.claim_tasks.lock().get(id).map(|t| t.cancel()).is_some();
     let spec = super::stored_spec(&rec)?;
     super::mounts::unmount_all(id, &spec);
+    // Fills the staging had in flight go on (a fill is never cancelled for the readers that joined it):
+    // their bytes are the job's, so the final accounting waits for them (bounded).
+    if staging {
+        let deadline = std::time::Instant::now() + SETTLE;
+        while a.cache().job_fills(&rec.team, &rec.job) > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
     // The accounting is taken while the scratch is still there to measure.
     let usage = super::usage(a, &rec, &spec).await;
     for d in spec.datasets.iter().filter(|d| d.mode == Mode::Pin) {
