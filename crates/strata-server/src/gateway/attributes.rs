@@ -35,18 +35,15 @@ pub(super) fn attrs_in(
             .collect();
         (!kept.is_empty()).then(|| kept.join(", "))
     });
+    // `x-amz-meta-strataobject` is where a Strata gateway keeps its own record of an object (checksums,
+    // parts): what a client sends there is never stored as such. Another Strata agent whose origin this is
+    // sends its own record there; it is dropped and this gateway keeps the one it makes from this request.
     let user: std::collections::BTreeMap<String, String> = metadata
         .unwrap_or_default()
         .into_iter()
         .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .filter(|(k, _)| k != strata_types::extras::RESERVED_META)
         .collect();
-    if user.contains_key(strata_types::extras::RESERVED_META) {
-        return Err(s3_error!(
-            InvalidArgument,
-            "x-amz-meta-{} is reserved for what this gateway keeps with an object",
-            strata_types::extras::RESERVED_META
-        ));
-    }
     let size: usize = user.iter().map(|(k, v)| k.len() + v.len()).sum();
     if size > USER_METADATA_MAX {
         return Err(s3_error!(
