@@ -231,7 +231,13 @@ impl Gateway {
         let content_range = res.content_range();
         let len = res.range.end - res.range.start;
         let meta_attrs = res.meta.attrs.clone();
-        let body = StreamingBlob::wrap(res.body.map_err(|e| std::io::Error::other(e.to_string())));
+        // A body cut mid-stream (the object changed at the origin, the origin failed after its retries) reaches
+        // the client only as a closed connection: said in the log, with the object and the cause.
+        let (bucket, key) = (input.bucket.clone(), input.key.clone());
+        let body = StreamingBlob::wrap(res.body.map_err(move |e| {
+            tracing::warn!(%bucket, %key, kind = e.kind().as_str(), error = %e, "a GET was cut mid-body");
+            std::io::Error::other(e.to_string())
+        }));
         let a = attrs_out(&meta_attrs);
         let (parts_count, checksum) = part_answer(&a, input.part_number, checksum_on, res.partial);
         let mut out = GetObjectOutput {
