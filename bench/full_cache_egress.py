@@ -24,7 +24,6 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import urllib.parse
@@ -33,8 +32,7 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from hung_peer import TOKEN, s3, start_cluster  # noqa: E402
-from warm_vs_s5cmd import free_port, wait_port  # noqa: E402
+from hung_peer import TOKEN, moto, s3, save, start_cluster  # noqa: E402
 
 MIB = 1 << 20
 
@@ -88,12 +86,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     bins = a.bin or [os.path.join(ROOT, "target", "release", "strata")]
-    port = free_port()
-    moto = subprocess.Popen([os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port)
-        origin = f"http://127.0.0.1:{port}"
+    with moto() as origin:
         c = s3(origin)
         c.create_bucket(Bucket="egress")
         old = [f"old/{i:03d}" for i in range(a.old_mib)]
@@ -112,12 +105,7 @@ def main():
         for b in bins:
             e, f = statistics.median(res[b]["empty"]), statistics.median(res[b]["full"])
             print(f"{b}: egress empty {e:.3f}x, full {f:.3f}x (full / empty {f / e:.2f})")
-        os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
-        with open(os.path.join(ROOT, "bench", "out", "full_cache_egress.json"), "w") as f:
-            json.dump(res, f, indent=1)
-    finally:
-        moto.terminate()
-        moto.wait()
+        save("full_cache_egress", res)
 
 
 if __name__ == "__main__":

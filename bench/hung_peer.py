@@ -19,6 +19,7 @@ Needs .venv (scripts/test.sh makes it). Results go to bench/out/hung_peer.json.
 """
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import shutil
@@ -42,6 +43,27 @@ from warm_vs_s5cmd import free_port, wait_port  # noqa: E402
 KEY, SECRET = "bench", "benchsecret"
 TOKEN = "strata-bench-admin-token-0123456789"
 LEASE_MS = 3000
+
+
+@contextlib.contextmanager
+def moto():
+    """A moto S3 server on a free loopback port, for the duration: its endpoint."""
+    port = free_port()
+    proc = subprocess.Popen([os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def save(name, results):
+    """`results` as bench/out/NAME.json."""
+    os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
+    with open(os.path.join(ROOT, "bench", "out", f"{name}.json"), "w") as f:
+        json.dump(results, f, indent=1)
 
 
 def s3(endpoint):
@@ -141,12 +163,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     bins = a.bin or [os.path.join(ROOT, "target", "release", "strata")]
-    port = free_port()
-    moto = subprocess.Popen([os.path.join(VENV, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port)
-        origin = f"http://127.0.0.1:{port}"
+    with moto() as origin:
         results = {b: {"healthy": [], "hung": []} for b in bins}
         for r in range(a.rounds):
             for b in bins:
@@ -169,12 +186,7 @@ def main():
             for m in ("healthy", "hung"):
                 print(f"  {m:8s} " + ", ".join(f"{k} {v:.3f} s" for k, v in med[m].items()))
             print(f"  max read latency hung / healthy: {med['hung']['max'] / med['healthy']['max']:.2f}x")
-        os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
-        with open(os.path.join(ROOT, "bench", "out", "hung_peer.json"), "w") as f:
-            json.dump(results, f, indent=1)
-    finally:
-        moto.terminate()
-        moto.wait()
+        save("hung_peer", results)
 
 
 if __name__ == "__main__":
