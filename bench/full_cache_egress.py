@@ -30,7 +30,6 @@ import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENV = os.path.join(ROOT, ".venv", "bin")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from hung_peer import TOKEN, moto, s3, save, start_cluster  # noqa: E402
 
