@@ -143,3 +143,44 @@ def test_every_failure_in_a_dataloader_worker_reaches_the_training_loop(tmp_path
         if moto and moto.poll() is None:
             moto.terminate()
             moto.wait()
+
+
+def test_a_stopping_agent_answers_every_request_it_accepted(origin):
+    """Issue 44, finding 10: a request whose connection the kernel accepted before SIGTERM gets an answer from
+    the API and the gateway alike: the server stops accepting, then serves what was accepted. The agent is
+    stopped (SIGSTOP) while the connections are made and their requests sent, so they are all queued when it
+    wakes to its SIGTERM."""
+    import signal
+    import socket
+
+    from conftest import Gateway
+    gw = Gateway(origin)
+    targets = [(gw.api, "/healthz")] * 8 + [(gw.endpoint, "/")] * 8
+    socks = []
+    try:
+        gw.proc.send_signal(signal.SIGSTOP)
+        for base, path in targets:
+            host, port = base.replace("http://", "").split(":")
+            s = socket.create_connection((host, int(port)), timeout=60)
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+            socks.append((base, s))
+        gw.proc.send_signal(signal.SIGTERM)
+        gw.proc.send_signal(signal.SIGCONT)
+        unanswered = []
+        for base, s in socks:
+            data = b""
+            try:
+                while chunk := s.recv(65536):
+                    data += chunk
+            except OSError as e:
+                unanswered.append(f"{base}: {type(e).__name__}: {e}")
+                continue
+            if not data.startswith(b"HTTP/1.1 "):
+                unanswered.append(f"{base}: {data[:80]!r}")
+        assert not unanswered, unanswered
+        gw.proc.wait(timeout=60)
+    finally:
+        for _, s in socks:
+            s.close()
+        gw.proc.send_signal(signal.SIGCONT)
+        gw.close()

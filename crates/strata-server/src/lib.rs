@@ -17,6 +17,7 @@ pub mod claims;
 pub mod cluster;
 pub mod config;
 pub mod control;
+mod drain;
 pub mod gateway;
 pub mod http;
 mod locate;
@@ -488,12 +489,20 @@ pub async fn serve(
     let app = routes::router(agent.clone());
     // No Nagle delay on the API's responses: a small body written after its headers (a streamed one) would
     // otherwise wait for the client's delayed ACK (measured: loader samples through `/v1/read` at 0.65x).
+    // Stopping: the connections already queued are served before the listener closes ([`drain`]).
+    let drained = tokio_util::sync::CancellationToken::new();
+    let listener = drain::Draining {
+        inner: listener,
+        stop: stop.clone(),
+        drained: drained.clone(),
+        since: None,
+    };
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY on an API connection");
         }
     });
-    let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
+    let server = axum::serve(listener, app).with_graceful_shutdown(drained.cancelled_owned());
     let mut handle = tokio::spawn(async move { server.await });
     tokio::select! {
         _ = shutdown => {}

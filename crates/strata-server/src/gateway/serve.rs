@@ -21,6 +21,7 @@ pub async fn run(
     };
     let http = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut draining = None;
     loop {
         let socket = tokio::select! {
             r = listener.accept() => match r {
@@ -31,7 +32,16 @@ pub async fn run(
                     continue;
                 }
             },
-            _ = stop.cancelled() => break,
+            // Stopping: the connections already queued are served before the listener closes.
+            _ = stop.cancelled() => match crate::drain::queued(
+                &listener,
+                *draining.get_or_insert_with(tokio::time::Instant::now),
+            )
+            .await
+            {
+                Some((socket, _)) => socket,
+                None => break,
+            },
         };
         let _ = socket.set_nodelay(true);
         let conn = http.serve_connection(hyper_util::rt::TokioIo::new(socket), service.clone());
