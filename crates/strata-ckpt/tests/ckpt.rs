@@ -300,18 +300,11 @@ async fn keep_local_never_deletes_a_step_that_is_in_no_other_tier() {
     server.create_bucket("down").await;
     let proxy = strata_testkit::FaultProxy::start(&server.endpoint()).await;
     let dir = tempfile::tempdir().unwrap();
-    let base = ckpt(dir.path(), Some(remote(&proxy.endpoint(), "down")), 0, 1);
-    let c = strata_ckpt::Checkpointer::new(
-        strata_ckpt::CheckpointConfig {
-            keep_local: Retention {
-                keep_last: 1,
-                keep_every: None,
-            },
-            ..base.config().clone()
-        },
-        IoContext::default(),
-    )
-    .unwrap();
+    let c = keeping(
+        ckpt(dir.path(), Some(remote(&proxy.endpoint(), "down")), 0, 1),
+        1,
+        0,
+    );
     save_1_then_2_and_3_with_the_store_down(&c, &proxy).await;
     proxy.fail_next(0, 503);
     let ctx = IoContext::default();
@@ -355,6 +348,27 @@ async fn a_restarted_run_uploads_the_steps_its_last_process_left_local_only() {
     assert!(next.finish_pending().await.unwrap().is_empty());
 }
 
+/// `base` keeping the newest `local` steps in the local tier and `remote` in the store (0: all).
+fn keeping(
+    base: strata_ckpt::Checkpointer,
+    local: usize,
+    remote: usize,
+) -> strata_ckpt::Checkpointer {
+    let keep = |keep_last| Retention {
+        keep_last,
+        keep_every: None,
+    };
+    strata_ckpt::Checkpointer::new(
+        strata_ckpt::CheckpointConfig {
+            keep_local: keep(local),
+            keep_remote: keep(remote),
+            ..base.config().clone()
+        },
+        IoContext::default(),
+    )
+    .unwrap()
+}
+
 /// Save step 1 (uploaded), then steps 2 and 3 while the store behind `proxy` fails everything (each save
 /// fails, committed locally only).
 async fn save_1_then_2_and_3_with_the_store_down(
@@ -385,22 +399,7 @@ async fn steps_committed_during_an_outage_reach_the_store_while_the_process_runs
     let proxy = strata_testkit::FaultProxy::start(&server.endpoint()).await;
     let dir = tempfile::tempdir().unwrap();
     let store = || remote(&proxy.endpoint(), "outage");
-    let base = ckpt(dir.path(), Some(store()), 0, 1);
-    let c = strata_ckpt::Checkpointer::new(
-        strata_ckpt::CheckpointConfig {
-            keep_local: Retention {
-                keep_last: 1,
-                keep_every: None,
-            },
-            keep_remote: Retention {
-                keep_last: 0,
-                keep_every: None,
-            },
-            ..base.config().clone()
-        },
-        IoContext::default(),
-    )
-    .unwrap();
+    let c = keeping(ckpt(dir.path(), Some(store()), 0, 1), 1, 0);
     save_1_then_2_and_3_with_the_store_down(&c, &proxy).await;
     // The store is back; the run goes on saving, and newer steps reach the store first.
     proxy.fail_next(0, 503);
