@@ -10,8 +10,8 @@
 //! origin at once, on its own: a block never waits on another block's owner (see
 //! `BlockCache::fill_from_peers`). A block this agent owns, filled from the origin, is admitted whatever the
 //! policy says ([`BlockCache::admit_forced`]): the owner's copy must outlive the first asker. A block served
-//! by a peer is kept in RAM only, by the policy (its owner's disk holds the cluster's copy); a warm-up's is
-//! forced onto disk and reported once written.
+//! by a peer is kept in RAM only, by the policy (its owner's disk holds the cluster's copy), unless it is
+//! pinned; a warm-up's is forced onto disk and reported once written.
 //!
 //! An agent serving a peer ([`BlockCache::serve_peer`]) answers from its tiers, else fills the block from the
 //! origin itself (joining a fill in flight), and never asks a peer in turn: a block request makes at most one
@@ -191,10 +191,12 @@ impl BlockCache {
         // Another member's block is kept in RAM only (by the policy): its owner's disk holds the cluster's
         // copy, and a second copy on this disk would take the room of this agent's own share (TinyLFU admits a
         // block asked of a peer over the owned blocks the other members have not read yet). A warm-up's, or a
-        // block that moved here with a view change (this agent owns it now), is kept as an owned one is.
+        // block that moved here with a view change (this agent owns it now), is kept as an owned one is; a
+        // pinned one goes to disk as any fill's (every member keeps every pin).
         let keep = self.admit_forced(key, mode);
+        let to_disk = keep || self.is_pinned(key);
         self.insert_ram(key, *d, &b, keep && self.inner.disk.is_none());
-        if keep && let Some(written) = self.store_disk(key, *d, &b, mode).await {
+        if to_disk && let Some(written) = self.store_disk(key, *d, &b, mode).await {
             let _ = written.await;
         }
         let c = &self.inner.counters;
