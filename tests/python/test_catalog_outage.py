@@ -61,9 +61,18 @@ class Postgres:
         self._pg("pg_ctl", "-D", f"{self.dir}/data", "-m", "immediate", "-w", "stop")
 
     def pids(self):
+        """The postmaster and its children (from /proc: a fresh machine may lack pgrep)."""
         pid = int(open(f"{self.dir}/data/postmaster.pid").readline())
-        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-        return [pid, *map(int, children)]
+        children = []
+        for d in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    # pid (comm) state ppid ...: comm may hold spaces, so split after its closing paren
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        children.append(int(d))
+            except (OSError, ValueError, IndexError):
+                continue
+        return [pid, *children]
 
     def signal(self, sig):
         for p in self.pids():
