@@ -240,10 +240,7 @@ impl Gateway {
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(input.bucket),
             prefix: Some(encode(url, input.prefix.unwrap_or_default())),
-            delimiter: input
-                .delimiter
-                .filter(|d| !d.is_empty())
-                .map(|d| encode(url, d)),
+            delimiter: delimiter_out(url, input.delimiter),
             max_keys: Some(max as i32),
             key_count: Some(key_count),
             is_truncated: Some(next.is_some()),
@@ -292,10 +289,7 @@ impl Gateway {
             name: Some(input.bucket),
             // S3 leaves V1's own Prefix as it was sent (botocore decodes it only for V2).
             prefix: Some(input.prefix.unwrap_or_default()),
-            delimiter: input
-                .delimiter
-                .filter(|d| !d.is_empty())
-                .map(|d| encode(url, d)),
+            delimiter: delimiter_out(url, input.delimiter),
             // S3 always sends Marker, empty on a first page (s3fs looks for it).
             marker: Some(encode(url, input.marker.unwrap_or_default())),
             max_keys: Some(max as i32),
@@ -370,10 +364,7 @@ impl Gateway {
         Ok(S3Response::new(ListObjectVersionsOutput {
             name: Some(input.bucket),
             prefix: Some(encode(url, input.prefix.unwrap_or_default())),
-            delimiter: input
-                .delimiter
-                .filter(|d| !d.is_empty())
-                .map(|d| encode(url, d)),
+            delimiter: delimiter_out(url, input.delimiter),
             key_marker: Some(encode(url, input.key_marker.unwrap_or_default())),
             version_id_marker: Some(input.version_id_marker.unwrap_or_default()),
             max_keys: Some(max as i32),
@@ -406,6 +397,11 @@ const LISTING_KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANU
     .remove(b'.')
     .remove(b'~')
     .remove(b'/');
+
+/// A listing's `Delimiter` as it goes out: none when empty, URL-encoded when asked.
+fn delimiter_out(url: bool, d: Option<String>) -> Option<String> {
+    d.filter(|d| !d.is_empty()).map(|d| encode(url, d))
+}
 
 /// Whether the listing's names go out URL-encoded; an encoding S3 does not know is its `InvalidArgument`.
 pub(super) fn url_encoded(e: Option<&EncodingType>) -> S3Result<bool> {
