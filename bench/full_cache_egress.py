@@ -31,16 +31,9 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from hung_peer import TOKEN, moto, s3, save, start_cluster  # noqa: E402
+from hung_peer import TOKEN, moto, read, s3, save, start_cluster  # noqa: E402
 
 MIB = 1 << 20
-
-
-def read(api, key):
-    req = urllib.request.Request(f"{api}/v1/read?location=" + urllib.parse.quote(f"default/{key}", safe=""),
-                                 headers={"Authorization": f"Bearer {TOKEN}"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        r.read()
 
 
 def fills(agents):
