@@ -359,6 +359,13 @@ class Fleet:
                                        ctx.proxy.url, ctx.disk_mib, tag, ctx.cluster_extra)
             for a in self.agents.values():
                 a.wait_ready()
+            if mode == "static" and len(slots) == len(ctx.api_ports):
+                # A standing cluster: every member in contact with every other, so metadata is trusted
+                # (until then an agent remembers no metadata and joins no HEAD another open sent).
+                deadline = time.time() + 30
+                for a in self.agents.values():
+                    while time.time() < deadline and not a.get_json("/v1/cluster")["coherence"]["trusted"]:
+                        time.sleep(0.1)
         except Exception:
             self.close()
             raise
