@@ -187,6 +187,9 @@ impl StrataFs {
     }
 }
 
+/// The kernel's read-ahead window for the mount.
+const READAHEAD: u32 = 1 << 20;
+
 impl Filesystem for StrataFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // The same answer on every start: a server started after a crash answers the INIT the first one saw.
@@ -199,8 +202,10 @@ impl Filesystem for StrataFs {
         // Backing files may be on a stacked file system (overlayfs) themselves; this mount then cannot be
         // the lower layer of an overlay.
         let _ = config.set_max_stack_depth(2);
+        // Requests of at most `max_io` (the relay's reliable message size), but the kernel reads ahead up to
+        // 1 MiB: a window goes as several requests in flight at once, not one small window at a time.
         let _ = config.set_max_write(self.max_io);
-        let _ = config.set_max_readahead(self.max_io);
+        let _ = config.set_max_readahead(READAHEAD.max(self.max_io));
         let _ = config.set_max_background(64);
         Ok(())
     }

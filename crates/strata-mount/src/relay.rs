@@ -11,9 +11,15 @@
 //!   then `FUSE_NOTIFY_RESEND` (Linux 6.9) asks the kernel to send again every request the dead server had
 //!   read but not answered. Readers see a slower read, never `ENOTCONN` or a lost request.
 //!
-//! The relay costs one copy each way per message; a message is bounded by the socket's send buffer, which
-//! [`socket_pair`] raises where it can and [`Relay::max_io`] reports (reads are asked of the kernel in pieces
-//! no larger).
+//! The relay costs one copy each way per message. **A message must never need a large contiguous kernel
+//! allocation.** The kernel builds a `SOCK_SEQPACKET` message as one buffer plus at most `MAX_SKB_FRAGS` (17)
+//! pages; the rest of a 1 MiB read's answer took one ~950 KiB buffer (an order-8 allocation), which fails
+//! under fragmentation (`ENOBUFS`) where allocations of order 3 or less never do. `fuser` cannot retry a
+//! failed answer: it logs `Failed to send FUSE reply: No buffer space available`, the request is never
+//! answered, and the page it was reading stays locked, hanging every later reader of that file until the
+//! unmount. So reads and writes go in pieces of at most [`RELIABLE_IO`] (see [`linear_bytes`]), which
+//! [`Relay::max_io`] reports; and the relay's own sends retry the transient `ENOBUFS`/`ENOMEM` instead of
+//! dropping a message.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -29,8 +35,13 @@ const FUSE_INIT: u32 = 26;
 const FUSE_NOTIFY_RESEND: i32 = 7;
 /// Bytes of a `fuse_in_header`.
 const IN_HEADER: usize = 40;
-/// The largest read we ask the kernel for.
+/// The largest read or write the kernel is asked to send in one message: its answer (and its header) fits
+/// 17 pages plus a buffer of an order-3 allocation (see [`linear_bytes`]).
+pub const RELIABLE_IO: usize = 64 << 10;
+/// The largest message either side could send (room for a larger `max_io` negotiated by an older server).
 const MAX_IO: usize = 1 << 20;
+/// How long a send that failed for want of kernel memory is retried before the message is given up.
+const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 /// Room for headers beside the payload of a message.
 const HEADROOM: usize = 4096;
 
@@ -81,7 +92,7 @@ impl Relay {
         let (near, far, buf) = socket_pair(2 * (MAX_IO + HEADROOM))?;
         // The kernel doubles what is set and a datagram also pays for its bookkeeping: keep a margin.
         let room = (buf / 2).saturating_sub(HEADROOM);
-        let max_io = (room.min(MAX_IO) / 4096 * 4096).max(4096) as u32;
+        let max_io = (room.min(RELIABLE_IO) / 4096 * 4096).max(4096) as u32;
         Ok((
             Self {
                 dev: Arc::new(dev),
@@ -146,9 +157,9 @@ impl Relay {
                         Err(Errno::INTR) => continue,
                         Err(_) => return,
                     };
-                    match rustix::io::write(&*dev, &buf[..n]) {
+                    match retrying(|| rustix::io::write(&*dev, &buf[..n])) {
                         // ENOENT: the request was interrupted and is answered no more.
-                        Ok(_) | Err(Errno::NOENT) | Err(Errno::INTR) => {}
+                        Ok(_) | Err(Errno::NOENT) => {}
                         Err(Errno::NODEV) => return,
                         Err(e) => tracing::warn!(error = %e, "writing an answer to /dev/fuse"),
                     }
@@ -176,9 +187,12 @@ impl Relay {
                     tracing::error!(error = %e, "saving INIT: a restarted server could not take over");
                 }
             }
-            match rustix::net::send(&*self.near, &buf[..n], SendFlags::empty()) {
-                Ok(_) | Err(Errno::INTR) => {}
-                Err(_) => break Stopped::ServerGone,
+            match retrying(|| rustix::net::send(&*self.near, &buf[..n], SendFlags::empty())) {
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "passing a request to the FUSE server");
+                    break Stopped::ServerGone;
+                }
             }
         };
         // The other thread is left blocked on its socket: the process exits next (see `holder::serve`).
@@ -197,8 +211,87 @@ impl Relay {
     }
 }
 
+/// `send` again while it fails for want of kernel memory (`ENOBUFS`, `ENOMEM`: transient) or a signal, for
+/// up to [`RETRY_FOR`]: a message dropped here is a request never answered (or never served).
+fn retrying<T>(mut send: impl FnMut() -> rustix::io::Result<T>) -> rustix::io::Result<T> {
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match send() {
+            Err(Errno::INTR) => continue,
+            Err(e @ (Errno::NOBUFS | Errno::NOMEM)) if start.elapsed() < RETRY_FOR => {
+                tracing::debug!(error = %e, "no kernel memory for a FUSE message; retrying");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The bytes of a `SOCK_SEQPACKET` message of `len` bytes that the kernel puts in one contiguous buffer, the
+/// rest going into at most 17 separate pages (`unix_dgram_sendmsg`: what exceeds `SKB_MAX_ALLOC`, page
+/// aligned, up to `MAX_SKB_FRAGS` pages); with `skb_max_alloc` what an order-3 allocation holds past the
+/// kernel's bookkeeping.
+pub fn linear_bytes(len: usize, page: usize, skb_max_alloc: usize) -> usize {
+    if len <= skb_max_alloc {
+        return len;
+    }
+    let paged = (len - skb_max_alloc).min(17 * page).next_multiple_of(page);
+    len.saturating_sub(paged)
+}
+
 fn save(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Bytes of a `fuse_out_header`.
+    const OUT_HEADER: usize = 16;
+
+    /// What an order-3 allocation holds past `struct skb_shared_info` (320 bytes on x86-64; 512 leaves room
+    /// for other builds).
+    fn skb_max_alloc(page: usize) -> usize {
+        (page << 3) - 512
+    }
+
+    #[test]
+    fn no_message_the_relay_passes_needs_more_than_an_order_3_allocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        let (relay, _far) = Relay::new(dev, dir.path()).unwrap();
+        let page = 4096;
+        let largest = relay.max_io() as usize + OUT_HEADER;
+        assert!(
+            linear_bytes(largest, page, skb_max_alloc(page)) <= skb_max_alloc(page),
+            "a read of {} bytes needs a {}-byte contiguous buffer",
+            relay.max_io(),
+            linear_bytes(largest, page, skb_max_alloc(page))
+        );
+        // The model, on what the kernel did to a 1 MiB read (an ~950 KiB buffer: order 8).
+        assert!(linear_bytes((1 << 20) + OUT_HEADER, 4096, skb_max_alloc(4096)) > 900 << 10);
+    }
+
+    #[test]
+    fn a_send_short_of_kernel_memory_is_retried_and_other_errors_are_not() {
+        let mut n = 0;
+        let r = retrying(|| {
+            n += 1;
+            if n < 4 { Err(Errno::NOBUFS) } else { Ok(n) }
+        });
+        assert_eq!(r, Ok(4));
+        let mut m = 0;
+        let r: rustix::io::Result<()> = retrying(|| {
+            m += 1;
+            Err(Errno::PIPE)
+        });
+        assert_eq!((r, m), (Err(Errno::PIPE), 1));
+    }
 }
