@@ -22,131 +22,10 @@ impl BlockCache {
             return Ok(self.object_from_state(ctx, obj));
         }
         let since = self.meta_generation();
-        let (meta, age) = self.lookup_meta(ctx, backend, key).await?;
+        let meta = backend.head(ctx, key).await?;
         let obj = Arc::new(ObjState::new(backend, meta));
-        self.remember_aged(&obj, since, age);
+        self.remember(&obj, since);
         Ok(self.object_from_state(ctx, obj))
-    }
-
-    /// The object's current version for an open or a refresh that found nothing fresh here, and how long ago
-    /// it was confirmed: in a cluster, from the agent that owns the key's metadata ([`crate::peer::PeerSource::head`]: one
-    /// HEAD per object per cluster and TTL, however many agents open it); else, or when that agent does not
-    /// answer, by a HEAD from here ([`Self::head_once`]).
-    pub(crate) async fn lookup_meta(
-        &self,
-        ctx: &IoContext,
-        backend: &Backend,
-        key: &str,
-    ) -> Result<(ObjectMeta, std::time::Duration)> {
-        if !self.metadata_ttl(backend).is_zero()
-            && let Some(peers) = self.peers()
-            && let Some(r) = peers.head(ctx, backend, key).await
-        {
-            self.inner
-                .counters
-                .meta_from_peers
-                .fetch_add(1, Ordering::Relaxed);
-            return r;
-        }
-        let meta = self.head_once(ctx, backend, key).await?;
-        Ok((meta, std::time::Duration::ZERO))
-    }
-
-    /// A HEAD of `key`, joining one of the same key already in flight when that one started after the key's
-    /// last invalidation and reads through the same credentials: a burst of opens of one object (every
-    /// reader of an epoch's first shard, every agent asking the key's metadata owner) costs one HEAD. With a
-    /// metadata TTL of 0 every open sends its own (it must see a write that finished before it began).
-    pub(crate) async fn head_once(
-        &self,
-        ctx: &IoContext,
-        backend: &Backend,
-        key: &str,
-    ) -> Result<ObjectMeta> {
-        let c = &self.inner.counters;
-        if self.metadata_ttl(backend).is_zero() {
-            c.meta_heads.fetch_add(1, Ordering::Relaxed);
-            return backend.head(ctx, key).await;
-        }
-        let at = (backend.id().clone(), key.to_string());
-        let fut = {
-            let since = self.meta_generation();
-            let mut heads = self.inner.heads.lock();
-            let joined = heads
-                .get(&at)
-                .filter(|f| {
-                    f.fut.peek().is_none()
-                        && f.backend.same(backend)
-                        && self.inner.meta.lock().admits(backend.id(), key, f.since)
-                })
-                .map(|f| f.fut.clone());
-            match joined {
-                Some(f) => {
-                    c.joins.fetch_add(1, Ordering::Relaxed);
-                    f
-                }
-                None => {
-                    if heads.len() >= HEADS_MAX {
-                        heads.retain(|_, f| f.fut.peek().is_none());
-                    }
-                    c.meta_heads.fetch_add(1, Ordering::Relaxed);
-                    let (b, cx, k) = (backend.clone(), ctx.clone(), key.to_string());
-                    let fut = async move { b.head(&cx, &k).await }.boxed().shared();
-                    heads.insert(
-                        at.clone(),
-                        HeadFlight {
-                            since,
-                            backend: backend.clone(),
-                            fut: fut.clone(),
-                        },
-                    );
-                    fut
-                }
-            }
-        };
-        let r = fut.clone().await;
-        let mut heads = self.inner.heads.lock();
-        if heads.get(&at).is_some_and(|f| f.fut.ptr_eq(&fut)) {
-            heads.remove(&at);
-        }
-        r
-    }
-
-    /// The metadata of `key` for another agent of the cluster, which asked this one because it owns the key's
-    /// metadata, and how long ago it was confirmed: the entry here while it is before its refresh point, else
-    /// a HEAD (joining one in flight) whose answer is remembered; `None` if the backend has no such object.
-    /// Never asked of a peer in turn.
-    pub async fn serve_peer_head(
-        &self,
-        ctx: &IoContext,
-        backend: &Backend,
-        key: &str,
-    ) -> Result<Option<(ObjectMeta, std::time::Duration)>> {
-        self.inner
-            .counters
-            .meta_served
-            .fetch_add(1, Ordering::Relaxed);
-        let ttl = self.metadata_ttl(backend);
-        if !ttl.is_zero() {
-            let m = self.inner.meta.lock();
-            if !m.lapsed()
-                && let Some(e) = m
-                    .by_backend
-                    .get(&**backend.id())
-                    .and_then(|bm| bm.entries.get(key))
-                && e.at.elapsed() < ttl.mul_f32(e.refresh_at)
-            {
-                return Ok(Some((e.obj.meta.clone(), e.at.elapsed())));
-            }
-        }
-        let since = self.meta_generation();
-        match self.head_once(ctx, backend, key).await {
-            Ok(meta) => {
-                self.remember(&Arc::new(ObjState::new(backend, meta.clone())), since);
-                Ok(Some((meta, std::time::Duration::ZERO)))
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
     }
 
     /// An expired entry of a directory with many known entries is revalidated by a listing, not a HEAD: the
@@ -399,13 +278,12 @@ impl BlockCache {
         from: Instant,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) {
-        let cache = self.clone();
+        let inner = self.inner.clone();
         self.inner.tasks.spawn(async move {
             let _permit = permit;
-            let inner = &cache.inner;
             let got = tokio::select! {
                 _ = inner.cancel.cancelled() => return,
-                r = cache.lookup_meta(&ctx, &backend, &key) => r,
+                r = backend.head(&ctx, &key) => r,
             };
             inner
                 .counters
@@ -416,9 +294,7 @@ impl BlockCache {
                 return;
             };
             match got {
-                Ok((meta, age)) => {
-                    *e = MetaEntry::aged(Arc::new(ObjState::new(&backend, meta)), age)
-                }
+                Ok(meta) => *e = MetaEntry::new(Arc::new(ObjState::new(&backend, meta))),
                 // Deleted at the backend: forget it now rather than at the end of the TTL.
                 Err(err) if err.kind() == ErrorKind::NotFound => m.remove(backend.id(), &key),
                 // Any other failure: the entry expires as usual and the next open asks again.
@@ -524,22 +400,12 @@ impl BlockCache {
     /// Remember `obj`'s version, learned by a lookup that started at generation `since`, unless something
     /// invalidated it since (or the lease ran out): see [`MetaMap`].
     pub(crate) fn remember(&self, obj: &Arc<ObjState>, since: u64) {
-        self.remember_aged(obj, since, std::time::Duration::ZERO);
-    }
-
-    /// [`Self::remember`] a version confirmed current `age` ago: its entry expires when the confirming one
-    /// does, so metadata learned from another agent is never trusted longer than the TTL.
-    pub(crate) fn remember_aged(&self, obj: &Arc<ObjState>, since: u64, age: std::time::Duration) {
-        if self.inner.cfg.metadata_ttl_ms == 0 || age >= self.metadata_ttl(&obj.backend) {
+        if self.inner.cfg.metadata_ttl_ms == 0 {
             return;
         }
         let mut m = self.inner.meta.lock();
         if m.admits(obj.backend.id(), &obj.meta.key, since) {
-            m.insert(
-                obj.backend.id(),
-                &obj.meta.key,
-                MetaEntry::aged(obj.clone(), age),
-            );
+            m.insert(obj.backend.id(), &obj.meta.key, MetaEntry::new(obj.clone()));
         }
     }
 

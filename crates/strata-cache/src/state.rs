@@ -62,10 +62,6 @@ pub(crate) struct Counters {
     pub(crate) fill_errors: AtomicU64,
     pub(crate) writes_dropped: AtomicU64,
     pub(crate) meta_refreshes: AtomicU64,
-    /// HEADs sent to backends; opens answered by a peer; metadata served to peers.
-    pub(crate) meta_heads: AtomicU64,
-    pub(crate) meta_from_peers: AtomicU64,
-    pub(crate) meta_served: AtomicU64,
     pub(crate) meta_refresh_lists: AtomicU64,
     /// Blocks (and their bytes) that peers served to this agent's fills, and that this agent served to peers.
     pub(crate) peer_blocks: AtomicU64,
@@ -133,8 +129,6 @@ pub(crate) struct Inner {
     pub(crate) tasks: TaskTracker,
     pub(crate) cancel: CancellationToken,
     pub(crate) meta: Mutex<MetaMap>,
-    /// HEADs in flight, by backend id and key, joined by opens of the same key (`meta.rs`).
-    pub(crate) heads: Mutex<FastMap<(Arc<str>, String), HeadFlight>>,
     pub(crate) refreshes: Arc<Semaphore>,
     /// Blocks fetched for prefetch hints, held until read (`stage.rs`).
     pub(crate) staged: Mutex<crate::stage::Staged>,
@@ -330,17 +324,6 @@ impl BackendMeta {
     }
 }
 
-/// A HEAD in flight: opens of its key that start while it runs join it, unless the key was invalidated after
-/// it started ([`MetaMap::admits`] of `since`) or they read through other credentials.
-pub(crate) struct HeadFlight {
-    pub(crate) since: u64,
-    pub(crate) backend: Backend,
-    pub(crate) fut: Shared<BoxFuture<'static, Result<ObjectMeta>>>,
-}
-
-/// HEADs in flight kept at most (past it, finished flights nobody removed are dropped).
-pub(crate) const HEADS_MAX: usize = 4_096;
-
 /// What is known of an object's version, and when it was learned. The version's [`ObjState`] is kept with
 /// it, so that opening an object whose metadata is fresh builds nothing (and its first block's digest is
 /// computed once per version, not per read).
@@ -355,12 +338,10 @@ pub(crate) struct MetaEntry {
 }
 
 impl MetaEntry {
-    /// An entry for a version confirmed current `age` ago (by the agent that owns its metadata, say).
-    pub(crate) fn aged(obj: Arc<ObjState>, age: std::time::Duration) -> Self {
-        let now = Instant::now();
+    pub(crate) fn new(obj: Arc<ObjState>) -> Self {
         Self {
             obj,
-            at: now.checked_sub(age).unwrap_or(now),
+            at: Instant::now(),
             refresh_at: 0.5 + rand::random::<f32>() / 4.0,
             refreshing: false,
         }

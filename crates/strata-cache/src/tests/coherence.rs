@@ -48,50 +48,6 @@ async fn an_answer_to_a_head_sent_before_an_invalidation_is_not_remembered() {
     cache.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn opens_of_one_key_share_one_head_but_none_started_after_an_invalidation_joins_it() {
-    let server = S3Server::start();
-    server.create_bucket("one-head").await;
-    let proxy = FaultProxy::start(&server.endpoint()).await;
-    let backend = s3_backend(&proxy.endpoint(), "one-head", Telemetry::new());
-    put(&backend, "k", &pattern(1_000, 1)).await;
-    let mut cfg = config(None, 64, 32, 0, PolicyKind::Tinylfu);
-    cfg.metadata_ttl_ms = 60_000;
-    let cache = open(cfg, Telemetry::new());
-    let heads = || {
-        proxy
-            .requests()
-            .iter()
-            .filter(|r| r.method == "HEAD")
-            .count()
-    };
-    let spawn_open = || {
-        let (cache, backend) = (cache.clone(), backend.clone());
-        tokio::spawn(async move { cache.open_object(&ctx(), &backend, "k").await })
-    };
-    // Eight opens while one HEAD is held at the proxy: one HEAD.
-    proxy.set_delay(Duration::from_millis(400));
-    let opens: Vec<_> = (0..8).map(|_| spawn_open()).collect();
-    for o in opens {
-        o.await.unwrap().unwrap();
-    }
-    assert_eq!(heads(), 1);
-    assert_eq!(cache.stats().metadata_heads, 1);
-    // A write announced while a HEAD is held: opens that start after it send a HEAD of their own (the held
-    // one may answer the old version), and the ones after those join theirs.
-    cache.invalidate_in(backend.id(), Invalidation::Key("k".into()));
-    let first = spawn_open();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    cache.invalidate_in(backend.id(), Invalidation::Key("k".into()));
-    let later: Vec<_> = (0..4).map(|_| spawn_open()).collect();
-    first.await.unwrap().unwrap();
-    for o in later {
-        o.await.unwrap().unwrap();
-    }
-    assert_eq!(heads(), 3);
-    cache.shutdown().await;
-}
-
 #[tokio::test]
 async fn a_prefix_invalidation_forgets_every_key_under_it_and_no_other() {
     let backend = memory_backend();
