@@ -30,7 +30,7 @@ mod s3wire;
 mod store_id;
 
 pub use backend::{
-    Backend, BackendOptions, ListPage, ListSpan, MultipartUpload, PutMode, PutOutcome,
+    Backend, BackendOptions, ListPage, ListSpan, MultipartUpload, PutMode, PutOutcome, StreamPut,
 };
 pub use classify::classify;
 pub use retry::RetryPolicy;

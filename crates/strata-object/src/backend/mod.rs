@@ -59,6 +59,7 @@ mod local;
 mod multipart;
 mod read;
 mod s3;
+mod stream_put;
 
 use crate::retry::{PartRetry, RetryPolicy};
 use crate::s3wire::S3Wire;
@@ -66,6 +67,7 @@ use local::local_dir_walkable;
 pub use multipart::MultipartUpload;
 pub(crate) use s3::s3_endpoint;
 use s3::{build_s3, host_of, wire_headers, wire_list};
+pub use stream_put::StreamPut;
 
 /// Connection options for a backend. Anything left unset falls back to the standard AWS environment variables
 /// (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...)

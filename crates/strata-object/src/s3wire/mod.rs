@@ -35,6 +35,8 @@ use strata_types::{Error, ErrorKind, ObjectAttrs, ObjectMeta, Result};
 use crate::classify::status_kind;
 
 type Https = hyper_rustls::HttpsConnector<Connect>;
+/// A request body: whole (`Full`) or streamed ([`S3Wire::put_stream`]).
+type WireBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
 /// The most of an error response's body read for its code and message.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
@@ -43,7 +45,7 @@ const LIST_BODY_LIMIT: usize = 64 * 1024 * 1024;
 
 /// One S3 bucket (and the backend's prefix in it), spoken to directly.
 pub(crate) struct S3Wire {
-    client: Client<Https, Full<Bytes>>,
+    client: Client<Https, WireBody>,
     /// `None`: requests are sent unsigned (`skip_signature`).
     credentials: Option<object_store::aws::AwsCredentialProvider>,
     region: String,
@@ -205,10 +207,42 @@ impl S3Wire {
         method: Method,
         key: Option<&str>,
         query: &[(&str, String)],
-        mut headers: HeaderMap,
+        headers: HeaderMap,
         body: Bytes,
         what: &str,
     ) -> Result<http::Response<hyper::body::Incoming>> {
+        let payload = match body.is_empty() {
+            true => sign::EMPTY_SHA256.to_string(),
+            false => sign::sha256_hex(&body),
+        };
+        let req = self
+            .request(method, key, query, headers, &payload, what)
+            .await?
+            .body(Full::new(body).map_err(|never| match never {}).boxed())
+            .map_err(|e| Error::invalid_input(format!("{what}: {e}")))?;
+        let resp = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("{what}: no response within {:?}", self.timeout),
+                ));
+            }
+            Ok(r) => r,
+        };
+        self.answered(resp, what).await
+    }
+
+    /// A request to `key` (the bucket: `None`) with `headers`, signed for a payload of SHA-256
+    /// `payload_sha256` (or `UNSIGNED-PAYLOAD`), ready for its body.
+    async fn request(
+        &self,
+        method: Method,
+        key: Option<&str>,
+        query: &[(&str, String)],
+        mut headers: HeaderMap,
+        payload_sha256: &str,
+        what: &str,
+    ) -> Result<http::request::Builder> {
         let path = match key {
             Some(k) => format!(
                 "{}/{}",
@@ -233,16 +267,12 @@ impl S3Wire {
                 secret: &c.secret_key,
                 token: c.token.as_deref(),
             };
-            let payload = match body.is_empty() {
-                true => sign::EMPTY_SHA256.to_string(),
-                false => sign::sha256_hex(&body),
-            };
             sign::sign(
                 method.as_str(),
                 &path,
                 &query,
                 &mut headers,
-                &payload,
+                payload_sha256,
                 &cred,
                 &self.region,
                 chrono::Utc::now(),
@@ -252,25 +282,29 @@ impl S3Wire {
             true => format!("{}://{}{path}", self.scheme, self.authority),
             false => format!("{}://{}{path}?{query}", self.scheme, self.authority),
         };
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(&uri)
-            .body(Full::new(body))
-            .map_err(|e| Error::invalid_input(format!("{what}: {e}")))?;
-        *req.headers_mut() = headers;
-        let resp = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
-            Err(_) => {
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!("{what}: no response within {:?}", self.timeout),
-                ));
-            }
-            Ok(Err(e)) => {
+        let mut req = http::Request::builder().method(method).uri(&uri);
+        if let Some(h) = req.headers_mut() {
+            *h = headers;
+        }
+        Ok(req)
+    }
+
+    /// The response to a request sent: 2xx, else an error with S3's code and message.
+    async fn answered(
+        &self,
+        resp: std::result::Result<
+            http::Response<hyper::body::Incoming>,
+            impl std::error::Error + Send + Sync + 'static,
+        >,
+        what: &str,
+    ) -> Result<http::Response<hyper::body::Incoming>> {
+        let resp = match resp {
+            Err(e) => {
                 return Err(
                     Error::new(ErrorKind::Unavailable, format!("{what}: {e}")).with_source(e)
                 );
             }
-            Ok(Ok(r)) => r,
+            Ok(r) => r,
         };
         if resp.status().is_success() {
             return Ok(resp);
@@ -612,6 +646,65 @@ impl S3Wire {
         let resp = self
             .send_body(Method::PUT, Some(key), &[], headers, body, what)
             .await?;
+        let text = |n: &str| resp.headers().get(n).map(|v| header_text(v.as_bytes()));
+        Ok((text("etag"), text("x-amz-version-id")))
+    }
+
+    /// PUT a body of exactly `len` bytes at `key` in one request, streamed from `body` as it comes (its
+    /// payload is not known up front, so it is sent `UNSIGNED-PAYLOAD`, which S3 allows); the new version's
+    /// ETag and version id. Never retried: the body is gone once sent. A body that yields an error or ends
+    /// short of `len` aborts the request, and S3 stores nothing of a PUT whose body did not arrive whole.
+    /// The timeout counts from the body's end (a slow writer is not the origin's fault).
+    pub(crate) async fn put_stream(
+        &self,
+        key: &str,
+        len: u64,
+        mut headers: HeaderMap,
+        body: tokio::sync::mpsc::Receiver<std::result::Result<Bytes, std::io::Error>>,
+        what: &str,
+    ) -> Result<(Option<String>, Option<String>)> {
+        headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(len));
+        let (ended, body_ended) = tokio::sync::oneshot::channel::<()>();
+        let frames =
+            futures::stream::unfold((body, Some(ended)), |(mut rx, mut ended)| async move {
+                match rx.recv().await {
+                    Some(chunk) => Some((chunk.map(hyper::body::Frame::data), (rx, ended))),
+                    None => {
+                        if let Some(tx) = ended.take() {
+                            let _ = tx.send(());
+                        }
+                        None
+                    }
+                }
+            });
+        let req = self
+            .request(
+                Method::PUT,
+                Some(key),
+                &[],
+                headers,
+                "UNSIGNED-PAYLOAD",
+                what,
+            )
+            .await?
+            .body(BodyExt::boxed(http_body_util::StreamBody::new(frames)))
+            .map_err(|e| Error::invalid_input(format!("{what}: {e}")))?;
+        let sent = self.client.request(req);
+        let patience = async {
+            // The body's sender gone without its end (an error, or dropped): the request fails by itself.
+            let _ = body_ended.await;
+            tokio::time::sleep(self.timeout).await;
+        };
+        let resp = tokio::select! {
+            r = sent => r,
+            _ = patience => {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("{what}: no response within {:?} of the body's end", self.timeout),
+                ));
+            }
+        };
+        let resp = self.answered(resp, what).await?;
         let text = |n: &str| resp.headers().get(n).map(|v| header_text(v.as_bytes()));
         Ok((text("etag"), text("x-amz-version-id")))
     }

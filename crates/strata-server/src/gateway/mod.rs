@@ -24,7 +24,8 @@
 //!   offset). Continuation tokens are the hex of the last key. Keys under prefixes the caller may not read are
 //!   removed from the page afterwards.
 //! - **Writes** go through to the backend: bodies up to 8 MiB are buffered and sent with one PUT, larger ones
-//!   stream as a backend multipart upload; Content-MD5 and `x-amz-checksum-*` (streaming trailers included)
+//!   stream as one PUT to S3 ([`strata_object::StreamPut`]: the ETag stays the MD5) or as a backend multipart
+//!   upload elsewhere; Content-MD5 and `x-amz-checksum-*` (streaming trailers included)
 //!   are verified before the upload completes, and a mismatch aborts it, so nothing is visible. Every write
 //!   and delete invalidates the key's cached metadata, whatever happened at the backend: that is what makes
 //!   read-after-write hold with a metadata TTL. Multipart uploads are staged on local disk ([`multipart`])

@@ -22,19 +22,27 @@ impl Gateway {
         mut check: BodyCheck,
         mode: PutMode,
         attrs: &ObjectAttrs,
+        len: Option<u64>,
     ) -> S3Result<(Option<String>, u64, Verified)> {
         let mut body = body;
         let mut attrs = attrs.clone();
         let mut buf: Vec<Bytes> = Vec::new();
         let mut buffered = 0usize;
         let mut received = 0u64;
-        let mut upload: Option<strata_object::MultipartUpload> = None;
+        let mut upload: Option<Upload> = None;
         while let Some(chunk) = body.next().await {
-            let chunk =
-                chunk.map_err(|e| s3_error!(IncompleteBody, "reading the request body: {e}"))?;
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    if let Some(up) = upload.take() {
+                        up.abort().await;
+                    }
+                    return Err(s3_error!(IncompleteBody, "reading the request body: {e}"));
+                }
+            };
             if let Err(e) = check.update(&chunk) {
                 if let Some(up) = upload.take() {
-                    let _ = up.abort().await;
+                    up.abort().await;
                 }
                 return Err(e);
             }
@@ -52,24 +60,27 @@ impl Gateway {
                         ));
                     }
                     attrs.checksum = check.declared_checksum();
-                    let mut up = backend
-                        .put_multipart_with(ctx, key, BACKEND_PART, &attrs)
-                        .await
-                        .map_err(s3err)?;
-                    // The body's MD5 is the check's (the ETag where the backend takes one).
-                    up.defer_etag();
+                    let mut up = self.upload(ctx, backend, key, &attrs, len).await?;
                     for b in buf.drain(..) {
-                        up.write(b).await.map_err(s3err)?;
+                        up.write(b).await?;
                     }
-                    up.write(chunk).await.map_err(s3err)?;
+                    up.write(chunk).await?;
                     upload = Some(up);
                 }
-                Some(up) => up.write(chunk).await.map_err(s3err)?,
+                Some(up) => up.write(chunk).await?,
             }
         }
         let verified = check.finish();
         match upload {
-            Some(mut up) => {
+            Some(Upload::Single(mut up)) => {
+                if let Err(e) = verified {
+                    up.abort().await;
+                    return Err(e);
+                }
+                let verified = verified?;
+                Ok((up.finish().await.map_err(s3err)?.etag, received, verified))
+            }
+            Some(Upload::Parts(mut up)) => {
                 let verified = match verified {
                     Ok(v) => v,
                     Err(e) => {
@@ -114,6 +125,31 @@ impl Gateway {
         }
     }
 
+    /// Where a body too large to buffer goes: one PUT streamed to the origin when its length is known and
+    /// the backend has such a request (S3: the object keeps the ETag of a single PUT, its MD5), else a
+    /// multipart upload.
+    async fn upload(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+        attrs: &ObjectAttrs,
+        len: Option<u64>,
+    ) -> S3Result<Upload> {
+        if let Some(n) = len
+            && let Some(up) = backend.put_stream(ctx, key, n, attrs).map_err(s3err)?
+        {
+            return Ok(Upload::Single(up));
+        }
+        let mut up = backend
+            .put_multipart_with(ctx, key, BACKEND_PART, attrs)
+            .await
+            .map_err(s3err)?;
+        // The body's MD5 is the check's (the ETag where the backend takes one).
+        up.defer_etag();
+        Ok(Upload::Parts(Box::new(up)))
+    }
+
     pub(super) async fn s3_put_object(
         &self,
         req: S3Request<PutObjectInput>,
@@ -132,6 +168,8 @@ impl Gateway {
             .tenancy
             .attribute(&input.bucket, &input.key, &who.caller, Role::Member)
             .await?;
+        // The body's exact length, when the request says it (a streamed single PUT to the origin needs it).
+        let exact_len = decoded_len.or(input.content_length.and_then(|n| u64::try_from(n).ok()));
         let size = match decoded_len.map(|n| n as i64).or(input.content_length) {
             Some(n) => n,
             None if team.is_some() => {
@@ -177,7 +215,9 @@ impl Gateway {
             StreamingBlob::wrap(futures::stream::empty::<Result<Bytes, std::io::Error>>())
         });
         let etag = self
-            .store(&ctx, &backend, &input.key, body, check, mode, &attrs)
+            .store(
+                &ctx, &backend, &input.key, body, check, mode, &attrs, exact_len,
+            )
             .await;
         // Whatever happened at the backend, the next read asks it again, here and at every member.
         self.agent
@@ -577,5 +617,32 @@ impl Gateway {
         }
         up.complete().await.map_err(s3err)?;
         Ok(())
+    }
+}
+
+/// A body past what is buffered, on its way to the backend ([`Gateway::store`]).
+enum Upload {
+    /// One PUT, sent as the body arrives.
+    Single(strata_object::StreamPut),
+    /// A multipart upload.
+    Parts(Box<strata_object::MultipartUpload>),
+}
+
+impl Upload {
+    async fn write(&mut self, chunk: Bytes) -> S3Result<()> {
+        let r = match self {
+            Self::Single(up) => up.write(chunk).await,
+            Self::Parts(up) => up.write(chunk).await,
+        };
+        r.map_err(s3err)
+    }
+
+    async fn abort(self) {
+        match self {
+            Self::Single(mut up) => up.abort().await,
+            Self::Parts(up) => {
+                let _ = up.abort().await;
+            }
+        }
     }
 }
