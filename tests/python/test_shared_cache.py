@@ -163,6 +163,16 @@ def object_gets(proxy, bucket):
     return out
 
 
+def object_heads(proxy, bucket):
+    """The origin's HEADs per key: {key: count}."""
+    out = {}
+    for e in proxy.entries():
+        if e["method"] == "HEAD" and e["path"].startswith(f"/{bucket}/"):
+            key = e["path"][len(bucket) + 2:]
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
 def assert_each_byte_fetched_once(proxy, bucket, objects):
     """Every byte of `objects` ({key: bytes}) came from the origin exactly once, nothing else did."""
     return assert_each_byte_fetched_once_in(object_gets(proxy, bucket), objects)
@@ -469,6 +479,10 @@ def test_four_agents_read_a_cold_dataset_each_block_from_the_origin_once(origin,
     upload(s3, name, objects)
     proxy = cluster.proxy(origin.removeprefix("http://"))
     agents = static_cluster(cluster, 4, proxy.url, name)
+    # A standing cluster: every member in contact with every other, so metadata is trusted (until then an
+    # agent remembers no metadata and joins no HEAD another open sent: it could have missed a write).
+    for a in agents:
+        poll("metadata trusted", lambda: a.cluster()["coherence"]["trusted"], 30)
 
     # Every agent reads every object; the four reads of an object run at the same time. Two agents are read
     # through their S3 gateway (boto3), two through the data-plane route.
@@ -480,6 +494,11 @@ def test_four_agents_read_a_cold_dataset_each_block_from_the_origin_once(origin,
 
     size = sum(len(v) for v in objects.values())
     assert_each_byte_fetched_once(proxy, name, objects)
+    # Metadata is opened through its owner as blocks are: one HEAD per object for the cluster, not one per
+    # agent (keys as the proxy saw them, quoted).
+    heads = object_heads(proxy, name)
+    assert sum(heads.values()) == len(objects), (sum(heads.values()), len(objects), heads)
+    assert all(n == 1 for n in heads.values()), heads
     st = [a.cluster() for a in agents]
     for s in st:
         assert s["shared"] is True and s["membership"] == "static"
@@ -900,6 +919,27 @@ def test_the_peer_route_takes_only_the_cluster_key_and_serves_only_the_version_a
     other = {**key, "x-strata-catalog": "c_another_catalog"}
     s, _, body = raw(a, q(key="vision/secret.bin", index=0), {**other, "x-strata-principal": pid["nlp"]})
     assert s == 200 and body == secret[:BLOCK], (s, body[:300])
+
+    # The metadata route, by the same rules: only the cluster key, only a key the principal may read.
+    def mq(key="open/data.bin", backend=backend_id):
+        return "/v1/peer/meta?" + urllib.parse.urlencode({"backend": backend, "key": key})
+    assert raw(a, mq())[0] == 401
+    assert raw(a, mq(), {"Authorization": f"Bearer {ADMIN_TOKEN}"})[0] == 403
+    assert raw(a, mq(), {"x-strata-cluster-key": SECRET[:-1]})[0] == 401
+    s, _, body = raw(a, mq(), key)
+    m = json.loads(body)
+    assert s == 200 and m["object"]["key"] == "open/data.bin", (s, body[:300])
+    assert m["object"]["size"] == len(objects["open/data.bin"]) and m["object"]["etag"] == head["ETag"], m
+    assert 0 <= m["age_ms"] < 60_000, m
+    # No such object: an answer (not an error), so the asker does not HEAD it again.
+    s, _, body = raw(a, mq(key="open/missing.bin"), key)
+    assert s == 200 and json.loads(body)["object"] is None, (s, body[:300])
+    assert raw(a, mq(backend=f"s3://{name}/@http://127.0.0.1:1"), key)[0] == 404
+    assert raw(a, mq(key="bad\x00key"), key)[0] == 400
+    s, _, body = raw(a, mq(key="vision/secret.bin"), {**same, "x-strata-principal": pid["nlp"]})
+    assert s == 403 and b'"size"' not in body, (s, body[:300])
+    s, _, body = raw(a, mq(key="vision/secret.bin"), {**same, "x-strata-principal": pid["vision"]})
+    assert s == 200 and json.loads(body)["object"]["size"] == len(secret), (s, body[:300])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -198,6 +198,7 @@ impl BlockCache {
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
             meta: Mutex::new(MetaMap::default()),
+            heads: Mutex::new(FastMap::default()),
             refreshes: Arc::new(Semaphore::new(META_REFRESH_MAX)),
             staged: Mutex::new(Default::default()),
             by_job: Mutex::new(Default::default()),

@@ -22,10 +22,153 @@ impl BlockCache {
             return Ok(self.object_from_state(ctx, obj));
         }
         let since = self.meta_generation();
-        let meta = backend.head(ctx, key).await?;
+        let (meta, confirmed) = self.lookup_meta(ctx, backend, key).await?;
         let obj = Arc::new(ObjState::new(backend, meta));
-        self.remember(&obj, since);
+        self.remember(&obj, since, confirmed);
         Ok(self.object_from_state(ctx, obj))
+    }
+
+    /// The object's current version for an open or a refresh that found nothing fresh here, and when it was
+    /// confirmed (when the HEAD that read it was sent): in a cluster, from the agent that owns the key's
+    /// metadata ([`crate::peer::PeerSource::head`]: one HEAD per object per cluster and TTL, however many
+    /// agents open it), confirmed at the latest its age before it was asked; else, or when that agent does
+    /// not answer, by a HEAD from here ([`Self::head_once`]).
+    pub(crate) async fn lookup_meta(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+    ) -> Result<(ObjectMeta, Instant)> {
+        if !self.metadata_ttl(backend).is_zero()
+            && let Some(peers) = self.peers()
+        {
+            let asked = Instant::now();
+            let answer = peers.head(ctx, backend, key).await;
+            let c = &self.inner.counters;
+            match answer {
+                Some(Ok((meta, age))) => {
+                    if let Some(confirmed) = asked.checked_sub(age) {
+                        c.meta_from_peers.fetch_add(1, Ordering::Relaxed);
+                        return Ok((meta, confirmed));
+                    }
+                }
+                Some(Err(e)) => {
+                    c.meta_from_peers.fetch_add(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+                None => {}
+            }
+        }
+        self.head_once(ctx, backend, key).await
+    }
+
+    /// A HEAD of `key`, joining one of the same key already in flight when that one started after the key's
+    /// last invalidation and reads through the same credentials: a burst of opens of one object (every
+    /// reader of an epoch's first shard, every agent asking the key's metadata owner) costs one HEAD. With a
+    /// metadata TTL of 0 every open sends its own (it must see a write that finished before it began).
+    pub(crate) async fn head_once(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+    ) -> Result<(ObjectMeta, Instant)> {
+        let c = &self.inner.counters;
+        if self.metadata_ttl(backend).is_zero() {
+            c.meta_heads.fetch_add(1, Ordering::Relaxed);
+            let sent = Instant::now();
+            return Ok((backend.head(ctx, key).await?, sent));
+        }
+        let at = (backend.id().clone(), key.to_string());
+        let fut = {
+            let since = self.meta_generation();
+            let mut heads = self.inner.heads.lock();
+            let joined = heads
+                .get(&at)
+                .filter(|f| {
+                    f.fut.peek().is_none()
+                        && f.backend.same(backend)
+                        && self
+                            .inner
+                            .meta
+                            .lock()
+                            .admits(backend.id(), key, f.since, f.started)
+                })
+                .map(|f| (f.fut.clone(), f.started));
+            match joined {
+                Some(f) => {
+                    c.joins.fetch_add(1, Ordering::Relaxed);
+                    f
+                }
+                None => {
+                    if heads.len() >= HEADS_MAX {
+                        heads.retain(|_, f| f.fut.peek().is_none());
+                    }
+                    c.meta_heads.fetch_add(1, Ordering::Relaxed);
+                    let (b, cx, k) = (backend.clone(), ctx.clone(), key.to_string());
+                    let fut = async move { b.head(&cx, &k).await }.boxed().shared();
+                    let started = Instant::now();
+                    heads.insert(
+                        at.clone(),
+                        HeadFlight {
+                            since,
+                            started,
+                            backend: backend.clone(),
+                            fut: fut.clone(),
+                        },
+                    );
+                    (fut, started)
+                }
+            }
+        };
+        let (fut, started) = fut;
+        let r = fut.clone().await;
+        let mut heads = self.inner.heads.lock();
+        if heads.get(&at).is_some_and(|f| f.fut.ptr_eq(&fut)) {
+            heads.remove(&at);
+        }
+        r.map(|meta| (meta, started))
+    }
+
+    /// The metadata of `key` for another agent of the cluster, which asked this one because it owns the key's
+    /// metadata, and how long ago it was confirmed (the HEAD that read it was sent): the entry here while it is
+    /// before its refresh point, else a HEAD (joining one in flight) whose answer is remembered; `None` if the
+    /// backend has no such object. Never asked of a peer in turn.
+    pub async fn serve_peer_head(
+        &self,
+        ctx: &IoContext,
+        backend: &Backend,
+        key: &str,
+    ) -> Result<Option<(ObjectMeta, std::time::Duration)>> {
+        self.inner
+            .counters
+            .meta_served
+            .fetch_add(1, Ordering::Relaxed);
+        let ttl = self.metadata_ttl(backend);
+        if !ttl.is_zero() {
+            let m = self.inner.meta.lock();
+            if !m.lapsed()
+                && let Some(e) = m
+                    .by_backend
+                    .get(&**backend.id())
+                    .and_then(|bm| bm.entries.get(key))
+                && e.at.elapsed() < ttl.mul_f32(e.refresh_at)
+            {
+                return Ok(Some((e.obj.meta.clone(), e.at.elapsed())));
+            }
+        }
+        let since = self.meta_generation();
+        match self.head_once(ctx, backend, key).await {
+            Ok((meta, confirmed)) => {
+                self.remember(
+                    &Arc::new(ObjState::new(backend, meta.clone())),
+                    since,
+                    confirmed,
+                );
+                Ok(Some((meta, confirmed.elapsed())))
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// An expired entry of a directory with many known entries is revalidated by a listing, not a HEAD: the
@@ -130,6 +273,7 @@ impl BlockCache {
             .await
             .ok_or_else(|| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?;
         let since = self.meta_generation();
+        let sent = Instant::now();
         let (meta, stream) = match backend.get_head_stream(ctx, key, len).await {
             Ok(v) => v,
             // An empty object has no satisfiable range: fall back to HEAD.
@@ -139,7 +283,7 @@ impl BlockCache {
             Err(e) => return Err(e),
         };
         let state = Arc::new(ObjState::new(backend, meta));
-        self.remember(&state, since);
+        self.remember(&state, since, sent);
         let obj = self.object_from_state(ctx, state);
         let size = obj.meta().size;
         // The response is the object's first `len` bytes, or all of it: whole blocks (`len` is a multiple of
@@ -216,6 +360,7 @@ impl BlockCache {
             }
             return None;
         }
+        let generation = m.generation;
         let bm = m.by_backend.get_mut(&**backend.id())?;
         let e = bm.entries.get_mut(key)?;
         let age = e.at.elapsed();
@@ -261,40 +406,52 @@ impl BlockCache {
             );
         } else {
             e.refreshing = true;
-            let from = e.at;
+            let from = (e.at, generation);
             drop(m);
             self.refresh_meta(ctx.clone(), backend.clone(), key.to_string(), from, permit);
         }
         Some(obj)
     }
 
-    /// HEAD `key` in the background and renew its entry, unless the entry changed meanwhile (invalidated by a
-    /// write, or replaced by a newer lookup): a HEAD sent before a write must not bring the old version back.
+    /// Look `key` up again in the background ([`Self::lookup_meta`]) and renew its entry, unless the entry
+    /// changed meanwhile (invalidated by a write, or replaced by a newer lookup) or the answer is older than
+    /// a write seen here: a HEAD sent before a write must not bring the old version back. `from`: the entry's
+    /// confirmation time and the map's generation when the refresh started.
     pub(crate) fn refresh_meta(
         &self,
         ctx: IoContext,
         backend: Backend,
         key: String,
-        from: Instant,
+        from: (Instant, u64),
         permit: tokio::sync::OwnedSemaphorePermit,
     ) {
-        let inner = self.inner.clone();
+        let cache = self.clone();
         self.inner.tasks.spawn(async move {
             let _permit = permit;
+            let inner = &cache.inner;
             let got = tokio::select! {
                 _ = inner.cancel.cancelled() => return,
-                r = backend.head(&ctx, &key) => r,
+                r = cache.lookup_meta(&ctx, &backend, &key) => r,
             };
             inner
                 .counters
                 .meta_refreshes
                 .fetch_add(1, Ordering::Relaxed);
+            let (from, since) = from;
             let mut m = inner.meta.lock();
+            let current = match &got {
+                Ok((_, confirmed)) => m.admits(backend.id(), &key, since, *confirmed),
+                Err(_) => true,
+            };
             let Some(e) = m.get_mut(backend.id(), &key).filter(|e| e.at == from) else {
                 return;
             };
             match got {
-                Ok(meta) => *e = MetaEntry::new(Arc::new(ObjState::new(&backend, meta))),
+                Ok((meta, confirmed)) if current => {
+                    *e = MetaEntry::confirmed(Arc::new(ObjState::new(&backend, meta)), confirmed)
+                }
+                // Older than a write this agent has seen (the owner had not yet): the entry stays as it is.
+                Ok(_) => e.refreshing = false,
                 // Deleted at the backend: forget it now rather than at the end of the TTL.
                 Err(err) if err.kind() == ErrorKind::NotFound => m.remove(backend.id(), &key),
                 // Any other failure: the entry expires as usual and the next open asks again.
@@ -397,15 +554,24 @@ impl BlockCache {
         self.inner.meta.lock().generation
     }
 
-    /// Remember `obj`'s version, learned by a lookup that started at generation `since`, unless something
-    /// invalidated it since (or the lease ran out): see [`MetaMap`].
-    pub(crate) fn remember(&self, obj: &Arc<ObjState>, since: u64) {
-        if self.inner.cfg.metadata_ttl_ms == 0 {
+    /// Remember `obj`'s version, learned by a lookup that started at generation `since` and confirmed at
+    /// `confirmed` (when the request that read it was sent, here or at the agent that owns its metadata),
+    /// unless something invalidated it since either (or the lease ran out): see [`MetaMap`]. Its TTL counts
+    /// from `confirmed`, so metadata learned from another agent is never trusted longer than the TTL.
+    pub(crate) fn remember(&self, obj: &Arc<ObjState>, since: u64, confirmed: Instant) {
+        if self.inner.cfg.metadata_ttl_ms == 0
+            || confirmed.elapsed() >= self.metadata_ttl(&obj.backend)
+        {
             return;
         }
         let mut m = self.inner.meta.lock();
-        if m.admits(obj.backend.id(), &obj.meta.key, since) {
-            m.insert(obj.backend.id(), &obj.meta.key, MetaEntry::new(obj.clone()));
+        let ok = m.admits(obj.backend.id(), &obj.meta.key, since, confirmed);
+        if ok {
+            m.insert(
+                obj.backend.id(),
+                &obj.meta.key,
+                MetaEntry::confirmed(obj.clone(), confirmed),
+            );
         }
     }
 

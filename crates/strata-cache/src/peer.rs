@@ -17,8 +17,13 @@
 //! origin itself (joining a fill in flight), and never asks a peer in turn: a block request makes at most one
 //! hop, so agents whose views of the cluster differ for a moment cannot send a request around in a loop.
 //!
-//! With a peer source an object this agent has not seen is opened with a HEAD instead of a GET of its first
-//! blocks: those blocks may be another agent's to read from the origin.
+//! With a peer source an object this agent has not seen is opened by its metadata alone instead of a GET of its
+//! first blocks (those blocks may be another agent's to read from the origin), and that metadata is asked of
+//! the agent that owns the key's metadata ([`PeerSource::head`]), which answers from its metadata cache or
+//! one HEAD joined by every asker ([`BlockCache::serve_peer_head`]): an object is HEADed at the origin once
+//! per cluster and TTL, not once per agent. An entry learned so keeps the owner's age (it expires when the
+//! owner's does); writes reach every member's metadata cache before they are acknowledged (the server's
+//! `cluster::coherence`), the owner's included.
 
 use crate::prelude::*;
 use crate::state::*;
@@ -58,6 +63,19 @@ pub trait PeerSource: Send + Sync + std::fmt::Debug {
     /// this agent should read it from the origin (it comes first among the owners still trusted, or every
     /// owner ahead of it failed). Never fails a read: errors are the source's to count and remember.
     fn fetch<'a>(&'a self, block: PeerBlock<'a>) -> BoxFuture<'a, Option<Bytes>>;
+    /// The current version of `key` from the agent that owns its metadata, and how long ago that agent
+    /// confirmed it (`Err` of kind `NotFound`: the backend has no such object); `None` when this agent
+    /// should send the HEAD itself (it owns the key's metadata, or the owner failed). Never fails an open:
+    /// the owner's errors are the source's to count and remember. By default, `None`.
+    fn head<'a>(
+        &'a self,
+        ctx: &'a IoContext,
+        backend: &'a Backend,
+        key: &'a str,
+    ) -> BoxFuture<'a, Option<Result<(ObjectMeta, std::time::Duration)>>> {
+        let _ = (ctx, backend, key);
+        Box::pin(async { None })
+    }
 }
 
 impl BlockCache {

@@ -62,6 +62,10 @@ pub(crate) struct Counters {
     pub(crate) fill_errors: AtomicU64,
     pub(crate) writes_dropped: AtomicU64,
     pub(crate) meta_refreshes: AtomicU64,
+    /// HEADs sent to backends; opens answered by a peer; metadata served to peers.
+    pub(crate) meta_heads: AtomicU64,
+    pub(crate) meta_from_peers: AtomicU64,
+    pub(crate) meta_served: AtomicU64,
     pub(crate) meta_refresh_lists: AtomicU64,
     /// Blocks (and their bytes) that peers served to this agent's fills, and that this agent served to peers.
     pub(crate) peer_blocks: AtomicU64,
@@ -129,6 +133,8 @@ pub(crate) struct Inner {
     pub(crate) tasks: TaskTracker,
     pub(crate) cancel: CancellationToken,
     pub(crate) meta: Mutex<MetaMap>,
+    /// HEADs in flight, by backend id and key, joined by opens of the same key (`meta.rs`).
+    pub(crate) heads: Mutex<FastMap<(Arc<str>, String), HeadFlight>>,
     pub(crate) refreshes: Arc<Semaphore>,
     /// Blocks fetched for prefetch hints, held until read (`stage.rs`).
     pub(crate) staged: Mutex<crate::stage::Staged>,
@@ -141,9 +147,13 @@ pub(crate) struct Inner {
 /// Object metadata by backend id, then key: looked up by `&str`, so a hit allocates nothing.
 ///
 /// **Answers older than an invalidation are not remembered.** Every invalidation bumps `generation` and is
-/// kept in `recent` (the last [`RECENT_MAX`]); an open notes the generation before it asks the backend and
-/// remembers the answer only if nothing it covers was invalidated since ([`MetaMap::admits`]): a HEAD sent
+/// kept in `recent` (the last [`RECENT_MAX`]) with when it came; an open notes the generation before it asks
+/// and remembers the answer only if nothing it covers was invalidated since ([`MetaMap::admits`]): a HEAD sent
 /// before a write (here or, told by the cluster, at another agent) never brings the old version back after it.
+/// An answer from another agent (the key's metadata owner, see `peer.rs`) may be older than the question:
+/// it is admitted only if nothing it covers was invalidated here since the version was *confirmed* (the
+/// HEAD that read it was sent), which its age says. The owner may not have heard of a write this agent has
+/// (announcements reach members in no particular order), and its answer must not outlive that write here.
 ///
 /// **The lease.** In a cluster, metadata is trusted only until `lease` (the cluster renews it while every
 /// member is in contact, see `strata-server`'s `cluster::coherence`): past it nothing is served from or added
@@ -153,10 +163,12 @@ pub(crate) struct MetaMap {
     pub(crate) by_backend: FastMap<Arc<str>, BackendMeta>,
     pub(crate) len: usize,
     pub(crate) generation: u64,
-    pub(crate) recent: std::collections::VecDeque<(u64, Arc<str>, Invalidation)>,
+    pub(crate) recent: std::collections::VecDeque<(u64, Arc<str>, Invalidation, Instant)>,
     /// Lookups that started at or before this generation are not remembered (what they could have missed is
     /// no longer in `recent`, or every entry was dropped).
     pub(crate) floor: u64,
+    /// The same in time: versions confirmed at or before it are not remembered.
+    pub(crate) floor_at: Option<Instant>,
     pub(crate) lease: Option<Instant>,
 }
 
@@ -246,15 +258,17 @@ impl MetaMap {
         }
         self.generation += 1;
         if self.recent.len() >= RECENT_MAX
-            && let Some((g, _, _)) = self.recent.pop_front()
+            && let Some((g, _, _, at)) = self.recent.pop_front()
         {
             self.floor = self.floor.max(g);
+            self.floor_at = Some(self.floor_at.map_or(at, |f| f.max(at)));
         }
         let b = self
             .by_backend
             .get_key_value(backend)
             .map_or_else(|| Arc::from(backend), |(k, _)| k.clone());
-        self.recent.push_back((self.generation, b, what));
+        self.recent
+            .push_back((self.generation, b, what, Instant::now()));
     }
 
     /// Drop every entry, and refuse answers to lookups started before now.
@@ -263,6 +277,7 @@ impl MetaMap {
         self.len = 0;
         self.generation += 1;
         self.floor = self.generation;
+        self.floor_at = Some(Instant::now());
         self.recent.clear();
     }
 
@@ -271,17 +286,19 @@ impl MetaMap {
         self.lease.is_some_and(|u| Instant::now() >= u)
     }
 
-    /// Whether an answer about `key` of `backend` to a lookup that started at generation `since` may be
-    /// remembered: nothing covering it was invalidated since, and the lease holds.
-    pub(crate) fn admits(&self, backend: &str, key: &str, since: u64) -> bool {
-        if since < self.floor || self.lapsed() {
+    /// Whether an answer about `key` of `backend` to a lookup that started at generation `since`, for a
+    /// version confirmed at `confirmed` (when the request that read it at the backend was sent, here or at
+    /// another agent), may be remembered: nothing covering it was invalidated since either, and the lease
+    /// holds.
+    pub(crate) fn admits(&self, backend: &str, key: &str, since: u64, confirmed: Instant) -> bool {
+        if since < self.floor || self.lapsed() || self.floor_at.is_some_and(|f| confirmed <= f) {
             return false;
         }
         self.recent
             .iter()
             .rev()
-            .take_while(|(g, _, _)| *g > since)
-            .all(|(_, b, what)| &**b != backend || !what.covers(key))
+            .take_while(|(g, _, _, at)| *g > since || *at >= confirmed)
+            .all(|(_, b, what, _)| &**b != backend || !what.covers(key))
     }
 
     pub(crate) fn insert(&mut self, backend: &Arc<str>, key: &str, e: MetaEntry) {
@@ -324,6 +341,19 @@ impl BackendMeta {
     }
 }
 
+/// A HEAD in flight: opens of its key that start while it runs join it, unless the key was invalidated after
+/// it started ([`MetaMap::admits`] of `since`) or they read through other credentials.
+pub(crate) struct HeadFlight {
+    pub(crate) since: u64,
+    /// When it was sent: what it answers was confirmed then.
+    pub(crate) started: Instant,
+    pub(crate) backend: Backend,
+    pub(crate) fut: Shared<BoxFuture<'static, Result<ObjectMeta>>>,
+}
+
+/// HEADs in flight kept at most (past it, finished flights nobody removed are dropped).
+pub(crate) const HEADS_MAX: usize = 4_096;
+
 /// What is known of an object's version, and when it was learned. The version's [`ObjState`] is kept with
 /// it, so that opening an object whose metadata is fresh builds nothing (and its first block's digest is
 /// computed once per version, not per read).
@@ -338,10 +368,12 @@ pub(crate) struct MetaEntry {
 }
 
 impl MetaEntry {
-    pub(crate) fn new(obj: Arc<ObjState>) -> Self {
+    /// An entry for a version confirmed current at `at` (when the request that read it was sent, here or at
+    /// the agent that owns its metadata): its TTL counts from then.
+    pub(crate) fn confirmed(obj: Arc<ObjState>, at: Instant) -> Self {
         Self {
             obj,
-            at: Instant::now(),
+            at,
             refresh_at: 0.5 + rand::random::<f32>() / 4.0,
             refreshing: false,
         }

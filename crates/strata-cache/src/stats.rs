@@ -106,6 +106,16 @@ pub struct CacheStats {
     /// Bytes of those blocks.
     #[serde(default)]
     pub served_to_peers_bytes: u64,
+    /// HEADs this agent sent to backends for opens and refreshes (one per key at a time: opens of a key while
+    /// its HEAD is in flight join it).
+    #[serde(default)]
+    pub metadata_heads: u64,
+    /// Opens and refreshes answered by the agent of the cluster that owns the key's metadata (no HEAD here).
+    #[serde(default)]
+    pub metadata_from_peers: u64,
+    /// Metadata this agent answered for other agents of the cluster.
+    #[serde(default)]
+    pub metadata_served_to_peers: u64,
     /// Object metadata refreshed in the background before its TTL ran out (refresh-ahead), by a HEAD or
     /// confirmed by a listing of its directory.
     pub metadata_refreshes: u64,
@@ -307,6 +317,9 @@ impl BlockCache {
             peer_bytes: ld(&c.peer_bytes),
             served_to_peers: ld(&c.peer_served),
             served_to_peers_bytes: ld(&c.peer_served_bytes),
+            metadata_heads: ld(&c.meta_heads),
+            metadata_from_peers: ld(&c.meta_from_peers),
+            metadata_served_to_peers: ld(&c.meta_served),
             metadata_refreshes: ld(&c.meta_refreshes),
             metadata_refresh_lists: ld(&c.meta_refresh_lists),
             inflight_budget_bytes: self.inner.budget_units * UNIT,

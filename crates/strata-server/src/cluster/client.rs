@@ -1,14 +1,15 @@
 //! Asking another agent for a block: `GET /v1/peer/blocks` with the cluster credential, the object version
 //! and the block, and the principal, team and job the read is for. The answer is checked before it is used:
 //! its length must be the block's and its BLAKE3 the one the owner sent in `x-strata-blake3`; a mismatch is
-//! [`ErrorKind::Corrupt`] and the bytes are dropped.
+//! [`ErrorKind::Corrupt`] and the bytes are dropped. An object's metadata is asked of the agent that owns
+//! it the same way (`GET /v1/peer/meta`, [`PeerMeta`]).
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use strata_cache::PeerBlock;
 use strata_client::reqwest;
-use strata_types::{Error, ErrorKind, IoContext, Result};
+use strata_types::{Error, ErrorKind, IoContext, ObjectAttrs, ObjectMeta, Result};
 
 /// The header carrying the BLAKE3 (hex) of a served block.
 pub const BLOCK_HASH_HEADER: &str = "x-strata-blake3";
@@ -22,6 +23,59 @@ pub const DATASET_HEADER: &str = "x-strata-dataset";
 pub const WAIT_HEADER: &str = "x-strata-wait-ms";
 /// The header an owner's "still reading" answer carries.
 pub const BUSY_HEADER: &str = "x-strata-busy";
+
+/// The answer of `GET /v1/peer/meta`: the object's current version (none: the backend has no such object)
+/// and how long ago the owner confirmed it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct PeerMeta {
+    /// The version, if the object exists.
+    pub object: Option<PeerObject>,
+    /// Milliseconds since the owner confirmed it (its metadata cache entry's age; 0: a HEAD just now).
+    pub age_ms: u64,
+}
+
+/// An [`ObjectMeta`] on the wire.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct PeerObject {
+    /// The key.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// ETag.
+    pub etag: Option<String>,
+    /// Version id.
+    pub version: Option<String>,
+    /// Last modification, seconds since the Unix epoch.
+    pub mtime: i64,
+    /// Stored headers and user metadata.
+    pub attrs: Option<ObjectAttrs>,
+}
+
+impl PeerObject {
+    /// `meta` for the wire.
+    pub fn from_meta(meta: &ObjectMeta) -> Self {
+        Self {
+            key: meta.key.clone(),
+            size: meta.size,
+            etag: meta.etag.clone(),
+            version: meta.version.clone(),
+            mtime: meta.last_modified_unix,
+            attrs: meta.attrs.as_deref().cloned(),
+        }
+    }
+
+    /// Back to an [`ObjectMeta`].
+    pub fn into_meta(self) -> ObjectMeta {
+        ObjectMeta {
+            key: self.key,
+            size: self.size,
+            etag: self.etag,
+            version: self.version,
+            last_modified_unix: self.mtime,
+            attrs: self.attrs.map(std::sync::Arc::new),
+        }
+    }
+}
 
 /// What an owner answered.
 #[derive(Debug)]
@@ -303,6 +357,51 @@ impl PeerClient {
                     ),
                 ))),
             },
+        }
+    }
+
+    /// The current version of `key` in the backend `backend_id` from `peer`, which owns the key's metadata,
+    /// and how long ago it confirmed it; `Ok(None)`: the backend has no such object.
+    pub async fn meta(
+        &self,
+        peer: &str,
+        ctx: &IoContext,
+        backend_id: &str,
+        key: &str,
+    ) -> Result<Option<(ObjectMeta, Duration)>> {
+        let what = "metadata request";
+        let url = reqwest::Url::parse_with_params(
+            &format!("{peer}/v1/peer/meta"),
+            &[("backend", backend_id), ("key", key)],
+        )
+        .map_err(|e| Error::invalid_input(format!("peer URL {peer}: {e}")))?;
+        let resp = self
+            .answered(peer, self.for_ctx(self.http.get(url), ctx).send())
+            .await
+            .map_err(|e| strata_client::transport(peer, what, e))?
+            .map_err(|e| e.context(format!("{peer}: metadata of {key}")))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| strata_client::transport(peer, what, e))?;
+        if status != 200 {
+            return Err(strata_client::wire::error_from_response(status, &body)
+                .context(format!("{peer}: metadata of {key}")));
+        }
+        let m: PeerMeta = serde_json::from_slice(&body).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("{peer}: metadata of {key}: a bad answer: {e}"),
+            )
+        })?;
+        match m.object {
+            Some(o) if o.key == key => Ok(Some((o.into_meta(), Duration::from_millis(m.age_ms)))),
+            Some(o) => Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("{peer}: metadata of {key}: the answer is about {}", o.key),
+            )),
+            None => Ok(None),
         }
     }
 

@@ -13,6 +13,9 @@
 //!   A peer that refuses the connection, times out, answers 5xx or sends bytes that fail their check is
 //!   **suspect** for a backoff (1 s doubling to 30 s, cleared by its next good answer) and skipped while it
 //!   is. Reads never fail because a peer did.
+//! - **Metadata**: an open that finds no fresh entry asks the agent that owns the key's metadata (placed as
+//!   blocks are, by [`meta_digest`]) instead of the origin; that agent answers from its metadata cache or one
+//!   HEAD that every asker joins. An owner that fails is suspect as for blocks and the open sends its own HEAD.
 //! - **Lazy moves**: for [`MOVE_GRACE`] after the view changed, a block this agent now owns and misses is
 //!   first asked of its owner in the previous view (only if held there: no fill), so a join or leave moves
 //!   no block in bulk and reads no block from the origin that a member still holds. An agent that starts
@@ -41,7 +44,8 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use strata_cache::{PeerBlock, PeerSource};
 use strata_cluster::{Member, Membership, View, placement};
-use strata_types::{BlockKey, Error, ErrorKind, Result};
+use strata_object::Backend;
+use strata_types::{BlockKey, Error, ErrorKind, IoContext, ObjectMeta, Result};
 
 use crate::config::{CacheSharing, ClusterSection, normalize_peer};
 
@@ -201,6 +205,10 @@ pub struct PeerCounters {
     pub moved: AtomicU64,
     /// "Still reading" answers of owners waiting on a slow origin (each was asked again).
     pub busy: AtomicU64,
+    /// Metadata requests sent to the agents that own the keys' metadata.
+    pub meta_asked: AtomicU64,
+    /// Of them, failed or refused (the open sent its own HEAD).
+    pub meta_failed: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -488,10 +496,23 @@ impl Cluster {
             suspected: ld(&c.suspected),
             moved: ld(&c.moved),
             busy: ld(&c.busy),
+            meta_asked: ld(&c.meta_asked),
+            meta_failed: ld(&c.meta_failed),
             coherence: self.coherence.status(),
             pins: self.pins.status(),
         }
     }
+}
+
+/// Where a key's metadata is placed: the members in rendezvous order of this digest own it (one per
+/// cluster asks the backend; the others ask it). Apart from every block digest (a prefix no block key has).
+pub fn meta_digest(backend_id: &str, key: &str) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"strata-meta\0");
+    h.update(backend_id.as_bytes());
+    h.update(b"\0");
+    h.update(key.as_bytes());
+    *h.finalize().as_bytes()
 }
 
 /// Each member's share of `n` sample block keys under the view.
@@ -537,6 +558,48 @@ impl PeerSource for Cluster {
                 .iter()
                 .take(replicas)
                 .any(|m| m.id == self.sharing.me)
+    }
+
+    fn head<'a>(
+        &'a self,
+        ctx: &'a IoContext,
+        backend: &'a Backend,
+        key: &'a str,
+    ) -> BoxFuture<'a, Option<Result<(ObjectMeta, Duration)>>> {
+        async move {
+            let view = self.view();
+            let owner = placement::owner(&view, &meta_digest(backend.id(), key))?;
+            if owner.id == self.sharing.me || self.is_suspect(&owner.id) {
+                return None;
+            }
+            let peer = owner.id.clone();
+            drop(view);
+            let c = &self.counters;
+            c.meta_asked.fetch_add(1, Ordering::Relaxed);
+            match self.client.meta(&peer, ctx, backend.id(), key).await {
+                Ok(Some(found)) => {
+                    self.trusted(&peer);
+                    Some(Ok(found))
+                }
+                Ok(None) => {
+                    self.trusted(&peer);
+                    Some(Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!("{key}: no such object"),
+                    )))
+                }
+                Err(e) => {
+                    c.meta_failed.fetch_add(1, Ordering::Relaxed);
+                    if client::is_refusal(e.kind()) {
+                        tracing::debug!(peer, error = %e, "peer refused a metadata request");
+                    } else {
+                        self.suspect(&peer, &e);
+                    }
+                    None
+                }
+            }
+        }
+        .boxed()
     }
 
     fn fetch<'a>(&'a self, block: PeerBlock<'a>) -> BoxFuture<'a, Option<Bytes>> {
@@ -604,6 +667,10 @@ pub struct ClusterStatus {
     pub moved: u64,
     /// "Still reading" answers of owners waiting on a slow origin.
     pub busy: u64,
+    /// Metadata requests sent to the agents that own the keys' metadata.
+    pub meta_asked: u64,
+    /// Of them, failed or refused (the open sent its own HEAD).
+    pub meta_failed: u64,
     /// Read-after-write across the members: the lease, whether it holds, announcements.
     pub coherence: coherence::CoherenceStatus,
     /// Pins sent to and kept for the other members.

@@ -1,4 +1,6 @@
-//! The routes of the shared cache: `GET /v1/peer/blocks` (a block for another agent), `POST /v1/peer/stage`
+//! The routes of the shared cache: `GET /v1/peer/blocks` (a block for another agent), `GET /v1/peer/meta`
+//! (an object's version for another agent, which asks this one because it owns the key's metadata; decided
+//! as a block request is), `POST /v1/peer/stage`
 //! (a claim's staging, this agent's share: [`super::stage`]), `POST /v1/peer/held` (that share counted, for
 //! `GET /v1/coverage`) and `GET /v1/cluster` (the members as this agent sees them).
 //!
@@ -27,7 +29,7 @@ use strata_types::{Error, ErrorKind, IoContext, ObjectMeta};
 
 use super::client::{
     BLOCK_HASH_HEADER, BUSY_HEADER, CATALOG_HEADER, DATASET_HEADER, JOB_HEADER, PRINCIPAL_HEADER,
-    WAIT_HEADER,
+    PeerMeta, PeerObject, WAIT_HEADER,
 };
 use crate::Agent;
 use crate::access::Caller;
@@ -50,6 +52,17 @@ pub fn routes() -> Vec<Route> {
                 plane: Plane::Peer,
             },
             get(block),
+        ),
+        (
+            RouteDoc {
+                method: "GET",
+                path: "/v1/peer/meta",
+                summary: "An object's current version (from this agent's metadata cache, else one HEAD joined by every asker), for another agent of the cluster; this agent owns the key's metadata",
+                access: "agents of the cluster only (the cluster credential), for a principal that may read the key",
+                rule: Access::Cluster,
+                plane: Plane::Peer,
+            },
+            get(meta),
         ),
         (
             RouteDoc {
@@ -181,6 +194,54 @@ async fn block(
         }
         None => Err(Error::new(ErrorKind::NotFound, "this agent does not hold the block").into()),
     }
+}
+
+#[derive(Debug, Deserialize)]
+struct MetaQuery {
+    backend: String,
+    key: String,
+}
+
+async fn meta(
+    State(agent): State<Arc<Agent>>,
+    cluster: Option<Extension<ClusterCall>>,
+    headers: HeaderMap,
+    q: Result<Query<MetaQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<PeerMeta>, ApiError> {
+    let Some(Extension(call)) = cluster else {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "only the other agents of the cluster (with the cluster credential) may ask for metadata",
+        )
+        .into());
+    };
+    let Query(q) = q.map_err(|e| Error::invalid_input(format!("metadata request: {e}")))?;
+    strata_types::validate_key(&q.key)?;
+    let (name, backend) = agent.backend_by_id(&q.backend).ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("{} is not a backend of this agent", q.backend),
+        )
+    })?;
+    let (caller, ctx) = peer_caller(&agent, &call, &headers).await?;
+    agent
+        .ownership()
+        .check_key(&caller, &name, &q.key, Role::Reader)
+        .await?;
+    let got = agent
+        .cache()
+        .serve_peer_head(&ctx, &backend, &q.key)
+        .await?;
+    Ok(Json(match got {
+        Some((meta, age)) => PeerMeta {
+            object: Some(PeerObject::from_meta(&meta)),
+            age_ms: age.as_millis() as u64,
+        },
+        None => PeerMeta {
+            object: None,
+            age_ms: 0,
+        },
+    }))
 }
 
 /// The backend a peer request names by its canonical id (name, backend), once its block size is checked to
