@@ -153,6 +153,49 @@ def test_a_bucket_belongs_to_the_team_that_made_it(rooted):
     v.delete_bucket(Bucket=name)
 
 
+def test_a_limit_on_the_bucket_root_binds_every_bucket_the_team_made(rooted):
+    """Issue 44, item 5: each created bucket is a quota scope of its own, and nothing but the team's total bound
+    them together: a team limited on its backend made buckets and wrote past it. `bucket_root` is the scope of
+    every bucket a team made, together: a limit there binds them all, counts what they held before it was set,
+    and gives back what is deleted."""
+    gw, kind, _ = rooted
+    team = f"roots-{kind}"
+    cli(gw, "team", "create", team)
+    key = cli_json(gw, "token", "create", "--name", f"{team}-w", "--team", team, "--s3")
+    s3 = s3_for(gw, key)
+    one, two = f"{team}-one", f"{team}-two"
+    s3.create_bucket(Bucket=one)
+    s3.create_bucket(Bucket=two)
+    s3.put_object(Bucket=one, Key="before", Body=b"a" * 400_000)
+    cli(gw, "quota", "set", team, "--scope", "bucket_root", "--hard-bytes", "1000000")
+    assert used(gw, team, scope="bucket_root")["used_bytes"] == 400_000
+    s3.put_object(Bucket=two, Key="fits", Body=b"b" * 500_000)
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket=two, Key="over", Body=b"c" * 200_000)
+    assert code_of(e.value) == ("QuotaExceeded", 403)
+    # A third bucket is bound by it too; multipart parts are admitted against it.
+    three = f"{team}-three"
+    s3.create_bucket(Bucket=three)
+    up = s3.create_multipart_upload(Bucket=three, Key="parts")["UploadId"]
+    with pytest.raises(ClientError) as e:
+        s3.upload_part(Bucket=three, Key="parts", UploadId=up, PartNumber=1, Body=b"d" * 200_000)
+    assert code_of(e.value) == ("QuotaExceeded", 403)
+    s3.abort_multipart_upload(Bucket=three, Key="parts", UploadId=up)
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket=two, Key="over")
+    # Deleting gives back: the write fits now.
+    s3.delete_object(Bucket=one, Key="before")
+    s3.put_object(Bucket=two, Key="over", Body=b"c" * 200_000)
+    q = used(gw, team, scope="bucket_root")
+    assert (q["used_bytes"], q["used_objects"], q["reserved_bytes"]) == (700_000, 2, 0), q
+    assert used(gw, team, scope="*")["used_bytes"] == 700_000
+    for b, k in ((two, "fits"), (two, "over")):
+        s3.delete_object(Bucket=b, Key=k)
+    for b in (one, two, three):
+        s3.delete_bucket(Bucket=b)
+    assert used(gw, team, scope="bucket_root")["used_bytes"] == 0
+
+
 def test_without_a_bucket_root_create_bucket_is_not_implemented(gateway):
     s3 = gateway.client()
     s3.create_bucket(Bucket="default")

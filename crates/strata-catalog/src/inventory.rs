@@ -576,6 +576,7 @@ fn usage_only(team: &str, scope: &str) -> crate::quota::Reservation {
         id: String::new(),
         team: team.to_string(),
         scope: scope.to_string(),
+        parent: None,
         bytes: 0,
         objects: 0,
     }

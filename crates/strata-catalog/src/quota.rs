@@ -9,7 +9,10 @@
 //!
 //! Lock order: every transaction on a team's counters first locks the team's `*` row (a no-op update takes
 //! the row lock on both databases), so two writers never wait on each other in a cycle on PostgreSQL.
-//! Scopes are a backend name, `cache`, `scratch`, `peer`, `ckpt`, or `*` for the team's total.
+//! Scopes are a backend name, a created bucket's name, `cache`, `scratch`, `peer`, `ckpt`, `bucket_root` (every
+//! bucket the team created, together: [`BUCKET_ROOT`]) or `*` for the team's total. A created bucket's scope has
+//! a parent, `bucket_root`: its writes are admitted on the bucket, the parent and the total, and every change
+//! of its usage is one of the parent's. The parent a reservation was admitted on is kept with it.
 //!
 //! Soft limits: once usage goes over the soft limit, `soft_since` is stamped; writes that stay over it are
 //! admitted until `soft_since + grace_secs`, then refused like the hard limit until usage drops under the soft
@@ -23,6 +26,11 @@ use crate::{Catalog, db_err, new_id};
 
 /// The scope that holds a team's total over all scopes.
 pub const TOTAL: &str = "*";
+
+/// The scope of every bucket a team created through the gateway (under `[gateway] bucket_root`), together:
+/// the parent of each such bucket's scope, so one limit binds them all as a backend's binds the backend.
+/// (A bucket name has no `_`, so no bucket is named so.)
+pub const BUCKET_ROOT: &str = "bucket_root";
 
 /// Largest byte or object count accepted anywhere (1 EiB): sums of a few of them never overflow an `i64`.
 pub const MAX_AMOUNT: i64 = 1 << 60;
@@ -126,6 +134,9 @@ pub struct Reservation {
     pub team: String,
     /// Scope charged (and the team's total).
     pub scope: String,
+    /// The parent scope also charged (a created bucket's: [`BUCKET_ROOT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
     /// Bytes reserved.
     pub bytes: i64,
     /// Objects reserved.
@@ -191,41 +202,91 @@ const SOFT_STAMP: &str = "UPDATE quotas SET soft_since = CASE \
        WHEN (soft_bytes IS NOT NULL AND used_bytes > soft_bytes) \
          OR (soft_objects IS NOT NULL AND used_objects > soft_objects) \
        THEN COALESCE(soft_since, $1) ELSE NULL END \
-     WHERE team = $2 AND (scope = $3 OR scope = '*')";
+     WHERE team = $2 AND (scope = $3 OR scope = '*' OR scope = $4)";
 
 impl Catalog {
-    /// Stamp or clear `soft_since` of a scope and the team's total after their counters changed.
+    /// Stamp or clear `soft_since` of a scope, its parent and the team's total after their counters changed.
     async fn stamp_soft(
         &self,
         conn: &mut sqlx::AnyConnection,
         team: &str,
         scope: &str,
+        parent: Option<&str>,
     ) -> Result<()> {
         sqlx::query(SOFT_STAMP)
             .bind(self.now())
             .bind(team)
             .bind(scope)
+            .bind(parent.unwrap_or(TOTAL))
             .execute(&mut *conn)
             .await
             .map_err(db_err)?;
         Ok(())
     }
 
+    /// The parent of `scope`: [`BUCKET_ROOT`] for a bucket created through the gateway, else none.
+    async fn parent_of(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        scope: &str,
+    ) -> Result<Option<String>> {
+        if scope == TOTAL || scope == BUCKET_ROOT {
+            return Ok(None);
+        }
+        let created = sqlx::query("SELECT name FROM buckets WHERE name = $1")
+            .bind(scope)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db_err)?
+            .is_some();
+        Ok(created.then(|| BUCKET_ROOT.to_string()))
+    }
+
+    /// Make sure `team` has rows for `scope`, its parent (`parent`; `None`: look it up) and its total, and lock
+    /// the total's row. Returns the parent. A new [`BUCKET_ROOT`] row starts with what the team's created
+    /// buckets already use and hold reserved.
     async fn ensure_quota_rows(
         &self,
         conn: &mut sqlx::AnyConnection,
         team: &str,
         scope: &str,
-    ) -> Result<()> {
-        for s in [TOTAL, scope] {
-            sqlx::query(
-                "INSERT INTO quotas (team, scope) VALUES ($1, $2) ON CONFLICT (team, scope) DO NOTHING",
-            )
-            .bind(team)
-            .bind(s)
-            .execute(&mut *conn)
-            .await
-            .map_err(db_err)?;
+        parent: Option<Option<&str>>,
+    ) -> Result<Option<String>> {
+        // The total's row first: a write, so that on SQLite the transaction holds the write lock (waiting
+        // for it) before it reads anything; a read first would make the lock's upgrade fail at once.
+        sqlx::query(
+            "INSERT INTO quotas (team, scope) VALUES ($1, $2) ON CONFLICT (team, scope) DO NOTHING",
+        )
+        .bind(team)
+        .bind(TOTAL)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
+        let parent = match parent {
+            Some(p) => p.map(str::to_string),
+            None => self.parent_of(conn, scope).await?,
+        };
+        for s in [Some(scope), parent.as_deref()].into_iter().flatten() {
+            let q = match s {
+                BUCKET_ROOT => {
+                    "INSERT INTO quotas (team, scope, used_bytes, used_objects, reserved_bytes, reserved_objects) \
+                     SELECT $1, $2, COALESCE(CAST(SUM(used_bytes) AS BIGINT), 0), \
+                       COALESCE(CAST(SUM(used_objects) AS BIGINT), 0), \
+                       COALESCE(CAST(SUM(reserved_bytes) AS BIGINT), 0), \
+                       COALESCE(CAST(SUM(reserved_objects) AS BIGINT), 0) \
+                     FROM quotas WHERE team = $1 AND scope IN (SELECT name FROM buckets) \
+                     ON CONFLICT (team, scope) DO NOTHING"
+                }
+                _ => {
+                    "INSERT INTO quotas (team, scope) VALUES ($1, $2) ON CONFLICT (team, scope) DO NOTHING"
+                }
+            };
+            sqlx::query(q)
+                .bind(team)
+                .bind(s)
+                .execute(&mut *conn)
+                .await
+                .map_err(db_err)?;
         }
         // Lock order: every transaction on a team's counters first locks the team's total row (a no-op
         // update takes the row lock on both databases), so two writers can never wait on each other in a cycle.
@@ -234,7 +295,7 @@ impl Catalog {
             .execute(&mut *conn)
             .await
             .map_err(db_err)?;
-        Ok(())
+        Ok(parent)
     }
 
     /// Set the limits of `team` on `scope` (`*` = the team's total).
@@ -249,7 +310,7 @@ impl Catalog {
         validate_scope(scope)?;
         self.team(team).await?;
         let mut tx = self.pool().begin().await.map_err(db_err)?;
-        self.ensure_quota_rows(&mut tx, team, scope).await?;
+        let parent = self.ensure_quota_rows(&mut tx, team, scope, None).await?;
         sqlx::query(
             "INSERT INTO quotas (team, scope, soft_bytes, hard_bytes, soft_objects, hard_objects, grace_secs) \
              VALUES ($1, $2, $3, $4, $5, $6, $7) \
@@ -267,7 +328,8 @@ impl Catalog {
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        self.stamp_soft(&mut tx, team, scope).await?;
+        self.stamp_soft(&mut tx, team, scope, parent.as_deref())
+            .await?;
         tx.commit().await.map_err(db_err)?;
         self.audit(
             actor,
@@ -343,13 +405,18 @@ impl Catalog {
             )));
         }
         validate_scope(scope)?;
-        if scope == TOTAL {
-            return Err(Error::invalid_input("reserve on a concrete scope, not '*'"));
+        if scope == TOTAL || scope == BUCKET_ROOT {
+            return Err(Error::invalid_input(format!(
+                "reserve on a concrete scope, not {scope:?} (a sum of others)"
+            )));
         }
         let now = self.now();
         let mut tx = self.pool().begin().await.map_err(db_err)?;
-        self.ensure_quota_rows(&mut tx, team, scope).await?;
-        for s in [scope, TOTAL] {
+        let parent = self.ensure_quota_rows(&mut tx, team, scope, None).await?;
+        for s in [Some(scope), parent.as_deref(), Some(TOTAL)]
+            .into_iter()
+            .flatten()
+        {
             let n = sqlx::query(AssertSqlSafe(format!(
                 "UPDATE quotas SET reserved_bytes = reserved_bytes + $1, \
                    reserved_objects = reserved_objects + $2 \
@@ -372,8 +439,8 @@ impl Catalog {
         }
         let id = new_id("r_");
         sqlx::query(
-            "INSERT INTO reservations (id, team, scope, bytes, objects, expires_at, holder, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            "INSERT INTO reservations (id, team, scope, bytes, objects, expires_at, holder, created_at, parent) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind(&id)
         .bind(team)
@@ -383,6 +450,7 @@ impl Catalog {
         .bind(now.saturating_add(ttl_secs.clamp(1, 365 * 86_400)))
         .bind(self.holder.as_deref())
         .bind(now)
+        .bind(parent.as_deref())
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
@@ -391,6 +459,7 @@ impl Catalog {
             id,
             team: team.to_string(),
             scope: scope.to_string(),
+            parent,
             bytes,
             objects,
         })
@@ -440,11 +509,15 @@ impl Catalog {
             (0, 0)
         };
         let (ub, uo) = charge.unwrap_or((0, 0));
-        self.ensure_quota_rows(tx, &res.team, &res.scope).await?;
+        // A reservation settles on the parent it was admitted on; a change of usage alone, on the scope's.
+        let known = (!res.id.is_empty()).then_some(res.parent.as_deref());
+        let parent = self
+            .ensure_quota_rows(tx, &res.team, &res.scope, known)
+            .await?;
         sqlx::query(
             "UPDATE quotas SET reserved_bytes = reserved_bytes - $1, reserved_objects = reserved_objects - $2, \
                used_bytes = used_bytes + $3, used_objects = used_objects + $4 \
-             WHERE team = $5 AND (scope = $6 OR scope = '*')",
+             WHERE team = $5 AND (scope = $6 OR scope = '*' OR scope = $7)",
         )
         .bind(rb)
         .bind(ro)
@@ -452,10 +525,12 @@ impl Catalog {
         .bind(uo)
         .bind(&res.team)
         .bind(&res.scope)
+        .bind(parent.as_deref().unwrap_or(TOTAL))
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        self.stamp_soft(tx, &res.team, &res.scope).await
+        self.stamp_soft(tx, &res.team, &res.scope, parent.as_deref())
+            .await
     }
 
     /// Change usage without a reservation (deletions, clean-up, corrections). Never refused.
@@ -470,6 +545,7 @@ impl Catalog {
             id: String::new(),
             team: team.to_string(),
             scope: scope.to_string(),
+            parent: None,
             bytes: 0,
             objects: 0,
         };
@@ -490,13 +566,13 @@ impl Catalog {
             )));
         }
         validate_scope(scope)?;
-        if scope == TOTAL {
-            return Err(Error::invalid_input(
-                "free usage on a concrete scope, not '*'",
-            ));
+        if scope == TOTAL || scope == BUCKET_ROOT {
+            return Err(Error::invalid_input(format!(
+                "free usage on a concrete scope, not {scope:?} (a sum of others)"
+            )));
         }
         let mut tx = self.pool().begin().await.map_err(db_err)?;
-        self.ensure_quota_rows(&mut tx, team, scope).await?;
+        let parent = self.ensure_quota_rows(&mut tx, team, scope, None).await?;
         let cur: (i64, i64) = {
             let r = sqlx::query(
                 "SELECT used_bytes, used_objects FROM quotas WHERE team = $1 AND scope = $2",
@@ -514,23 +590,31 @@ impl Catalog {
         let (b, o) = (bytes.min(cur.0.max(0)), objects.min(cur.1.max(0)));
         sqlx::query(
             "UPDATE quotas SET used_bytes = used_bytes - $1, used_objects = used_objects - $2 \
-             WHERE team = $3 AND (scope = $4 OR scope = '*')",
+             WHERE team = $3 AND (scope = $4 OR scope = '*' OR scope = $5)",
         )
         .bind(b)
         .bind(o)
         .bind(team)
         .bind(scope)
+        .bind(parent.as_deref().unwrap_or(TOTAL))
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        self.stamp_soft(&mut tx, team, scope).await?;
+        self.stamp_soft(&mut tx, team, scope, parent.as_deref())
+            .await?;
         tx.commit().await.map_err(db_err)
     }
 
-    /// Set a scope's usage to measured values (reconciliation) and recompute the team's total.
+    /// Set a scope's usage to measured values (reconciliation) and recompute its parent's (the sum of the
+    /// team's created buckets) and the team's total (the sum of every scope but the parents).
     pub async fn set_usage(&self, team: &str, scope: &str, bytes: i64, objects: i64) -> Result<()> {
+        if scope == TOTAL || scope == BUCKET_ROOT {
+            return Err(Error::invalid_input(format!(
+                "set usage on a concrete scope, not {scope:?} (a sum of others)"
+            )));
+        }
         let mut tx = self.pool().begin().await.map_err(db_err)?;
-        self.ensure_quota_rows(&mut tx, team, scope).await?;
+        let parent = self.ensure_quota_rows(&mut tx, team, scope, None).await?;
         sqlx::query(
             "UPDATE quotas SET used_bytes = $1, used_objects = $2 WHERE team = $3 AND scope = $4",
         )
@@ -541,35 +625,54 @@ impl Catalog {
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
+        if parent.is_some() {
+            sqlx::query(
+                "UPDATE quotas SET \
+                   used_bytes = (SELECT COALESCE(CAST(SUM(q.used_bytes) AS BIGINT), 0) FROM quotas q \
+                                 WHERE q.team = $1 AND q.scope IN (SELECT name FROM buckets)), \
+                   used_objects = (SELECT COALESCE(CAST(SUM(q.used_objects) AS BIGINT), 0) FROM quotas q \
+                                   WHERE q.team = $1 AND q.scope IN (SELECT name FROM buckets)) \
+                 WHERE team = $1 AND scope = $2",
+            )
+            .bind(team)
+            .bind(BUCKET_ROOT)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        }
         sqlx::query(
             "UPDATE quotas SET \
                used_bytes = (SELECT COALESCE(CAST(SUM(q.used_bytes) AS BIGINT), 0) FROM quotas q \
-                             WHERE q.team = $1 AND q.scope <> '*'), \
+                             WHERE q.team = $1 AND q.scope <> '*' AND q.scope <> $2), \
                used_objects = (SELECT COALESCE(CAST(SUM(q.used_objects) AS BIGINT), 0) FROM quotas q \
-                               WHERE q.team = $1 AND q.scope <> '*') \
+                               WHERE q.team = $1 AND q.scope <> '*' AND q.scope <> $2) \
              WHERE team = $1 AND scope = '*'",
         )
         .bind(team)
+        .bind(BUCKET_ROOT)
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
-        self.stamp_soft(&mut tx, team, scope).await?;
+        self.stamp_soft(&mut tx, team, scope, parent.as_deref())
+            .await?;
         tx.commit().await.map_err(db_err)
     }
 
     /// One outstanding reservation, or NotFound (committed, released or reaped).
     pub async fn reservation(&self, id: &str) -> Result<Reservation> {
-        let r =
-            sqlx::query("SELECT id, team, scope, bytes, objects FROM reservations WHERE id = $1")
-                .bind(id)
-                .fetch_optional(self.pool())
-                .await
-                .map_err(db_err)?
-                .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no reservation {id:?}")))?;
+        let r = sqlx::query(
+            "SELECT id, team, scope, parent, bytes, objects FROM reservations WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no reservation {id:?}")))?;
         Ok(Reservation {
             id: r.try_get("id").map_err(db_err)?,
             team: r.try_get("team").map_err(db_err)?,
             scope: r.try_get("scope").map_err(db_err)?,
+            parent: r.try_get("parent").map_err(db_err)?,
             bytes: r.try_get("bytes").map_err(db_err)?,
             objects: r.try_get("objects").map_err(db_err)?,
         })
@@ -611,7 +714,7 @@ impl Catalog {
         ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
     ) -> Result<u64> {
         let q = sqlx::query(AssertSqlSafe(format!(
-            "SELECT id, team, scope, bytes, objects FROM reservations WHERE {cond}"
+            "SELECT id, team, scope, parent, bytes, objects FROM reservations WHERE {cond}"
         )));
         let rows: Vec<Reservation> = bind(q)
             .fetch_all(self.pool())
@@ -623,6 +726,7 @@ impl Catalog {
                     id: r.try_get("id").map_err(db_err)?,
                     team: r.try_get("team").map_err(db_err)?,
                     scope: r.try_get("scope").map_err(db_err)?,
+                    parent: r.try_get("parent").map_err(db_err)?,
                     bytes: r.try_get("bytes").map_err(db_err)?,
                     objects: r.try_get("objects").map_err(db_err)?,
                 })

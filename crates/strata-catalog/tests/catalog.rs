@@ -834,3 +834,87 @@ async fn claim_stall_reports_keep_each_reporters_largest_total_and_stop_at_relea
     })
     .await;
 }
+
+/// Issue 44, item 5: a limit on `bucket_root` binds every bucket a team created, together (each bucket is a
+/// scope of its own, and only `*` bound them all). Its usage is the sum of the buckets' through writes,
+/// overwrites, deletions, releases, a bucket deleted with a write in flight, and reconciliation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_on_the_bucket_root_binds_every_bucket_the_team_created() {
+    use strata_catalog::quota::BUCKET_ROOT;
+    each(async |cat, _clock| {
+        cat.create_team(SYSTEM, "t").await.unwrap();
+        cat.create_bucket("b-one", Some("t"), "p").await.unwrap();
+        cat.create_bucket("b-two", Some("t"), "p").await.unwrap();
+        // Usage from before the limit counts: the parent's row starts from the buckets'.
+        let r = cat.reserve("t", "b-one", 400, 1, 600).await.unwrap();
+        assert_eq!(r.parent.as_deref(), Some(BUCKET_ROOT));
+        cat.commit_write(vec![r], &bucket_rec("b-one", "k1", 400))
+            .await
+            .unwrap();
+        let q = cat
+            .set_quota(
+                SYSTEM,
+                "t",
+                BUCKET_ROOT,
+                &QuotaLimits {
+                    hard_bytes: Some(1_000),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!((q.used_bytes, q.used_objects), (400, 1));
+        // A write into the other bucket is admitted against the root's limit too.
+        let r = cat.reserve("t", "b-two", 500, 1, 600).await.unwrap();
+        cat.commit_write(vec![r], &bucket_rec("b-two", "k2", 500))
+            .await
+            .unwrap();
+        let e = cat.reserve("t", "b-two", 101, 1, 600).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ResourceExhausted, "{e}");
+        assert!(e.to_string().contains(BUCKET_ROOT), "{e}");
+        // A configured backend is not under it; the total counts each byte once.
+        cat.reserve("t", "default", 5_000, 1, 600).await.unwrap();
+        let total = cat.quota("t", "*").await.unwrap();
+        assert_eq!((total.used_bytes, total.reserved_bytes), (900, 5_000));
+        // An overwrite charges the difference there, a deletion gives back, a release gives back.
+        let r = cat.reserve("t", "b-one", 100, 0, 600).await.unwrap();
+        cat.commit_write(vec![r], &bucket_rec("b-one", "k1", 100))
+            .await
+            .unwrap();
+        assert_eq!(cat.quota("t", BUCKET_ROOT).await.unwrap().used_bytes, 600);
+        cat.commit_delete("b-two", "k2").await.unwrap();
+        let held = cat.reserve("t", "b-two", 300, 1, 600).await.unwrap();
+        let q = cat.quota("t", BUCKET_ROOT).await.unwrap();
+        assert_eq!((q.used_bytes, q.reserved_bytes), (100, 300));
+        // The bucket goes while a write into it is in flight: its release still gives the root back.
+        cat.delete_bucket("p", "b-two").await.unwrap();
+        cat.release_reservation(&held).await.unwrap();
+        let q = cat.quota("t", BUCKET_ROOT).await.unwrap();
+        assert_eq!(
+            (q.used_bytes, q.used_objects, q.reserved_bytes),
+            (100, 1, 0)
+        );
+        // Reconciliation of a bucket recomputes the root's usage from the buckets'.
+        cat.set_usage("t", "b-one", 700, 2).await.unwrap();
+        let q = cat.quota("t", BUCKET_ROOT).await.unwrap();
+        assert_eq!((q.used_bytes, q.used_objects), (700, 2));
+        assert_eq!(cat.quota("t", "*").await.unwrap().used_bytes, 700);
+        // It is a sum: nothing is reserved, freed or set on it directly.
+        for e in [
+            cat.reserve("t", BUCKET_ROOT, 1, 1, 600).await.unwrap_err(),
+            cat.free_usage("t", BUCKET_ROOT, 1, 1).await.unwrap_err(),
+            cat.set_usage("t", BUCKET_ROOT, 1, 1).await.unwrap_err(),
+        ] {
+            assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        }
+    })
+    .await;
+}
+
+fn bucket_rec(bucket: &str, key: &str, size: i64) -> ObjectRecord {
+    ObjectRecord {
+        backend: bucket.into(),
+        team: Some("t".into()),
+        ..rec(key, size, None, None, None)
+    }
+}

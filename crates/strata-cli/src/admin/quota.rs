@@ -8,7 +8,8 @@ pub enum QuotaCommand {
     Set {
         /// Team.
         team: String,
-        /// A backend name, cache, scratch, peer, ckpt, or * for the team's total.
+        /// A backend name, a created bucket, bucket_root (every bucket the team created, together), cache,
+        /// scratch, peer, ckpt, or * for the team's total.
         #[arg(long, default_value = "*")]
         scope: String,
         /// Soft limit on bytes (writes admitted during the grace period).

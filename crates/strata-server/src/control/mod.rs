@@ -163,7 +163,7 @@ pub fn routes() -> Vec<Route> {
         r!(
             "PUT",
             "/v1/quotas/{team}/{scope}",
-            "Set a team's limits on a scope (a backend, cache, scratch, peer, ckpt, or * for its total)",
+            "Set a team's limits on a scope (a backend, a created bucket, bucket_root for every bucket the team created together, cache, scratch, peer, ckpt, or * for its total)",
             "admin",
             Access::Admin,
             put(quotas::set_quota)
