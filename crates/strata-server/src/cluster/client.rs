@@ -30,7 +30,7 @@ pub const BUSY_HEADER: &str = "x-strata-busy";
 pub struct PeerMeta {
     /// The version, if the object exists.
     pub object: Option<PeerObject>,
-    /// Milliseconds since the owner confirmed it (its metadata cache entry's age; 0: a HEAD just now).
+    /// Milliseconds since the owner confirmed it (since the HEAD that read it was sent), rounded up.
     pub age_ms: u64,
 }
 

@@ -235,7 +235,8 @@ async fn meta(
     Ok(Json(match got {
         Some((meta, age)) => PeerMeta {
             object: Some(PeerObject::from_meta(&meta)),
-            age_ms: age.as_millis() as u64,
+            // Rounded up: the asker must never take the version for younger than it is.
+            age_ms: age.as_micros().div_ceil(1000) as u64,
         },
         None => PeerMeta {
             object: None,
