@@ -33,8 +33,9 @@ pub struct CacheConfig {
     /// Largest single backend request when filling consecutive blocks (warm-up): fewer, larger requests.
     /// Default 32 MiB; at least one block, at most the in-flight budget.
     pub max_request_size: ByteSize,
-    /// Accepted for compatibility, no longer used: a cold range is fetched as runs of consecutive blocks (one
-    /// request each, up to `max_request_size`), not block by block. Default 8.
+    /// How many blocks of one read are awaited at once while it is assembled. The cold ones were already
+    /// started as runs of consecutive blocks (one backend request each, up to `max_request_size`), so this
+    /// bounds assembly, not requests to the backend. Default 8.
     pub read_parallelism: usize,
     /// How long object metadata (size, ETag) looked up at the backend is trusted, in milliseconds. Default
     /// [`DEFAULT_METADATA_TTL_MS`] (60 s; the agent's `[cache] metadata_ttl_ms` uses the same); 0 looks the
