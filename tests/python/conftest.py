@@ -30,6 +30,20 @@ os.environ["STRATA_ADMIN_TOKEN"] = ADMIN_TOKEN
 os.environ["STRATA_TOKEN"] = ADMIN_TOKEN
 
 
+
+def poll(what, fn, timeout, every=0.2):
+    """fn() until it returns a truthy value; its last value, or an AssertionError naming `what` (the one wait on a
+    state of the tests: a test that expects something to happen waits for it here, never for a fixed time)."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
+
+
 def api_get(url, token=ADMIN_TOKEN):
     """GET an agent API URL with the bearer token."""
     import urllib.request

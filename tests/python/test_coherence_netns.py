@@ -15,7 +15,7 @@ import time
 import botocore.exceptions
 import pytest
 
-from conftest import ADMIN_TOKEN, client
+from conftest import ADMIN_TOKEN, client, poll
 from test_shared_cache_netns import API_PORT, S3_PORT, Net, addr, ns, running
 
 LEASE_S = 2.0
@@ -82,15 +82,6 @@ def gateway(i):
 
 def coherence(net, i):
     return net.cluster(i)["coherence"]
-
-
-def poll(what, fn, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if fn():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout}s")
 
 
 def test_a_partitioned_member_serves_no_replaced_version_past_its_lease_and_the_new_one_once_healed(lnet):

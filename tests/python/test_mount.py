@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, Gateway, api_get, client, free_port
+from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, Gateway, api_get, client, free_port, poll
 
 MIB = 1024 * 1024
 BUCKET = "gw-origin"
@@ -113,14 +113,8 @@ def alive(pid):
 
 
 def wait_for(cond, timeout, what):
-    deadline = time.time() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+    """conftest's `poll`, in the argument order of this file's calls, polling faster (mounts change quickly)."""
+    return poll(what, cond, timeout, every=0.05)
 
 
 def drop_caches():

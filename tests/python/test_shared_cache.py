@@ -33,7 +33,7 @@ import uuid
 
 import pytest
 
-from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, api_get, client, free_port
+from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, api_get, client, free_port, poll
 
 KIB, MIB = 1024, 1024 * 1024
 BLOCK = 256 * KIB
@@ -455,18 +455,6 @@ def check_bodies(results, objects):
 
 def totals(agents, field):
     return sum(a.cluster()["cache"][field] for a in agents)
-
-
-def poll(what, fn, timeout, every=0.2):
-    """fn() until it returns a truthy value; its last value, or an AssertionError naming `what`."""
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
 
 
 # ---------------------------------------------------------------------------------------------------------------
