@@ -15,40 +15,7 @@ use strata_types::{Error, ErrorKind, Result};
 
 use crate::{Catalog, db_err, new_id, validate_team_name};
 
-/// A principal's role in one team. Ordered: each role can do what the ones before it can.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Hash)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Read the team's usage, quotas, policies, plans, forecasts and audit log.
-    Reader,
-    /// Also write data attributed to the team, pin and claim data, allocate scratch, plan clean-ups.
-    Member,
-    /// Also manage members, tokens and policies of the team, run and restore clean-ups.
-    TeamAdmin,
-}
-
-impl Role {
-    /// Stable name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Reader => "reader",
-            Role::Member => "member",
-            Role::TeamAdmin => "team_admin",
-        }
-    }
-
-    /// Parse a role name.
-    pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "reader" => Ok(Role::Reader),
-            "member" => Ok(Role::Member),
-            "team_admin" | "team-admin" => Ok(Role::TeamAdmin),
-            _ => Err(Error::invalid_input(format!(
-                "role {s:?}: expected reader, member or team_admin"
-            ))),
-        }
-    }
-}
+pub use strata_api::Role;
 
 /// The kind of credential behind a principal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -31,6 +31,7 @@ pub mod lifecycle;
 pub mod members;
 pub mod quota;
 pub mod secrets;
+pub mod wire;
 
 pub use access::{Principal, Role};
 

@@ -9,50 +9,31 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::tier::{Peer, Tier};
 use crate::{CheckpointConfig, Overlap, Retention};
 
-/// What the agent needs to finish one rank's save. The agent confines it: `local_dir` and `remote_url` must lie
-/// where the caller may write, and `peers` must be agents of the agent's own cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HandoffRequest {
-    /// The run.
-    pub run_id: String,
-    /// The step.
-    pub step: u64,
-    /// The rank.
-    pub rank: u32,
-    /// Ranks of the checkpoint.
-    pub world_size: u32,
-    /// Whether this save goes to the object store (the upload schedule is the process's).
-    pub upload: bool,
-    /// The local tier, where the shard is already durable.
-    pub local_dir: PathBuf,
-    /// The object store tier.
-    pub remote_url: Option<String>,
-    /// Every node's agent.
-    pub peers: Vec<String>,
-    /// This node's agent in `peers`.
-    pub self_peer: Option<usize>,
-    /// Replicas per shard.
-    pub replicas: usize,
-    /// Retention of the peer tier (as of the local tier): keep last N.
-    pub keep_local: usize,
-    /// Retention of the object store: keep last N.
-    pub keep_remote: usize,
-    /// Retention: also keep multiples of K.
-    pub keep_every: Option<u64>,
-    /// How long rank 0 waits for the other ranks' records, in milliseconds.
-    pub commit_timeout_ms: u64,
+pub use strata_api::ckpt::{HandoffRequest, HandoffState, HandoffStatus};
+
+/// What the agent needs of a [`HandoffRequest`]: its rules, and the checkpointer that finishes it.
+pub trait HandoffRequestExt {
+    /// Check what arrives from a client.
+    fn validate(&self) -> Result<()>;
+
+    /// The checkpointer configuration that finishes this save (without a handoff: the agent does the work),
+    /// with the tiers the agent opened for it: `local` (the checked `local_dir`), `remote`, and `peers` (one
+    /// per entry of `peers`, in order).
+    fn config(
+        &self,
+        local: PathBuf,
+        remote: Option<Tier>,
+        peers: Vec<Peer>,
+    ) -> Result<CheckpointConfig>;
 }
 
-impl HandoffRequest {
-    /// Check what arrives from a client.
-    pub fn validate(&self) -> Result<()> {
+impl HandoffRequestExt for HandoffRequest {
+    fn validate(&self) -> Result<()> {
         crate::manifest::validate_run_id(&self.run_id)?;
         if self.world_size == 0 || self.rank >= self.world_size {
             return Err(Error::invalid_input("rank not in world"));
@@ -63,10 +44,7 @@ impl HandoffRequest {
         Ok(())
     }
 
-    /// The checkpointer configuration that finishes this save (without a handoff: the agent does the work),
-    /// with the tiers the agent opened for it: `local` (the checked `local_dir`), `remote`, and `peers` (one per
-    /// entry of [`Self::peers`], in order).
-    pub fn config(
+    fn config(
         &self,
         local: PathBuf,
         remote: Option<Tier>,
@@ -110,45 +88,6 @@ pub struct Handoff {
     remote_url: Option<String>,
     peers: Vec<String>,
     client: strata_client::AgentClient,
-}
-
-/// The agent's verdict on one handed-over save.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HandoffStatus {
-    /// The run.
-    pub run_id: String,
-    /// The step.
-    pub step: u64,
-    /// The rank.
-    pub rank: u32,
-    /// `pending`, `done` or `failed`.
-    pub state: String,
-    /// Why it failed.
-    pub error: Option<String>,
-    /// The kind of that error ([`ErrorKind::as_str`]), so that it reaches the training process intact.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error_kind: Option<String>,
-    /// Whether the failed save may succeed if tried again.
-    #[serde(default)]
-    pub retryable: bool,
-}
-
-impl HandoffStatus {
-    /// The failure this status reports, with its kind (`Unavailable` when the agent did not say).
-    pub fn failure(&self) -> Error {
-        let kind = self
-            .error_kind
-            .as_deref()
-            .and_then(ErrorKind::parse)
-            .unwrap_or(ErrorKind::Unavailable);
-        Error::new(
-            kind,
-            self.error
-                .clone()
-                .unwrap_or_else(|| "failed at the agent".into()),
-        )
-        .with_retryable(self.retryable)
-    }
 }
 
 impl Handoff {
@@ -234,10 +173,10 @@ impl Handoff {
                 Err(e) => Err(e),
             };
             match st {
-                Ok(st) => match st.state.as_str() {
-                    "pending" => {}
-                    "done" => break Ok(()),
-                    _ => break Err(st.failure()),
+                Ok(st) => match st.state {
+                    HandoffState::Pending => {}
+                    HandoffState::Done => break Ok(()),
+                    HandoffState::Failed => break Err(st.failure()),
                 },
                 Err(e) if e.kind() == ErrorKind::Unavailable || e.kind() == ErrorKind::Timeout => {
                     break Err(e.context(format!(

@@ -1,29 +1,9 @@
 //! Errors on the agent's wire: one body, one status per kind, read back with kind and retryable intact.
 
-use serde::{Deserialize, Serialize};
 use strata_types::{Error, ErrorKind};
 
-/// The JSON body of every failed agent request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ErrorBody {
-    /// The kind's stable name ([`ErrorKind::as_str`]).
-    pub error: String,
-    /// What went wrong, for a person.
-    pub message: String,
-    /// Whether the same request may succeed if sent again.
-    pub retryable: bool,
-}
-
-impl ErrorBody {
-    /// The body for `e`.
-    pub fn of(e: &Error) -> Self {
-        Self {
-            error: e.kind().as_str().to_string(),
-            message: e.message().to_string(),
-            retryable: e.is_retryable(),
-        }
-    }
-}
+/// The JSON body of every failed agent request (the contract's, [`strata_api::ErrorBody`]).
+pub use strata_api::ErrorBody;
 
 /// The HTTP status an error of `kind` is answered with. Distinct statuses for the kinds a client acts on
 /// differently: `Corrupt` (422) is never mistaken for a server that is down, `NoSpace` (507) names a full

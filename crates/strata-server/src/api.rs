@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Extension, Query, State};
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -19,120 +19,31 @@ use strata_types::{Error, ErrorKind, IoContext};
 
 use crate::Agent;
 use crate::access::Caller;
-use crate::http::{Access, ApiError, ApiResult, Plane, Route, RouteDoc, principal_context};
+use crate::http::{ApiError, ApiResult, Query, Reply, Route, principal_context, route};
+use strata_api as api;
 use strata_catalog::{Principal, Role};
 
 /// The data-plane routes (and `/healthz`, `/metrics`), for the route table of [`crate::routes`].
 pub fn routes() -> Vec<Route> {
-    let r = |method, path, summary, access, rule, plane, h| {
-        (
-            RouteDoc {
-                method,
-                path,
-                summary,
-                access,
-                rule,
-                plane,
-            },
-            h,
-        )
-    };
     vec![
-        r(
-            "GET",
-            "/healthz",
-            "Liveness",
-            "anyone",
-            Access::Public,
-            Plane::Public,
-            get(healthz),
-        ),
-        r(
-            "GET",
-            "/metrics",
-            "Prometheus metrics (per-team forecasts included)",
-            "admin",
-            Access::Admin,
-            Plane::Data,
-            get(metrics),
-        ),
-        r(
-            "GET",
-            "/v1/cache",
-            "Cache statistics",
-            "any principal",
-            Access::Any,
-            Plane::Data,
-            get(cache_stats),
-        ),
-        r(
-            "GET",
-            "/v1/backends",
-            "Configured backends",
-            "any principal",
-            Access::Any,
-            Plane::Data,
-            get(backends),
-        ),
-        r(
-            "POST",
-            "/v1/cache/warm",
-            "Prefetch a prefix (NDJSON progress)",
-            "reader of the teams owning the prefix and any owned prefix under it",
-            Access::Location(Role::Reader),
-            Plane::Data,
-            post(warm),
-        ),
-        r(
-            "POST",
-            "/v1/cache/pin",
-            "Pin a prefix in the cache",
-            "member of the teams owning the prefix and any owned prefix under it; charged to the owner",
-            Access::Location(Role::Member),
-            Plane::Data,
-            post(pin),
-        ),
-        r(
-            "POST",
-            "/v1/cache/unpin",
-            "Unpin a prefix",
-            "member of the team the pin is charged to",
-            Access::Owner(Role::Member),
-            Plane::Data,
-            post(unpin),
-        ),
-        r(
-            "GET",
-            "/v1/read",
-            "Read an object through the cache: ?location=",
-            "reader of the team owning the key (any principal outside owned prefixes)",
-            Access::Location(Role::Reader),
-            Plane::Data,
-            get(read),
-        ),
-        r(
-            "GET",
-            "/v1/list",
-            "List the objects under a location, a page at a time: ?location=&after=&limit=",
-            "reader of every key under the location (any principal outside owned prefixes)",
-            Access::Location(Role::Reader),
-            Plane::Data,
-            get(list),
-        ),
-        r(
-            "POST",
-            "/v1/prefetch",
-            "Start fetching an object (or its Range) into the cache: ?location=",
-            "reader of the team owning the key (any principal outside owned prefixes)",
-            Access::Location(Role::Reader),
-            Plane::Data,
-            post(prefetch),
-        ),
+        route::<api::data::Healthz>(get(healthz)),
+        route::<api::data::Metrics>(get(metrics)),
+        route::<api::data::CacheStats>(get(cache_stats)),
+        route::<api::data::Backends>(get(backends)),
+        route::<api::data::WarmPrefix>(post(warm)),
+        route::<api::data::Pin>(post(pin)),
+        route::<api::data::Unpin>(post(unpin)),
+        route::<api::data::Read>(get(read)),
+        route::<api::data::List>(get(list)),
+        route::<api::data::Prefetch>(post(prefetch)),
     ]
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}))
+async fn healthz() -> Reply<api::data::Healthz> {
+    Reply(api::data::Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
 }
 
 async fn metrics(
@@ -186,30 +97,16 @@ async fn cache_stats(
     Ok(Json(stats))
 }
 
-/// A configured backend as `GET /v1/backends` shows it. Where it is (its URL and canonical id: a local
-/// directory's absolute path on the agent's host, an S3 endpoint) is shown to administrators only; every
-/// principal sees the names it can use in locations, and each backend's kind.
-#[derive(Serialize)]
-struct BackendInfo {
-    name: String,
-    /// `s3`, `file`, `memory`, `gs` or `az`.
-    scheme: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    url: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    id: Option<String>,
-}
-
 async fn backends(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<Principal>,
-) -> Json<Vec<BackendInfo>> {
+) -> Reply<api::data::Backends> {
     let admin = principal.is_admin;
-    Json(
+    Reply(
         agent
             .backends()
             .iter()
-            .map(|b| BackendInfo {
+            .map(|b| api::data::BackendInfo {
                 name: b.name.clone(),
                 scheme: b.backend.scheme().to_string(),
                 url: admin.then(|| b.url.clone()),
@@ -217,17 +114,6 @@ async fn backends(
             })
             .collect(),
     )
-}
-
-/// Body of `POST /v1/cache/warm`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WarmRequest {
-    /// What to warm: a prefix location.
-    pub location: String,
-    /// Blocks fetched concurrently (1..=256, default 16).
-    #[serde(default)]
-    pub concurrency: Option<usize>,
 }
 
 /// One line of the warm-up's NDJSON stream.
@@ -246,7 +132,7 @@ async fn warm(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<Principal>,
     headers: HeaderMap,
-    Json(req): Json<WarmRequest>,
+    Json(req): Json<api::data::Warm>,
 ) -> ApiResult<Response> {
     let concurrency = req.concurrency.unwrap_or(16);
     if !(1..=256).contains(&concurrency) {
@@ -332,14 +218,6 @@ async fn warm(
         .into_response())
 }
 
-/// Body of pin/unpin.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PinRequest {
-    /// The prefix location.
-    pub location: String,
-}
-
 /// The catalog's name for the cache (inventory backend and quota scope of pinned bytes).
 pub const CACHE_SCOPE: &str = "cache";
 
@@ -351,7 +229,7 @@ pub(crate) fn pin_key(backend: &strata_object::Backend, prefix: &str) -> String 
 async fn pin(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<Principal>,
-    Json(req): Json<PinRequest>,
+    Json(req): Json<api::data::PinLocation>,
 ) -> ApiResult<Json<strata_cache::PinReport>> {
     let caller = Caller::Principal(principal.clone());
     let (backend, prefix, owner) = agent
@@ -404,8 +282,8 @@ async fn pin(
 async fn unpin(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<Principal>,
-    Json(req): Json<PinRequest>,
-) -> ApiResult<Json<serde_json::Value>> {
+    Json(req): Json<api::data::PinLocation>,
+) -> ApiResult<Reply<api::data::Unpin>> {
     let (backend, prefix) = agent.resolve(&req.location)?;
     // The pin belongs to the team it is charged to: only its members (or an administrator) remove it; its
     // readers are told so. To anyone else (and for a pin with no team, an administrator's) there is no pin.
@@ -433,14 +311,7 @@ async fn unpin(
         .catalog()
         .commit_delete(CACHE_SCOPE, &pin_key(&backend, &prefix))
         .await?;
-    Ok(Json(serde_json::json!({ "removed": removed })))
-}
-
-/// Query of `GET /v1/read`.
-#[derive(Debug, Deserialize)]
-pub struct ReadQuery {
-    /// The object location.
-    pub location: String,
+    Ok(Reply(api::data::Unpinned { removed }))
 }
 
 /// What a `?location=` request with these headers asks the cache for: the whole object, or its `Range`; with
@@ -470,51 +341,14 @@ fn get_options(headers: &HeaderMap) -> ApiResult<strata_cache::GetOptions> {
     Ok(opts)
 }
 
-/// `GET /v1/list` parameters.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListQuery {
-    /// The location whose objects are listed: a key prefix (`NAME/train/`), or `NAME` for the whole backend.
-    pub location: String,
-    /// Start after this name (the page before's `next`).
-    pub after: Option<String>,
-    /// Objects per page, 1 to 1000 (default 1000).
-    pub limit: Option<usize>,
-}
-
-/// One object of a listing. `name` is the key with the location's key prefix taken off, so `location` +
-/// `name` is the object's location.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ListedObject {
-    /// The key after the listed prefix.
-    pub name: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// The ETag (as the backend gives it), if it has one.
-    pub etag: Option<String>,
-    /// The version id, if the backend versions objects.
-    pub version: Option<String>,
-    /// Last modification, seconds since the Unix epoch.
-    pub last_modified_unix: i64,
-}
-
-/// A page of `GET /v1/list`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ListPage {
-    /// Objects in key order.
-    pub objects: Vec<ListedObject>,
-    /// Pass as `after` for the next page; absent on the last.
-    pub next: Option<String>,
-}
-
 /// A page of the objects under a location, straight from the backend (a mount takes its snapshot from these
 /// pages). The caller must read every key under the location.
 async fn list(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<Principal>,
     headers: HeaderMap,
-    Query(q): Query<ListQuery>,
-) -> ApiResult<Json<ListPage>> {
+    Query(q): Query<api::data::ListQuery>,
+) -> ApiResult<Reply<api::data::List>> {
     let ctx = principal_context(&headers, &principal);
     let caller = Caller::Principal(principal);
     let (backend, prefix, _) = agent
@@ -532,7 +366,7 @@ async fn list(
         .objects
         .into_iter()
         .filter_map(|m| {
-            Some(ListedObject {
+            Some(api::data::ListedObject {
                 name: m.key.strip_prefix(&prefix)?.to_string(),
                 size: m.size,
                 etag: m.etag,
@@ -544,7 +378,7 @@ async fn list(
     let next = page
         .next_start_after
         .and_then(|n| n.strip_prefix(&prefix).map(str::to_string));
-    Ok(Json(ListPage { objects, next }))
+    Ok(Reply(api::data::ListPage { objects, next }))
 }
 
 /// An object's bytes, or its `Range`, through [`strata_cache::BlockCache::get`]: the body streams block by
@@ -554,7 +388,7 @@ async fn read(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<Principal>,
     headers: HeaderMap,
-    Query(q): Query<ReadQuery>,
+    Query(q): Query<api::data::LocationQuery>,
 ) -> ApiResult<Response> {
     let ctx = principal_context(&headers, &principal);
     let caller = Caller::Principal(principal);
@@ -591,8 +425,8 @@ async fn prefetch(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<Principal>,
     headers: HeaderMap,
-    Query(q): Query<ReadQuery>,
-) -> ApiResult<Response> {
+    Query(q): Query<api::data::LocationQuery>,
+) -> ApiResult<Reply<api::data::Prefetch>> {
     let ctx = principal_context(&headers, &principal);
     let caller = Caller::Principal(principal);
     let (backend, key, _) = agent
@@ -602,9 +436,5 @@ async fn prefetch(
         .cache()
         .prefetch(&ctx, &backend, &key, get_options(&headers)?)
         .await?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(serde_json::json!({ "started": true })),
-    )
-        .into_response())
+    Ok(Reply(api::data::Started { started: true }))
 }

@@ -1,12 +1,11 @@
 //! HTTP plumbing shared by every handler of the agent's API: the error answer ([`ApiError`], one status per
 //! kind and the JSON body of [`strata_client::wire`]), the I/O context a request names in its headers, and the
-//! documentation record of a route ([`RouteDoc`]) that [`crate::routes`] builds the router and
-//! `/openapi.json` from. It knows no handler.
+//! route of an endpoint of [`strata_api`] ([`route`]) that [`crate::routes`] builds the router from. It knows no handler.
 
 use std::sync::Arc;
 
 use axum::Json;
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
 use strata_types::{Error, ErrorKind, IoContext};
@@ -76,86 +75,59 @@ pub fn io_context(headers: &HeaderMap) -> IoContext {
     }
 }
 
-/// Which part of the API a route belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plane {
-    /// Answered without a token (`/healthz`, `/openapi.json`).
-    Public,
-    /// Data plane: reads, prefetches, cache state and pins, metrics.
-    Data,
-    /// Checkpoint replicas and handed-over saves, from other agents and training processes.
-    Peer,
-    /// Teams, tokens, quotas, usage, lifecycle: every route names team data.
-    Control,
+pub use strata_api::{Access, EndpointDoc, Plane};
+
+/// A route: its endpoint (method, path, access, types; [`strata_api`]) and its handler.
+pub type Route = (EndpointDoc, MethodRouter<Arc<Agent>>);
+
+/// The route of endpoint `E`, answered by `handler`.
+pub fn route<E: strata_api::Endpoint>(handler: MethodRouter<Arc<Agent>>) -> Route {
+    (EndpointDoc::of::<E>(), handler)
 }
 
-/// Who may call a route, as a rule the handlers enforce and the tenancy tests check: the structured form of
-/// [`RouteDoc::access`], published in `/openapi.json` as `x-strata-access`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Anyone, without a token.
-    Public,
-    /// Any principal; what it lists is only what it may see.
-    Any,
-    /// Global administrators.
-    Admin,
-    /// The role in the team the request names (`{team}`, or the body's or query's `team`).
-    Team(strata_catalog::Role),
-    /// The role in the team that owns the resource the request names (`{id}`, `{principal}`, a pin); to
-    /// others the resource does not exist (404).
-    Owner(strata_catalog::Role),
-    /// The role in the team owning the location the request names (prefix ownership, [`crate::access`]).
-    Location(strata_catalog::Role),
-    /// The role in the caller's own team, whose resources (replicas, handed-over saves) are the only ones it
-    /// names.
-    OwnTeam(strata_catalog::Role),
-    /// Other agents of the cluster only, with the cluster credential; no token, not even an administrator's.
-    Cluster,
-}
+/// The answer of endpoint `E`: its typed JSON ([`strata_api::Endpoint::Response`]) with its success status.
+/// A handler that answers `ApiResult<Reply<E>>` cannot answer anything but what the contract says.
+pub struct Reply<E: strata_api::Endpoint>(pub <E::Response as strata_api::Payload>::Value);
 
-impl Access {
-    /// The rule as JSON (`{"rule": "team", "role": "member"}`).
-    pub fn to_json(self) -> serde_json::Value {
-        let (rule, role) = match self {
-            Access::Public => ("public", None),
-            Access::Any => ("any", None),
-            Access::Admin => ("admin", None),
-            Access::Team(r) => ("team", Some(r)),
-            Access::Owner(r) => ("owner", Some(r)),
-            Access::Location(r) => ("location", Some(r)),
-            Access::OwnTeam(r) => ("own_team", Some(r)),
-            Access::Cluster => ("cluster", None),
-        };
-        match role {
-            Some(r) => serde_json::json!({"rule": rule, "role": r.as_str()}),
-            None => serde_json::json!({"rule": rule}),
-        }
+impl<E: strata_api::Endpoint> std::fmt::Debug for Reply<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Reply<{}>", std::any::type_name::<E>())
     }
 }
 
-/// Documentation of one route, the source of `/openapi.json`.
-#[derive(Debug, Clone, Copy)]
-pub struct RouteDoc {
-    /// HTTP method.
-    pub method: &'static str,
-    /// Path, with `{param}` segments.
-    pub path: &'static str,
-    /// What it does.
-    pub summary: &'static str,
-    /// Who may call it, in words.
-    pub access: &'static str,
-    /// Who may call it, as a rule.
-    pub rule: Access,
-    /// The part of the API it belongs to.
-    pub plane: Plane,
-}
-
-impl RouteDoc {
-    /// The route's method.
-    pub fn method(&self) -> Method {
-        Method::from_bytes(self.method.as_bytes()).unwrap_or(Method::GET)
+impl<E: strata_api::Endpoint> IntoResponse for Reply<E>
+where
+    <E::Response as strata_api::Payload>::Value: serde::Serialize,
+{
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(E::STATUS).unwrap_or(StatusCode::OK);
+        (status, Json(self.0)).into_response()
     }
 }
 
-/// A route: its documentation and its handler.
-pub type Route = (RouteDoc, MethodRouter<Arc<Agent>>);
+/// `Ok(Reply(v))`: the typed answer of `E`.
+pub fn reply<E: strata_api::Endpoint>(
+    v: <E::Response as strata_api::Payload>::Value,
+) -> ApiResult<Reply<E>> {
+    Ok(Reply(v))
+}
+
+/// Query parameters of type `T`, refused as an [`ApiError`] (`invalid_input`, the JSON error body) rather than
+/// axum's plain-text rejection.
+#[derive(Debug)]
+pub struct Query<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S>
+    for Query<T>
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|q| Query(q.0))
+            .map_err(|e| ApiError(Error::invalid_input(format!("query: {}", e.body_text()))))
+    }
+}

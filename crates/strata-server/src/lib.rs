@@ -25,7 +25,6 @@ mod metrics;
 pub mod outage;
 pub mod peer;
 pub mod routes;
-pub mod schemas;
 mod sys;
 
 use std::collections::HashMap;

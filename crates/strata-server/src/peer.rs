@@ -40,7 +40,8 @@ use tokio::io::AsyncWriteExt;
 
 use crate::Agent;
 use crate::access::Caller;
-use crate::http::{Access, ApiError, Plane, Route, RouteDoc};
+use crate::http::{ApiError, Route, route};
+use strata_api as api;
 
 /// Largest replica accepted in one request (a shard, streamed to disk).
 const MAX_REPLICA: u64 = 64 << 30;
@@ -49,70 +50,17 @@ const MAX_DOCUMENT: usize = 16 << 20;
 
 /// Routes of the peer API, for the route table of [`crate::routes`].
 pub fn routes() -> Vec<Route> {
-    let r = |method: &'static str, path, summary, h: axum::routing::MethodRouter<Arc<Agent>>| {
-        let (access, rule) = match (method, path) {
-            ("POST", "/v1/ckpt/handoff") => (
-                "member where the save's files go (local_dir, remote_url); peers of the cluster only",
-                Access::Location(Role::Member),
-            ),
-            ("GET", _) => (
-                "reader of the caller's own team (its replicas and handoffs only), or an agent of the cluster for the team it names",
-                Access::OwnTeam(Role::Reader),
-            ),
-            _ => (
-                "member of the caller's own team (its replicas only), or an agent of the cluster for the team it names",
-                Access::OwnTeam(Role::Member),
-            ),
-        };
-        (
-            RouteDoc {
-                method,
-                path,
-                summary,
-                access,
-                rule,
-                plane: Plane::Peer,
-            },
-            h.layer(DefaultBodyLimit::max(MAX_DOCUMENT)),
-        )
-    };
+    // Records and manifests are held in memory to be parsed; replicas stream to disk (their own limit).
+    fn r<E: api::Endpoint>(h: axum::routing::MethodRouter<Arc<Agent>>) -> Route {
+        route::<E>(h.layer(DefaultBodyLimit::max(MAX_DOCUMENT)))
+    }
     vec![
-        r(
-            "GET",
-            "/v1/peer/ckpt/{run}",
-            "Checkpoint replicas of a run",
-            get(list),
-        ),
-        r(
-            "DELETE",
-            "/v1/peer/ckpt/{run}/{step}",
-            "Delete a replica step",
-            axum::routing::delete(delete),
-        ),
-        r(
-            "GET",
-            "/v1/peer/ckpt/{run}/{step}/{file}",
-            "Read a replica file",
-            get(read),
-        ),
-        r(
-            "PUT",
-            "/v1/peer/ckpt/{run}/{step}/{file}",
-            "Store a replica file",
-            axum::routing::put(write),
-        ),
-        r(
-            "POST",
-            "/v1/ckpt/handoff",
-            "Hand a checkpoint save over to the agent",
-            axum::routing::post(handoff),
-        ),
-        r(
-            "GET",
-            "/v1/ckpt/handoff",
-            "State of a handed-over save",
-            get(handoff_status),
-        ),
+        r::<api::ckpt::ListReplicas>(get(list)),
+        r::<api::ckpt::DeleteReplicaStep>(axum::routing::delete(delete)),
+        r::<api::ckpt::ReadReplica>(get(read)),
+        r::<api::ckpt::WriteReplica>(axum::routing::put(write)),
+        r::<api::ckpt::Handoff>(axum::routing::post(handoff)),
+        r::<api::ckpt::HandoffStatusOf>(get(handoff_status)),
     ]
 }
 
@@ -464,7 +412,7 @@ async fn list(
     State(agent): State<Arc<Agent>>,
     (principal, cluster): Who,
     Path(run): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<crate::http::Reply<api::ckpt::ListReplicas>, ApiError> {
     validate_run_id(&run)?;
     let sp = space(
         &agent,
@@ -473,10 +421,10 @@ async fn list(
         Role::Reader,
     )?;
     let ctx = IoContext::default();
-    Ok(Json(serde_json::json!({
-        "steps": sp.tier.steps(&ctx, &run).await?,
-        "committed": sp.tier.committed(&ctx, &run).await?,
-    })))
+    Ok(crate::http::Reply(api::ckpt::ReplicaSteps {
+        steps: sp.tier.steps(&ctx, &run).await?,
+        committed: sp.tier.committed(&ctx, &run).await?,
+    }))
 }
 
 async fn delete(
@@ -550,7 +498,7 @@ impl Handoffs {
     }
 }
 
-use strata_ckpt::handoff::{HandoffRequest, HandoffStatus};
+use strata_ckpt::handoff::{HandoffRequest, HandoffRequestExt, HandoffState, HandoffStatus};
 
 /// The refusal of a handed-over save that names a peer outside the cluster.
 fn not_a_member(peer: &str) -> Error {
@@ -666,7 +614,7 @@ async fn handoff(
         run_id: req.run_id.clone(),
         step: req.step,
         rank: req.rank,
-        state: "pending".into(),
+        state: HandoffState::Pending,
         error: None,
         error_kind: None,
         retryable: false,
@@ -688,13 +636,13 @@ async fn handoff(
         }
         let verdict = match result {
             Ok(()) => HandoffStatus {
-                state: "done".into(),
+                state: HandoffState::Done,
                 ..pending
             },
             Err(e) => {
                 tracing::error!(error = %e, step, "handed-over checkpoint save failed");
                 HandoffStatus {
-                    state: "failed".into(),
+                    state: HandoffState::Failed,
                     error: Some(e.to_string()),
                     error_kind: Some(e.kind().as_str().into()),
                     retryable: e.is_retryable(),
@@ -765,24 +713,16 @@ async fn settle_upload(
     }
 }
 
-/// Query of `GET /v1/ckpt/handoff`.
-#[derive(Debug, serde::Deserialize)]
-struct HandoffQuery {
-    run: String,
-    step: u64,
-    rank: u32,
-}
-
 async fn handoff_status(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<Principal>,
-    axum::extract::Query(q): axum::extract::Query<HandoffQuery>,
-) -> Result<Json<HandoffStatus>, ApiError> {
+    crate::http::Query(q): crate::http::Query<api::ckpt::HandoffQuery>,
+) -> Result<crate::http::Reply<api::ckpt::HandoffStatusOf>, ApiError> {
     // A team sees the saves it handed over (an administrator without a team: those of callers without one).
     agent
         .handoffs()
         .get(principal.team.as_deref(), &q.run, q.step, q.rank)
-        .map(Json)
+        .map(crate::http::Reply)
         .ok_or_else(|| {
             ApiError(Error::new(
                 ErrorKind::NotFound,

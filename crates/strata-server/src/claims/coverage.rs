@@ -10,8 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Extension, Query, State};
-use serde::Deserialize;
+use axum::extract::{Extension, State};
 use strata_catalog::{Principal, Role};
 use strata_claim::{Coverage, MemberCoverage};
 use strata_types::{IoContext, ObjectMeta};
@@ -21,17 +20,10 @@ use crate::Agent;
 use crate::access::Caller;
 use crate::cluster::stage::StageRequest;
 use crate::http::ApiResult;
+use crate::http::Query;
 
 /// The longest one member may take to count its share.
 const MEMBER_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// `GET /v1/coverage` parameters.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct CoverageQuery {
-    location: String,
-    team: Option<String>,
-}
 
 /// The version of a listing: the first 16 hex digits of the BLAKE3 of each object's key, size, ETag and
 /// version id (in key order, each field ended by a NUL, so no two listings run together).
@@ -55,7 +47,7 @@ pub fn version_of(objects: &[ObjectMeta]) -> String {
 pub(super) async fn coverage(
     State(a): State<Arc<Agent>>,
     Extension(p): Extension<Principal>,
-    Query(q): Query<CoverageQuery>,
+    Query(q): Query<strata_api::claims::CoverageQuery>,
 ) -> ApiResult<Json> {
     let caller = match &q.team {
         Some(team) => {

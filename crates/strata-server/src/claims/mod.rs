@@ -14,16 +14,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Extension, Path as UrlPath, Query, State};
+use axum::extract::{Extension, Path as UrlPath, State};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use strata_catalog::claims::ClaimRecord;
 use strata_catalog::{Principal, Role};
 use strata_claim::{ClaimSpec, ClaimState, ClaimStatus, JobUsage};
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::Agent;
-use crate::http::{Access, ApiResult, Plane, Route, RouteDoc};
+use crate::http::{ApiResult, Query, Route, route};
+use strata_api as api;
 
 pub use admit::{MAX_OBJECTS, env_name};
 pub use coverage::version_of;
@@ -38,124 +38,20 @@ fn ok<T: serde::Serialize>(v: T) -> ApiResult<Json> {
         .map_err(|e| Error::internal(e.to_string()).into())
 }
 
-macro_rules! r {
-    ($m:literal, $p:literal, $s:literal, $a:literal, $rule:expr, $plane:expr, $h:expr) => {
-        (
-            RouteDoc {
-                method: $m,
-                path: $p,
-                summary: $s,
-                access: $a,
-                rule: $rule,
-                plane: $plane,
-            },
-            $h,
-        )
-    };
-}
-
 /// The claim routes.
 pub fn routes() -> Vec<Route> {
     vec![
-        r!(
-            "GET",
-            "/v1/claims/schema",
-            "The claim document's JSON Schema",
-            "anyone",
-            Access::Public,
-            Plane::Public,
-            get(schema)
-        ),
-        r!(
-            "POST",
-            "/v1/claims/validate",
-            "Check a claim (JSON) without submitting it: every problem, each naming its field",
-            "any principal",
-            Access::Any,
-            Plane::Control,
-            post(validate)
-        ),
-        r!(
-            "POST",
-            "/v1/claims",
-            "Submit a claim (JSON): admitted against quota, versions pinned, staging started",
-            "member of the claim's team (and reader of each dataset)",
-            Access::Team(Role::Member),
-            Plane::Control,
-            post(submit)
-        ),
-        r!(
-            "GET",
-            "/v1/claims",
-            "Claims of the caller's teams: ?team=&job=&released=",
-            "any principal (sees its teams' claims; admins all)",
-            Access::Any,
-            Plane::Control,
-            get(list)
-        ),
-        r!(
-            "GET",
-            "/v1/coverage",
-            "How much of a location's current version the cache cluster holds, per agent, counted (nothing fetched): ?location=&team=",
-            "reader of every key under the location (as a reader of `team`, when given)",
-            Access::Location(Role::Reader),
-            Plane::Control,
-            get(coverage::coverage)
-        ),
-        r!(
-            "GET",
-            "/v1/claims/{id}",
-            "One claim: state, reason, progress, environment, accounting",
-            "reader of the claim's team",
-            Access::Owner(Role::Reader),
-            Plane::Control,
-            get(one)
-        ),
-        r!(
-            "GET",
-            "/v1/claims/{id}/objects",
-            "The versions a claim admitted for one dataset, a page at a time (what its mount serves): ?dataset=&after=&limit=",
-            "reader of the claim's team",
-            Access::Owner(Role::Reader),
-            Plane::Control,
-            get(objects)
-        ),
-        r!(
-            "POST",
-            "/v1/claims/{id}/heartbeat",
-            "The job is alive: the claim's TTL starts again",
-            "member of the claim's team",
-            Access::Owner(Role::Member),
-            Plane::Control,
-            post(heartbeat)
-        ),
-        r!(
-            "POST",
-            "/v1/claims/{id}/release",
-            "Release a claim (idempotent): pins and scratch freed, accounting final; {\"reason\"}",
-            "member of the claim's team",
-            Access::Owner(Role::Member),
-            Plane::Control,
-            post(release_route)
-        ),
-        r!(
-            "POST",
-            "/v1/claims/{id}/attach",
-            "Mount a ready claim's datasets on this agent's node too (another node of a multi-node job; idempotent)",
-            "member of the claim's team",
-            Access::Owner(Role::Member),
-            Plane::Control,
-            post(attach)
-        ),
-        r!(
-            "POST",
-            "/v1/claims/{id}/detach",
-            "Unmount a claim's datasets from this agent's node (idempotent)",
-            "member of the claim's team",
-            Access::Owner(Role::Member),
-            Plane::Control,
-            post(detach)
-        ),
+        route::<api::claims::ClaimSchema>(get(schema)),
+        route::<api::claims::ValidateClaim>(post(validate)),
+        route::<api::claims::SubmitClaim>(post(submit)),
+        route::<api::claims::ListClaims>(get(list)),
+        route::<api::claims::Coverage>(get(coverage::coverage)),
+        route::<api::claims::GetClaim>(get(one)),
+        route::<api::claims::ClaimObjects>(get(objects)),
+        route::<api::claims::ClaimHeartbeat>(post(heartbeat)),
+        route::<api::claims::ReleaseClaim>(post(release_route)),
+        route::<api::claims::AttachClaim>(post(attach)),
+        route::<api::claims::DetachClaim>(post(detach)),
     ]
 }
 
@@ -185,19 +81,10 @@ async fn submit(
     ok(status(&a, &a.catalog().claim(&id).await?).await?)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListQuery {
-    team: Option<String>,
-    job: Option<String>,
-    #[serde(default)]
-    released: bool,
-}
-
 async fn list(
     State(a): State<Arc<Agent>>,
     Extension(p): Extension<Principal>,
-    Query(q): Query<ListQuery>,
+    Query(q): Query<api::claims::ClaimsQuery>,
 ) -> ApiResult<Json> {
     let mut out = Vec::new();
     for c in a
@@ -235,22 +122,13 @@ async fn one(
     ok(status(&a, &c).await?)
 }
 
-/// `GET /v1/claims/{id}/objects` parameters.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ObjectsQuery {
-    dataset: String,
-    after: Option<String>,
-    limit: Option<usize>,
-}
-
 /// A page of the objects one dataset of a claim admitted, named relative to the dataset's location (as
 /// `GET /v1/list` names them): `{location, objects, next}`.
 async fn objects(
     State(a): State<Arc<Agent>>,
     Extension(p): Extension<Principal>,
     UrlPath(id): UrlPath<String>,
-    axum::extract::Query(q): axum::extract::Query<ObjectsQuery>,
+    Query(q): Query<api::claims::ObjectsQuery>,
 ) -> ApiResult<Json> {
     let c = visible(&a, &p, &id, Role::Reader).await?;
     let spec = stored_spec(&c)?;
@@ -298,15 +176,6 @@ async fn objects(
     ok(serde_json::json!({"location": d.location, "objects": page, "next": next}))
 }
 
-/// Body of a heartbeat: nothing (an empty body or `{}`), or what a loader process reports with it: its running
-/// total of I/O stall (`stall_secs`) under a name of its own (`reporter`, such as `host:pid`).
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct HeartbeatBody {
-    stall_secs: Option<f64>,
-    reporter: Option<String>,
-}
-
 /// An optional JSON body: empty is the default; unknown fields are refused.
 fn optional_body<T: serde::de::DeserializeOwned + Default>(b: &Bytes) -> Result<T> {
     if b.is_empty() {
@@ -321,7 +190,7 @@ async fn heartbeat(
     UrlPath(id): UrlPath<String>,
     b: Bytes,
 ) -> ApiResult<Json> {
-    let body: HeartbeatBody = optional_body(&b)?;
+    let body: api::claims::Heartbeat = optional_body(&b)?;
     let stall = match (body.stall_secs, body.reporter) {
         (None, None) => None,
         (Some(s), Some(r)) => {
@@ -364,19 +233,13 @@ async fn heartbeat(
     ok(status(&a, &a.catalog().claim(&id).await?).await?)
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ReleaseBody {
-    reason: Option<String>,
-}
-
 async fn release_route(
     State(a): State<Arc<Agent>>,
     Extension(p): Extension<Principal>,
     UrlPath(id): UrlPath<String>,
     b: Bytes,
 ) -> ApiResult<Json> {
-    let body: ReleaseBody = optional_body(&b)?;
+    let body: api::claims::Release = optional_body(&b)?;
     visible(&a, &p, &id, Role::Member).await?;
     let reason = body.reason.unwrap_or_else(|| "released".into());
     if reason.len() > 1024 {
@@ -388,10 +251,6 @@ async fn release_route(
     v["released_now"] = released.into();
     Ok(axum::Json(v))
 }
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct NoBody {}
 
 /// The document a claim was admitted with.
 pub(crate) fn stored_spec(c: &ClaimRecord) -> Result<ClaimSpec> {
@@ -422,7 +281,7 @@ async fn detach(
 
 /// The claim's mounts on this node made (`attach`: a ready claim only) or taken down.
 async fn here(a: &Agent, p: &Principal, id: &str, b: &Bytes, attach: bool) -> ApiResult<Json> {
-    let _: NoBody = optional_body(b)?;
+    let _: api::quotas::Nothing = optional_body(b)?;
     let c = visible(a, p, id, Role::Member).await?;
     let spec = stored_spec(&c)?;
     if !attach {

@@ -23,7 +23,6 @@ use axum::extract::{Extension, Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use strata_catalog::{Principal, Role};
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta};
 
@@ -33,8 +32,9 @@ use super::client::{
 };
 use crate::Agent;
 use crate::access::Caller;
-use crate::http::{Access, ApiError, Plane, Route, RouteDoc};
+use crate::http::{ApiError, Route, route};
 use crate::peer::ClusterCall;
+use strata_api as api;
 
 /// How long a principal looked up for a peer read is trusted.
 const PRINCIPAL_TTL: Duration = Duration::from_secs(10);
@@ -42,106 +42,30 @@ const PRINCIPAL_TTL: Duration = Duration::from_secs(10);
 /// Routes of the shared cache, for the route table of [`crate::routes`].
 pub fn routes() -> Vec<Route> {
     vec![
-        (
-            RouteDoc {
-                method: "GET",
-                path: "/v1/peer/blocks",
-                summary: "A block of an object version, for another agent of the cluster",
-                access: "agents of the cluster only (the cluster credential), for a principal that may read the key",
-                rule: Access::Cluster,
-                plane: Plane::Peer,
-            },
-            get(block),
-        ),
-        (
-            RouteDoc {
-                method: "GET",
-                path: "/v1/peer/meta",
-                summary: "An object's current version (from this agent's metadata cache, else one HEAD joined by every asker), for another agent of the cluster; this agent owns the key's metadata",
-                access: "agents of the cluster only (the cluster credential), for a principal that may read the key",
-                rule: Access::Cluster,
-                plane: Plane::Peer,
-            },
-            get(meta),
-        ),
-        (
-            RouteDoc {
-                method: "POST",
-                path: "/v1/peer/stage",
-                summary: "Stage this agent's share (the blocks it owns) of a list of object versions, for a claim taken by another agent",
-                access: "agents of the cluster only (the cluster credential), for a principal that may read every key",
-                rule: Access::Cluster,
-                plane: Plane::Peer,
-            },
+        route::<api::cluster::PeerBlock>(get(block)),
+        route::<api::cluster::PeerMeta>(get(meta)),
+        route::<api::cluster::PeerStage>(
             post(super::stage::stage).layer(DefaultBodyLimit::max(super::stage::MAX_REQUEST)),
         ),
-        (
-            RouteDoc {
-                method: "POST",
-                path: "/v1/peer/held",
-                summary: "Count what this agent holds of its share (the blocks it owns) of a list of object versions; nothing is fetched",
-                access: "agents of the cluster only (the cluster credential), for a principal that may read every key",
-                rule: Access::Cluster,
-                plane: Plane::Peer,
-            },
+        route::<api::cluster::PeerHeld>(
             post(super::stage::held).layer(DefaultBodyLimit::max(super::stage::MAX_REQUEST)),
         ),
-        (
-            RouteDoc {
-                method: "POST",
-                path: "/v1/peer/invalidate",
-                summary: "Another agent's writes and deletes (keys or prefixes of backends), dropped from this agent's metadata cache before the answer; an empty list is a probe of contact",
-                access: "agents of the cluster only (the cluster credential)",
-                rule: Access::Cluster,
-                plane: Plane::Peer,
-            },
+        route::<api::cluster::PeerInvalidate>(
             post(super::coherence::invalidate)
                 .layer(DefaultBodyLimit::max(super::coherence::MAX_BODY)),
         ),
-        (
-            RouteDoc {
-                method: "POST",
-                path: "/v1/peer/pins",
-                summary: "Every pin of another agent (backend ids and prefixes), kept here for the blocks this agent owns; replaces what was kept for it",
-                access: "agents of the cluster only (the cluster credential)",
-                rule: Access::Cluster,
-                plane: Plane::Peer,
-            },
+        route::<api::cluster::PeerPins>(
             post(super::pins::receive).layer(DefaultBodyLimit::max(super::pins::MAX_BODY)),
         ),
-        (
-            RouteDoc {
-                method: "GET",
-                path: "/v1/cluster",
-                summary: "The members of the shared cache, their state and share of blocks, and peer counters",
-                access: "any principal",
-                rule: Access::Any,
-                plane: Plane::Data,
-            },
-            get(status),
-        ),
+        route::<api::cluster::ClusterStatus>(get(status)),
     ]
-}
-
-#[derive(Debug, Deserialize)]
-struct BlockQuery {
-    backend: String,
-    key: String,
-    size: u64,
-    mtime: i64,
-    index: u64,
-    block_size: u64,
-    etag: Option<String>,
-    version: Option<String>,
-    #[serde(default)]
-    fill: Option<u8>,
 }
 
 async fn block(
     State(agent): State<Arc<Agent>>,
     cluster: Option<Extension<ClusterCall>>,
     headers: HeaderMap,
-    q: Result<Query<BlockQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<api::cluster::BlockQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     // Who asks is decided before what is asked: a user's request is refused whatever its query.
     let Some(Extension(call)) = cluster else {
@@ -196,17 +120,11 @@ async fn block(
     }
 }
 
-#[derive(Debug, Deserialize)]
-struct MetaQuery {
-    backend: String,
-    key: String,
-}
-
 async fn meta(
     State(agent): State<Arc<Agent>>,
     cluster: Option<Extension<ClusterCall>>,
     headers: HeaderMap,
-    q: Result<Query<MetaQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<api::cluster::MetaQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<PeerMeta>, ApiError> {
     let Some(Extension(call)) = cluster else {
         return Err(Error::new(

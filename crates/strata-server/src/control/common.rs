@@ -6,9 +6,10 @@
 pub(super) use super::state::{AccessLog, ForecastLine};
 pub(super) use crate::Agent;
 pub(super) use crate::http::ApiResult;
-pub(super) use crate::http::{ApiError, Plane, Route, RouteDoc};
+pub(super) use crate::http::Query;
+pub(super) use crate::http::{ApiError, Reply, reply};
 pub(super) use axum::body::Bytes;
-pub(super) use axum::extract::{Extension, Path as UrlPath, Query, Request, State};
+pub(super) use axum::extract::{Extension, Path as UrlPath, Request, State};
 pub(super) use axum::http::header;
 pub(super) use axum::middleware::Next;
 pub(super) use axum::response::{IntoResponse, Response};
@@ -20,10 +21,12 @@ pub(super) use std::collections::{BTreeMap, HashMap};
 pub(super) use std::path::Path;
 pub(super) use std::sync::Arc;
 pub(super) use std::time::Duration;
+pub(super) use strata_api as api;
 pub(super) use strata_catalog::access::NewPrincipal;
 pub(super) use strata_catalog::inventory::UsageBy;
 pub(super) use strata_catalog::lifecycle::{Policy, Protection, Scratch};
 pub(super) use strata_catalog::quota::{QuotaLimits, TOTAL};
+pub(super) use strata_catalog::wire;
 pub(super) use strata_catalog::{Catalog, Principal, Role};
 pub(super) use strata_quota::cleanup::{self, Caps};
 pub(super) use strata_quota::forecast::{self, Forecast, Sample};
@@ -59,12 +62,4 @@ pub(super) fn configured_backend<'a>(
         .iter()
         .find(|x| x.name == name)
         .ok_or_else(|| not_found("backend", name))
-}
-
-/// `?team=&limit=` of the routes that list one team's records.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct TeamQuery {
-    pub(super) team: Option<String>,
-    pub(super) limit: Option<i64>,
 }

@@ -1,6 +1,7 @@
 //! Forecasts of when volumes and quotas fill, and the audit log.
 
 use super::common::*;
+use api::admin as adm;
 
 pub(super) async fn forecasts(
     State(a): State<Arc<Agent>>,
@@ -74,18 +75,21 @@ pub async fn compute_forecasts(a: &Agent) -> Result<Vec<ForecastLine>> {
 pub(super) async fn audit(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-    Query(q): Query<TeamQuery>,
-) -> ApiResult<Json> {
+    Query(q): Query<adm::AuditQuery>,
+) -> ApiResult<Reply<adm::Audit>> {
     let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
     match q.team {
         Some(t) => {
             p.require(&t, Role::Reader)?;
-            ok(a.catalog().list_audit(Some(&[t]), limit).await?)
+            reply::<adm::Audit>(wire::all(a.catalog().list_audit(Some(&[t]), limit).await?))
         }
-        None if p.is_admin => ok(a.catalog().list_audit(None, limit).await?),
-        None => ok(a
-            .catalog()
-            .list_audit(p.visible_teams().as_deref(), limit)
-            .await?),
+        None if p.is_admin => {
+            reply::<adm::Audit>(wire::all(a.catalog().list_audit(None, limit).await?))
+        }
+        None => reply::<adm::Audit>(wire::all(
+            a.catalog()
+                .list_audit(p.visible_teams().as_deref(), limit)
+                .await?,
+        )),
     }
 }

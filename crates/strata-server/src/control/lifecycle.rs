@@ -1,32 +1,35 @@
 //! Lifecycle: retention policies, protections, clean-up plans (plan, run through the trash, restore, purge).
 
 use super::common::*;
+use api::lifecycle as l;
 
 pub(super) async fn list_policies(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-) -> ApiResult<Json> {
-    ok(a.catalog()
-        .list_policies(p.visible_teams().as_deref())
-        .await?)
+) -> ApiResult<Reply<l::ListPolicies>> {
+    reply::<l::ListPolicies>(wire::all(
+        a.catalog()
+            .list_policies(p.visible_teams().as_deref())
+            .await?,
+    ))
 }
 
 pub(super) async fn add_policy(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
-) -> ApiResult<Json> {
-    let pol: Policy = body(&b)?;
+) -> ApiResult<Reply<l::AddPolicy>> {
+    let pol: Policy = body::<l::Policy>(&b)?.into();
     p.require(&pol.team, Role::TeamAdmin)?;
     configured_backend(&a, &pol.backend)?;
-    ok(a.catalog().add_policy(&p.id, pol).await?)
+    reply::<l::AddPolicy>(a.catalog().add_policy(&p.id, pol).await?.into())
 }
 
 pub(super) async fn delete_policy(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(id): UrlPath<String>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<l::DeletePolicy>> {
     let pol = a
         .catalog()
         .policy(&id)
@@ -36,33 +39,35 @@ pub(super) async fn delete_policy(
         return Err(not_found("policy", &id));
     }
     a.catalog().delete_policy(&p.id, &id).await?;
-    ok(serde_json::json!({"deleted": id}))
+    reply::<l::DeletePolicy>(api::teams::Deleted { deleted: id })
 }
 
 pub(super) async fn list_protections(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-) -> ApiResult<Json> {
-    ok(a.catalog()
-        .list_protections(p.visible_teams().as_deref())
-        .await?)
+) -> ApiResult<Reply<l::ListProtections>> {
+    reply::<l::ListProtections>(wire::all(
+        a.catalog()
+            .list_protections(p.visible_teams().as_deref())
+            .await?,
+    ))
 }
 
 pub(super) async fn add_protection(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
-) -> ApiResult<Json> {
-    let prot: Protection = body(&b)?;
+) -> ApiResult<Reply<l::AddProtection>> {
+    let prot: Protection = body::<l::Protection>(&b)?.into();
     p.require(&prot.team, Role::Member)?;
-    ok(a.catalog().add_protection(&p.id, prot).await?)
+    reply::<l::AddProtection>(a.catalog().add_protection(&p.id, prot).await?.into())
 }
 
 pub(super) async fn delete_protection(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(id): UrlPath<String>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<l::DeleteProtection>> {
     let visible = a
         .catalog()
         .list_protections(p.visible_teams().as_deref())
@@ -74,20 +79,16 @@ pub(super) async fn delete_protection(
         return Err(not_found("pin or claim", &id));
     }
     a.catalog().delete_protection(&p.id, &id).await?;
-    ok(serde_json::json!({"deleted": id}))
+    reply::<l::DeleteProtection>(api::teams::Deleted { deleted: id })
 }
 
 pub(super) async fn list_plans(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-) -> ApiResult<Json> {
-    ok(a.catalog().list_plans(p.visible_teams().as_deref()).await?)
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct PlanBody {
-    team: Option<String>,
+) -> ApiResult<Reply<l::ListPlans>> {
+    reply::<l::ListPlans>(wire::all(
+        a.catalog().list_plans(p.visible_teams().as_deref()).await?,
+    ))
 }
 
 pub(super) async fn make_plan(
@@ -95,8 +96,8 @@ pub(super) async fn make_plan(
     Extension(p): Authed,
     b: Bytes,
 ) -> ApiResult<Json> {
-    let req: PlanBody = if b.is_empty() {
-        PlanBody::default()
+    let req: l::NewPlan = if b.is_empty() {
+        l::NewPlan::default()
     } else {
         body(&b)?
     };
@@ -135,10 +136,13 @@ pub(super) async fn get_plan(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(id): UrlPath<String>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<l::GetPlan>> {
     let plan = visible_plan(&a, &p, &id, Role::Reader).await?;
     let items = a.catalog().plan_items(&id).await?;
-    ok(serde_json::json!({"plan": plan, "items": items}))
+    reply::<l::GetPlan>(l::PlanDetail {
+        plan: plan.into(),
+        items: wire::all(items),
+    })
 }
 
 pub(super) async fn run_plan(
@@ -148,10 +152,15 @@ pub(super) async fn run_plan(
     b: Bytes,
 ) -> ApiResult<Json> {
     visible_plan(&a, &p, &id, Role::TeamAdmin).await?;
-    let caps: Caps = if b.is_empty() {
-        Caps::default()
+    let req: l::RunCaps = if b.is_empty() {
+        l::RunCaps::default()
     } else {
         body(&b)?
+    };
+    let caps = Caps {
+        max_objects: req.max_objects,
+        max_bytes: req.max_bytes,
+        max_team_percent: req.max_team_percent,
     };
     if caps
         .max_team_percent
@@ -189,21 +198,15 @@ async fn announce_items(a: &Agent, id: &str) {
     a.announce(changes).await;
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RestoreBody {
-    key_prefix: Option<String>,
-}
-
 pub(super) async fn restore_plan(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(id): UrlPath<String>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<l::RestorePlan>> {
     visible_plan(&a, &p, &id, Role::TeamAdmin).await?;
-    let req: RestoreBody = if b.is_empty() {
-        RestoreBody::default()
+    let req: l::RestoreItems = if b.is_empty() {
+        l::RestoreItems::default()
     } else {
         body(&b)?
     };
@@ -217,23 +220,17 @@ pub(super) async fn restore_plan(
     .await;
     announce_items(&a, &id).await;
     let (restored, refused) = restored?;
-    ok(serde_json::json!({"restored": restored, "refused": refused}))
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct PurgeBody {
-    grace_secs: Option<i64>,
+    reply::<l::RestorePlan>(l::Restored { restored, refused })
 }
 
 pub(super) async fn purge(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<l::PurgeTrash>> {
     p.require_admin()?;
-    let req: PurgeBody = if b.is_empty() {
-        PurgeBody::default()
+    let req: l::Purge = if b.is_empty() {
+        l::Purge::default()
     } else {
         body(&b)?
     };
@@ -241,5 +238,5 @@ pub(super) async fn purge(
         .grace_secs
         .unwrap_or(a.config().catalog.trash_grace_secs);
     let (n, bytes) = cleanup::purge(a.catalog(), &a.backend_map(), &p.id, grace).await?;
-    ok(serde_json::json!({"purged": n, "bytes": bytes}))
+    reply::<l::PurgeTrash>(l::Purged { purged: n, bytes })
 }

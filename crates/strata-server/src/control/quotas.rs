@@ -1,24 +1,27 @@
 //! Quotas and reservations: limits, admission, commits and releases.
 
 use super::common::*;
+use api::quotas as q;
 
 pub(super) async fn list_quotas(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-) -> ApiResult<Json> {
-    ok(a.catalog()
-        .list_quotas(p.visible_teams().as_deref())
-        .await?)
+) -> ApiResult<Reply<q::ListQuotas>> {
+    reply::<q::ListQuotas>(wire::all(
+        a.catalog()
+            .list_quotas(p.visible_teams().as_deref())
+            .await?,
+    ))
 }
 
 pub(super) async fn team_quotas(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(team): UrlPath<String>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<q::TeamQuotas>> {
     p.require(&team, Role::Reader)?;
     a.catalog().team(&team).await?;
-    ok(a.catalog().list_quotas(Some(&[team])).await?)
+    reply::<q::TeamQuotas>(wire::all(a.catalog().list_quotas(Some(&[team])).await?))
 }
 
 pub(super) async fn set_quota(
@@ -26,19 +29,15 @@ pub(super) async fn set_quota(
     Extension(p): Authed,
     UrlPath((team, scope)): UrlPath<(String, String)>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<q::SetQuota>> {
     p.require_admin()?;
-    let limits: QuotaLimits = body(&b)?;
-    ok(a.catalog().set_quota(&p.id, &team, &scope, &limits).await?)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ReserveBody {
-    bytes: i64,
-    #[serde(default)]
-    objects: i64,
-    ttl_secs: Option<i64>,
+    let limits: QuotaLimits = body::<q::QuotaLimits>(&b)?.into();
+    reply::<q::SetQuota>(
+        a.catalog()
+            .set_quota(&p.id, &team, &scope, &limits)
+            .await?
+            .into(),
+    )
 }
 
 pub(super) async fn reserve(
@@ -46,17 +45,20 @@ pub(super) async fn reserve(
     Extension(p): Authed,
     UrlPath((team, scope)): UrlPath<(String, String)>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<q::ReserveQuota>> {
     p.require(&team, Role::Member)?;
-    let req: ReserveBody = body(&b)?;
+    let req: q::Reserve = body(&b)?;
     a.catalog().team(&team).await?;
     let ttl = req
         .ttl_secs
         .unwrap_or(a.config().catalog.reservation_ttl_secs)
         .clamp(1, 7 * 86_400);
-    ok(a.catalog()
-        .reserve(&team, &scope, req.bytes, req.objects, ttl)
-        .await?)
+    reply::<q::ReserveQuota>(
+        a.catalog()
+            .reserve(&team, &scope, req.bytes, req.objects, ttl)
+            .await?
+            .into(),
+    )
 }
 
 pub(super) async fn free_usage(
@@ -64,11 +66,11 @@ pub(super) async fn free_usage(
     Extension(p): Authed,
     UrlPath((team, scope)): UrlPath<(String, String)>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<q::FreeUsage>> {
     // A correction of the counters, as reconciliation makes: usage otherwise changes only through admitted
     // writes and recorded deletes, so a member cannot talk its team's usage down.
     p.require_admin()?;
-    let req: ChargeBody = body(&b)?;
+    let req: q::Charge = body(&b)?;
     if req.key.is_some() {
         return Err(ApiError(Error::invalid_input("free takes no key")));
     }
@@ -76,17 +78,7 @@ pub(super) async fn free_usage(
     a.catalog()
         .free_usage(&team, &scope, req.bytes, req.objects)
         .await?;
-    ok(a.catalog().quota(&team, &scope).await?)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ChargeBody {
-    bytes: i64,
-    #[serde(default)]
-    objects: i64,
-    /// `ckpt` scope only: the name the charged checkpoint shard is recorded under (`run/step-…/rank-…`).
-    key: Option<String>,
+    reply::<q::FreeUsage>(a.catalog().quota(&team, &scope).await?.into())
 }
 
 /// The scope whose objects are records of checkpoint shards the agent cannot list itself (a node's local
@@ -104,21 +96,15 @@ fn ckpt_key(team: &str, key: &str) -> ApiResult<String> {
     Ok(format!("{team}/{key}"))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct DeletedBody {
-    prefix: String,
-}
-
 /// Checkpoints deleted from a local tier: the team gets back exactly what was recorded for them.
 pub(super) async fn deleted(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath((team, scope)): UrlPath<(String, String)>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<q::ShardsDeleted>> {
     p.require(&team, Role::Member)?;
-    let req: DeletedBody = body(&b)?;
+    let req: q::DeletedShards = body(&b)?;
     if scope != CKPT_SCOPE {
         return Err(ApiError(Error::invalid_input(format!(
             "only the {CKPT_SCOPE} scope records deletes here; a backend's deletes go through the backend"
@@ -140,7 +126,10 @@ pub(super) async fn deleted(
             objects += 1;
         }
     }
-    ok(serde_json::json!({"freed_bytes": bytes, "freed_objects": objects}))
+    reply::<q::ShardsDeleted>(q::Freed {
+        freed_bytes: bytes,
+        freed_objects: objects,
+    })
 }
 
 pub(super) async fn visible_reservation(
@@ -164,9 +153,9 @@ pub(super) async fn commit_reservation(
     Extension(p): Authed,
     UrlPath(id): UrlPath<String>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<q::CommitReservation>> {
     let r = visible_reservation(&a, &p, &id).await?;
-    let req: ChargeBody = body(&b)?;
+    let req: q::Charge = body(&b)?;
     if req.bytes > r.bytes || req.objects > r.objects || req.bytes < 0 || req.objects < 0 {
         return Err(ApiError(Error::invalid_input(format!(
             "charge between 0 and what was reserved ({} bytes, {} objects)",
@@ -201,24 +190,20 @@ pub(super) async fn commit_reservation(
                 .await?
         }
     }
-    ok(serde_json::json!({"committed": id}))
+    reply::<q::CommitReservation>(q::Committed { committed: id })
 }
 
 /// A body that must be empty (or `{}`).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct EmptyBody {}
-
 pub(super) async fn release_reservation(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(id): UrlPath<String>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<q::ReleaseReservation>> {
     let r = visible_reservation(&a, &p, &id).await?;
     if !b.is_empty() {
-        let _: EmptyBody = body(&b)?;
+        let _: q::Nothing = body(&b)?;
     }
     a.catalog().release_reservation(&r).await?;
-    ok(serde_json::json!({"released": id}))
+    reply::<q::ReleaseReservation>(q::Released { released: id })
 }

@@ -1,6 +1,7 @@
 //! Scratch allocations: quota-admitted directories with a TTL.
 
 use super::common::*;
+use api::admin as adm;
 
 pub(super) fn scratch_dir(a: &Agent) -> std::path::PathBuf {
     a.config().data_dir.join("scratch")
@@ -14,26 +15,20 @@ pub(crate) fn scratch_path(a: &Agent, id: &str) -> std::path::PathBuf {
 pub(super) async fn list_scratch(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-) -> ApiResult<Json> {
-    ok(a.catalog()
-        .list_scratch(p.visible_teams().as_deref())
-        .await?)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ScratchBody {
-    team: String,
-    bytes: i64,
-    ttl_secs: i64,
+) -> ApiResult<Reply<adm::ListScratch>> {
+    reply::<adm::ListScratch>(wire::all(
+        a.catalog()
+            .list_scratch(p.visible_teams().as_deref())
+            .await?,
+    ))
 }
 
 pub(super) async fn alloc_scratch(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
-) -> ApiResult<Json> {
-    let req: ScratchBody = body(&b)?;
+) -> ApiResult<Reply<adm::AllocScratch>> {
+    let req: adm::NewScratch = body(&b)?;
     p.require(&req.team, Role::Member)?;
     if req.bytes <= 0 || req.ttl_secs <= 0 || req.ttl_secs > 90 * 86_400 {
         return Err(ApiError(Error::invalid_input(
@@ -51,7 +46,7 @@ pub(super) async fn alloc_scratch(
         serde_json::json!({"bytes": req.bytes, "ttl_secs": req.ttl_secs}),
     )
     .await?;
-    ok(s)
+    reply::<adm::AllocScratch>(s.into())
 }
 
 /// Allocate scratch for `team`: admitted against its `scratch` quota, then charged in full; a directory under
@@ -90,7 +85,7 @@ pub(super) async fn free_scratch(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(id): UrlPath<String>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<adm::FreeScratch>> {
     let s = a
         .catalog()
         .list_scratch(p.visible_teams().as_deref())
@@ -100,7 +95,7 @@ pub(super) async fn free_scratch(
         .ok_or_else(|| not_found("scratch allocation", &id))?;
     p.require(&s.team, Role::Member)?;
     release_scratch(&a, &s, &p.id, false).await?;
-    ok(serde_json::json!({"released": id}))
+    reply::<adm::FreeScratch>(api::quotas::Released { released: id })
 }
 
 /// Release a scratch allocation: its directory is deleted (or, on expiry, moved to the scratch trash) and its

@@ -1,15 +1,16 @@
 //! Teams, members, principals and their tokens and keys.
 
 use super::common::*;
+use api::teams as t;
 
-pub(super) async fn whoami(Extension(p): Authed) -> ApiResult<Json> {
-    ok(p)
+pub(super) async fn whoami(Extension(p): Authed) -> ApiResult<Reply<t::WhoAmI>> {
+    reply::<t::WhoAmI>(p.into())
 }
 
 pub(super) async fn list_teams(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<t::ListTeams>> {
     let visible = p.visible_teams();
     let teams: Vec<_> = a
         .catalog()
@@ -18,58 +19,46 @@ pub(super) async fn list_teams(
         .into_iter()
         .filter(|t| visible.as_ref().is_none_or(|v| v.contains(&t.name)))
         .collect();
-    ok(teams)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct NameBody {
-    name: String,
+    reply::<t::ListTeams>(wire::all(teams))
 }
 
 pub(super) async fn create_team(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<t::CreateTeam>> {
     p.require_admin()?;
-    let req: NameBody = body(&b)?;
-    ok(a.catalog().create_team(&p.id, &req.name).await?)
+    let req: t::NewTeam = body(&b)?;
+    reply::<t::CreateTeam>(a.catalog().create_team(&p.id, &req.name).await?.into())
 }
 
 pub(super) async fn get_team(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(team): UrlPath<String>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<t::GetTeam>> {
     p.require(&team, Role::Reader)?;
-    ok(a.catalog().team(&team).await?)
+    reply::<t::GetTeam>(a.catalog().team(&team).await?.into())
 }
 
 pub(super) async fn delete_team(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(team): UrlPath<String>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<t::DeleteTeam>> {
     p.require_admin()?;
     a.catalog().delete_team(&p.id, &team).await?;
-    ok(serde_json::json!({"deleted": team}))
+    reply::<t::DeleteTeam>(t::Deleted { deleted: team })
 }
 
 pub(super) async fn list_members(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(team): UrlPath<String>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<t::ListMembers>> {
     p.require(&team, Role::Reader)?;
     a.catalog().team(&team).await?;
-    ok(a.catalog().list_principals(Some(&team)).await?)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RoleBody {
-    role: Role,
+    reply::<t::ListMembers>(wire::all(a.catalog().list_principals(Some(&team)).await?))
 }
 
 pub(super) async fn set_member(
@@ -77,38 +66,44 @@ pub(super) async fn set_member(
     Extension(p): Authed,
     UrlPath((team, principal)): UrlPath<(String, String)>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<t::SetMember>> {
     p.require(&team, Role::TeamAdmin)?;
-    let req: RoleBody = body(&b)?;
+    let req: t::SetRole = body(&b)?;
     a.catalog()
         .set_membership(&p.id, &team, &principal, req.role)
         .await?;
-    ok(serde_json::json!({"team": team, "principal": principal, "role": req.role}))
+    reply::<t::SetMember>(t::MemberSet {
+        team,
+        principal,
+        role: req.role,
+    })
 }
 
 pub(super) async fn remove_member(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath((team, principal)): UrlPath<(String, String)>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<t::RemoveMember>> {
     p.require(&team, Role::TeamAdmin)?;
     a.catalog()
         .remove_membership(&p.id, &team, &principal)
         .await?;
-    ok(serde_json::json!({"removed": principal}))
+    reply::<t::RemoveMember>(t::Removed { removed: principal })
 }
 
 pub(super) async fn list_tokens(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-    Query(q): Query<TeamQuery>,
-) -> ApiResult<Json> {
+    Query(q): Query<t::TokensQuery>,
+) -> ApiResult<Reply<t::ListTokens>> {
     match q.team {
-        Some(t) => {
-            p.require(&t, Role::TeamAdmin)?;
-            ok(a.catalog().list_principals(Some(&t)).await?)
+        Some(team) => {
+            p.require(&team, Role::TeamAdmin)?;
+            reply::<t::ListTokens>(wire::all(a.catalog().list_principals(Some(&team)).await?))
         }
-        None if p.is_admin => ok(a.catalog().list_principals(None).await?),
+        None if p.is_admin => {
+            reply::<t::ListTokens>(wire::all(a.catalog().list_principals(None).await?))
+        }
         None => {
             // The principals of every team the caller administers.
             let mut seen = std::collections::BTreeMap::new();
@@ -117,7 +112,7 @@ pub(super) async fn list_tokens(
                     seen.insert(x.id.clone(), x);
                 }
             }
-            ok(seen.into_values().collect::<Vec<_>>())
+            reply::<t::ListTokens>(wire::all(seen.into_values()))
         }
     }
 }
@@ -126,8 +121,8 @@ pub(super) async fn create_token(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
-) -> ApiResult<Json> {
-    let req: NewPrincipal = body(&b)?;
+) -> ApiResult<Reply<t::CreateToken>> {
+    let req: NewPrincipal = body::<t::NewToken>(&b)?.into();
     if req.admin {
         p.require_admin()?;
     } else {
@@ -137,14 +132,14 @@ pub(super) async fn create_token(
             .ok_or_else(|| Error::invalid_input("a token needs a team (or admin: true)"))?;
         p.require(team, Role::TeamAdmin)?;
     }
-    ok(a.catalog().create_principal(&p.id, &req).await?)
+    reply::<t::CreateToken>(a.catalog().create_principal(&p.id, &req).await?.into())
 }
 
 pub(super) async fn revoke_token(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     UrlPath(id): UrlPath<String>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<t::RevokeToken>> {
     let target = a
         .catalog()
         .principal(&id)
@@ -161,5 +156,5 @@ pub(super) async fn revoke_token(
     }
     a.catalog().revoke_principal(&p.id, &id).await?;
     a.access.tokens.lock().clear();
-    ok(serde_json::json!({"revoked": id}))
+    reply::<t::RevokeToken>(t::Revoked { revoked: id })
 }

@@ -1,26 +1,17 @@
 //! Usage by team, prefix, job or dataset; reconciliation and POSIX scans; prefix ownership.
 
 use super::common::*;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct UsageQuery {
-    by: Option<String>,
-}
+use api::usage as u;
 
 pub(super) async fn usage(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-    Query(q): Query<UsageQuery>,
-) -> ApiResult<Json> {
-    let by = UsageBy::parse(q.by.as_deref().unwrap_or("team"))?;
-    ok(a.catalog().usage(by, p.visible_teams().as_deref()).await?)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct BackendBody {
-    backend: String,
+    Query(q): Query<u::UsageQuery>,
+) -> ApiResult<Reply<u::GetUsage>> {
+    let by: UsageBy = q.by.unwrap_or_default().into();
+    reply::<u::GetUsage>(wire::all(
+        a.catalog().usage(by, p.visible_teams().as_deref()).await?,
+    ))
 }
 
 pub(super) async fn reconcile(
@@ -29,7 +20,7 @@ pub(super) async fn reconcile(
     b: Bytes,
 ) -> ApiResult<Json> {
     p.require_admin()?;
-    let req: BackendBody = body(&b)?;
+    let req: u::Reconcile = body(&b)?;
     let backend = &configured_backend(&a, &req.backend)?.backend;
     let run = strata_quota::reconcile::reconcile(a.catalog(), &req.backend, backend, 16).await?;
     a.catalog()
@@ -44,21 +35,13 @@ pub(super) async fn reconcile(
     ok(run)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ScanBody {
-    backend: String,
-    #[serde(default)]
-    threads: usize,
-}
-
 pub(super) async fn scan_backend(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
 ) -> ApiResult<Json> {
     p.require_admin()?;
-    let req: ScanBody = body(&b)?;
+    let req: u::Scan = body(&b)?;
     let nb = configured_backend(&a, &req.backend)?;
     let Some(root) = nb.url.strip_prefix("file://").map(std::path::PathBuf::from) else {
         return Err(ApiError(Error::invalid_input(format!(
@@ -119,38 +102,29 @@ pub(super) async fn scan_backend(
 pub(super) async fn list_prefixes(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<u::ListPrefixes>> {
     let visible = p.visible_teams();
-    let v: Vec<_> = a
+    let v = a
         .catalog()
         .list_prefixes()
         .await?
         .into_iter()
-        .filter(|x| visible.as_ref().is_none_or(|v| v.contains(&x.team)))
-        .collect();
-    ok(v)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct PrefixBody {
-    backend: String,
-    prefix: String,
-    team: String,
+        .filter(|x| visible.as_ref().is_none_or(|v| v.contains(&x.team)));
+    reply::<u::ListPrefixes>(wire::all(v))
 }
 
 pub(super) async fn set_prefix(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<u::SetPrefix>> {
     p.require_admin()?;
-    let req: PrefixBody = body(&b)?;
+    let req: u::OwnedPrefix = body(&b)?;
     configured_backend(&a, &req.backend)?;
     let owned = a
         .catalog()
         .set_prefix_owner(&p.id, &req.backend, &req.prefix, &req.team)
         .await?;
     a.ownership().invalidate();
-    ok(owned)
+    reply::<u::SetPrefix>(owned.into())
 }
