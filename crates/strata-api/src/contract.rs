@@ -12,6 +12,8 @@ use schemars::{JsonSchema, Schema};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use strata_types::{Error, ErrorKind, Result};
+
 use crate::Role;
 
 /// An HTTP method of the API.
@@ -143,6 +145,17 @@ pub trait Payload {
     const MEDIA: Option<Media>;
     /// Its schema, registered in `g` (a `$ref` for named types).
     fn schema(g: &mut SchemaGenerator) -> Option<Schema>;
+    /// The bytes that carry `v` (`None`: no body).
+    fn encode(v: &Self::Value) -> Result<Option<Vec<u8>>>;
+    /// `v` from the bytes that carry it (a stream of lines: the last one).
+    fn decode(b: &[u8]) -> Result<Self::Value>;
+}
+
+fn bad_answer(e: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::Internal,
+        format!("the answer is not what the contract says: {e}"),
+    )
 }
 
 /// No body.
@@ -154,6 +167,12 @@ impl Payload for Empty {
     const MEDIA: Option<Media> = None;
     fn schema(_: &mut SchemaGenerator) -> Option<Schema> {
         None
+    }
+    fn encode(_: &()) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+    fn decode(_: &[u8]) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -167,6 +186,20 @@ impl<T: JsonSchema + Serialize + DeserializeOwned> Payload for Json<T> {
     fn schema(g: &mut SchemaGenerator) -> Option<Schema> {
         Some(g.subschema_for::<T>())
     }
+    fn encode(v: &T) -> Result<Option<Vec<u8>>> {
+        serde_json::to_vec(v)
+            .map(Some)
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("encoding a body: {e}")))
+    }
+    fn decode(b: &[u8]) -> Result<T> {
+        // An empty answer reads as `null` (an optional answer).
+        let b: &[u8] = if b.iter().all(u8::is_ascii_whitespace) {
+            b"null"
+        } else {
+            b
+        };
+        serde_json::from_slice(b).map_err(bad_answer)
+    }
 }
 
 /// Bytes.
@@ -178,6 +211,12 @@ impl Payload for Binary {
     const MEDIA: Option<Media> = Some(Media::Binary);
     fn schema(_: &mut SchemaGenerator) -> Option<Schema> {
         Some(schemars::json_schema!({"type": "string", "format": "binary"}))
+    }
+    fn encode(v: &Vec<u8>) -> Result<Option<Vec<u8>>> {
+        Ok(Some(v.clone()))
+    }
+    fn decode(b: &[u8]) -> Result<Vec<u8>> {
+        Ok(b.to_vec())
     }
 }
 
@@ -191,6 +230,12 @@ impl Payload for Text {
     fn schema(_: &mut SchemaGenerator) -> Option<Schema> {
         Some(schemars::json_schema!({"type": "string"}))
     }
+    fn encode(v: &String) -> Result<Option<Vec<u8>>> {
+        Ok(Some(v.clone().into_bytes()))
+    }
+    fn decode(b: &[u8]) -> Result<String> {
+        String::from_utf8(b.to_vec()).map_err(bad_answer)
+    }
 }
 
 /// A stream of JSON values of type `T`, one per line.
@@ -202,6 +247,16 @@ impl<T: JsonSchema + Serialize + DeserializeOwned> Payload for Ndjson<T> {
     const MEDIA: Option<Media> = Some(Media::Ndjson);
     fn schema(g: &mut SchemaGenerator) -> Option<Schema> {
         Some(g.subschema_for::<T>())
+    }
+    fn encode(v: &T) -> Result<Option<Vec<u8>>> {
+        Json::<T>::encode(v)
+    }
+    fn decode(b: &[u8]) -> Result<T> {
+        let last = b
+            .split(|c| *c == b'\n')
+            .rfind(|l| !l.iter().all(u8::is_ascii_whitespace))
+            .unwrap_or_default();
+        Json::<T>::decode(last)
     }
 }
 
@@ -299,6 +354,33 @@ impl EndpointDoc {
     /// Its answer: media type and schema.
     pub fn response(&self, g: &mut SchemaGenerator) -> Option<(Media, Schema)> {
         Some((self.response_media?, (self.response)(g)?))
+    }
+
+    /// Its path with `args` in its `{param}` segments, in order, each percent-encoded as one segment.
+    pub fn fill(&self, args: &[&str]) -> Result<String> {
+        let mut args = args.iter();
+        let mut out = String::with_capacity(self.path.len());
+        for seg in self.path.split('/').skip(1) {
+            out.push('/');
+            if seg.starts_with('{') {
+                let a = args.next().ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidInput,
+                        format!("{}: too few path arguments", self.path),
+                    )
+                })?;
+                out.push_str(&strata_types::encode_segment(a));
+            } else {
+                out.push_str(seg);
+            }
+        }
+        if args.next().is_some() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("{}: too many path arguments", self.path),
+            ));
+        }
+        Ok(out)
     }
 
     /// The names of its `{param}` path segments, in order.

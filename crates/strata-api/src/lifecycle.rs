@@ -4,7 +4,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::teams::Deleted;
-use crate::{Access, Empty, Json, NoQuery, Role, Untyped, endpoint, endpoint_list};
+use crate::{Access, Empty, Json, NoQuery, Role, endpoint, endpoint_list};
 
 /// What a retention policy does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -134,6 +134,36 @@ pub struct PlanDetail {
     pub items: Vec<PlanItem>,
 }
 
+/// A plan just made: what it selects, nothing deleted yet.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct PlanMade {
+    /// The plan.
+    pub plan: Plan,
+    /// Its items.
+    pub items: Vec<PlanItem>,
+    /// Per team: (objects, bytes) selected.
+    pub per_team: std::collections::BTreeMap<String, (u64, u64)>,
+    /// Objects a policy matched but a protection kept out.
+    pub protected: u64,
+}
+
+/// What a run of a plan did.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RunReport {
+    /// The plan.
+    pub plan_id: String,
+    /// Items moved to the trash by this run.
+    pub trashed: u64,
+    /// Bytes moved by this run.
+    pub trashed_bytes: u64,
+    /// Items skipped: (key, why).
+    pub skipped: Vec<(String, String)>,
+    /// Items left for a later run by a cap.
+    pub deferred: u64,
+    /// `done` or `partial`.
+    pub status: String,
+}
+
 /// Body of `POST /v1/cleanup/plans`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -227,7 +257,7 @@ endpoint! {
     /// Plan a clean-up (a dry run)
     MakePlan = POST "/v1/cleanup/plans", Control, Access::Team(Role::Member),
         "member of the team (admin for every team)";
-    query: NoQuery, request: Json<NewPlan>, response: Json<Untyped>
+    query: NoQuery, request: Json<NewPlan>, response: Json<PlanMade>
 }
 endpoint! {
     /// A plan and its items
@@ -237,7 +267,7 @@ endpoint! {
 endpoint! {
     /// Execute a plan within caps
     RunPlan = POST "/v1/cleanup/plans/{id}/run", Control, Access::Owner(Role::TeamAdmin), "team_admin of its team";
-    query: NoQuery, request: Json<RunCaps>, response: Json<Untyped>
+    query: NoQuery, request: Json<RunCaps>, response: Json<RunReport>
 }
 endpoint! {
     /// Restore a plan's trashed items

@@ -17,8 +17,6 @@ const UNTYPED: &[&str] = &[
     "GET /v1/cluster",
     "POST /v1/usage/reconcile",
     "POST /v1/usage/scan",
-    "POST /v1/cleanup/plans",
-    "POST /v1/cleanup/plans/{id}/run",
     "GET /v1/forecast",
     "POST /v1/claims",
     "GET /v1/claims",

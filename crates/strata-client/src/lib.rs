@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use strata_api::{Endpoint, EndpointDoc, Payload};
 use strata_object::RetryPolicy;
 use strata_types::{Error, ErrorKind, Result};
 
@@ -243,6 +244,45 @@ impl AgentClient {
             self.send(make(), &what).await?
         };
         read_json(resp, &what).await
+    }
+
+    /// Call endpoint `E` of the contract ([`strata_api`]): `path` fills its `{param}` segments in order,
+    /// `query` and `body` are its query and body types, and the answer is its response type. `GET`s are
+    /// retried through the policy; nothing else is.
+    pub async fn call<E: Endpoint>(
+        &self,
+        path: &[&str],
+        query: &E::Query,
+        body: &<E::Request as Payload>::Value,
+    ) -> Result<<E::Response as Payload>::Value> {
+        let doc = EndpointDoc::of::<E>();
+        let path = doc.fill(path)?;
+        let method = Method::from_bytes(E::METHOD.as_str().as_bytes())
+            .map_err(|e| Error::internal(format!("method {}: {e}", E::METHOD.as_str())))?;
+        let what = format!("{} {path}", E::METHOD.as_str());
+        let body = E::Request::encode(body)?;
+        let media = <E::Request as Payload>::MEDIA;
+        let make = || {
+            let mut r = self.request(method.clone(), self.url(&path)).query(query);
+            if let (Some(b), Some(m)) = (&body, media) {
+                r = r
+                    .header(reqwest::header::CONTENT_TYPE, m.content_type())
+                    .body(b.clone());
+            }
+            r
+        };
+        let resp = if E::METHOD == strata_api::Method::GET {
+            self.send_retried(&what, make).await?
+        } else {
+            self.send(make(), &what).await?
+        };
+        let bytes = resp.bytes().await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("{what}: reading the answer: {e}"),
+            )
+        })?;
+        E::Response::decode(&bytes).map_err(|e| e.context(format!("{what} at {}", self.base)))
     }
 
     /// `GET path`, retried; the JSON answer.

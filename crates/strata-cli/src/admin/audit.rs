@@ -3,25 +3,25 @@
 use super::*;
 
 pub async fn run(team: Option<String>, limit: i64, out: Out) -> Result<()> {
+    use api::admin::{Audit, AuditQuery};
     let api = Api::new(&out.api)?;
-    let mut path = format!("/v1/audit?limit={limit}");
-    if let Some(t) = &team {
-        path.push_str(&format!("&team={}", enc(t)));
-    }
-    let v = api.get(&path).await?;
-    emit(&out, &v, |v| {
+    let q = AuditQuery {
+        team,
+        limit: Some(limit),
+    };
+    let v = api.call::<Audit>(&[], &q, &()).await?;
+    show(&out, &v, |v| {
         table(
             &["when", "principal", "team", "action", "target", "detail"],
-            arr(v)
-                .iter()
+            v.iter()
                 .map(|a| {
                     vec![
-                        when(&a["at"]),
-                        text(&a["principal"]),
-                        text(&a["team"]),
-                        text(&a["action"]),
-                        text(&a["target"]),
-                        text(&a["detail"]),
+                        at(Some(a.at)),
+                        a.principal.clone(),
+                        opt(a.team.as_deref()),
+                        a.action.clone(),
+                        a.target.clone(),
+                        a.detail.clone(),
                     ]
                 })
                 .collect(),

@@ -1,6 +1,7 @@
 //! `strata cleanup`: plans, runs through the trash, restores, purges.
 
 use super::*;
+use api::lifecycle as l;
 
 #[derive(Debug, Subcommand)]
 pub enum CleanupCommand {
@@ -49,23 +50,23 @@ pub enum CleanupCommand {
     },
 }
 
-fn print_plan(plan: &Value, items: &[Value]) {
+fn print_plan(plan: &l::Plan, items: &[l::PlanItem]) {
     println!(
         "plan {}  team {}  status {}  made {} by {}",
-        text(&plan["id"]),
-        text(&plan["team"]),
-        text(&plan["status"]),
-        when(&plan["created_at"]),
-        text(&plan["created_by"])
+        plan.id,
+        opt(plan.team.as_deref()),
+        plan.status,
+        at(Some(plan.created_at)),
+        plan.created_by
     );
     let mut per_team: std::collections::BTreeMap<String, (u64, i64)> = Default::default();
     for i in items {
-        let e = per_team.entry(text(&i["team"])).or_default();
+        let e = per_team.entry(opt(i.team.as_deref())).or_default();
         e.0 += 1;
-        e.1 += i["size"].as_i64().unwrap_or(0);
+        e.1 += i.size;
     }
     for (t, (n, b)) in &per_team {
-        println!("  team {t}: {n} objects, {}", bytes(&json!(b)));
+        println!("  team {t}: {n} objects, {}", size(Some(*b)));
     }
     table(
         &["state", "backend", "key", "size", "reason"],
@@ -73,11 +74,11 @@ fn print_plan(plan: &Value, items: &[Value]) {
             .iter()
             .map(|i| {
                 vec![
-                    text(&i["state"]),
-                    text(&i["backend"]),
-                    text(&i["key"]),
-                    bytes(&i["size"]),
-                    text(&i["reason"]),
+                    i.state.clone(),
+                    i.backend.clone(),
+                    i.key.clone(),
+                    size(Some(i.size)),
+                    i.reason.clone(),
                 ]
             })
             .collect(),
@@ -88,13 +89,13 @@ pub async fn run(c: CleanupCommand, out: Out) -> Result<()> {
     let api = Api::new(&out.api)?;
     match c {
         CleanupCommand::Plan { team } => {
-            let v = api.post("/v1/cleanup/plans", json!({"team": team})).await?;
-            emit(&out, &v, |v| {
-                print_plan(&v["plan"], &arr(&v["items"]));
+            let body = l::NewPlan { team };
+            let v = api.call::<l::MakePlan>(&[], &NoQuery {}, &body).await?;
+            show(&out, &v, |v| {
+                print_plan(&v.plan, &v.items);
                 println!(
                     "{} protected objects left out. Nothing was deleted: `strata cleanup run {}` executes the plan.",
-                    text(&v["protected"]),
-                    text(&v["plan"]["id"])
+                    v.protected, v.plan.id
                 );
             })
         }
@@ -104,61 +105,55 @@ pub async fn run(c: CleanupCommand, out: Out) -> Result<()> {
             max_bytes,
             max_team_percent,
         } => {
-            let v = api
-                .post(
-                    &format!("/v1/cleanup/plans/{}/run", enc(&plan)),
-                    json!({"max_objects": max_objects, "max_bytes": max_bytes.map(|b| b.bytes()),
-                           "max_team_percent": max_team_percent}),
-                )
-                .await?;
-            emit(&out, &v, |v| {
+            let body = l::RunCaps {
+                max_objects,
+                max_bytes: max_bytes.map(|b| b.bytes()),
+                max_team_percent,
+            };
+            let v = api.call::<l::RunPlan>(&[&plan], &NoQuery {}, &body).await?;
+            show(&out, &v, |v| {
                 println!(
                     "{}: moved {} objects ({}) to the trash; {} skipped, {} deferred by caps",
-                    text(&v["status"]),
-                    text(&v["trashed"]),
-                    bytes(&v["trashed_bytes"]),
-                    arr(&v["skipped"]).len(),
-                    text(&v["deferred"])
+                    v.status,
+                    v.trashed,
+                    size(Some(v.trashed_bytes as i64)),
+                    v.skipped.len(),
+                    v.deferred
                 );
-                for s in arr(&v["skipped"]) {
-                    println!("  skipped {}: {}", text(&s[0]), text(&s[1]));
+                for (key, why) in &v.skipped {
+                    println!("  skipped {key}: {why}");
                 }
             })
         }
         CleanupCommand::Restore { plan, key_prefix } => {
+            let body = l::RestoreItems { key_prefix };
             let v = api
-                .post(
-                    &format!("/v1/cleanup/plans/{}/restore", enc(&plan)),
-                    json!({"key_prefix": key_prefix}),
-                )
+                .call::<l::RestorePlan>(&[&plan], &NoQuery {}, &body)
                 .await?;
-            emit(&out, &v, |v| {
-                println!("restored {} objects", text(&v["restored"]));
-                for r in arr(&v["refused"]) {
-                    println!("  not restored {}: {}", text(&r[0]), text(&r[1]));
+            show(&out, &v, |v| {
+                println!("restored {} objects", v.restored);
+                for (key, why) in &v.refused {
+                    println!("  not restored {key}: {why}");
                 }
             })
         }
         CleanupCommand::Show { plan } => {
-            let v = api
-                .get(&format!("/v1/cleanup/plans/{}", enc(&plan)))
-                .await?;
-            emit(&out, &v, |v| print_plan(&v["plan"], &arr(&v["items"])))
+            let v = api.call::<l::GetPlan>(&[&plan], &NoQuery {}, &()).await?;
+            show(&out, &v, |v| print_plan(&v.plan, &v.items))
         }
         CleanupCommand::Ls => {
-            let v = api.get("/v1/cleanup/plans").await?;
-            emit(&out, &v, |v| {
+            let v = api.call::<l::ListPlans>(&[], &NoQuery {}, &()).await?;
+            show(&out, &v, |v| {
                 table(
                     &["plan", "team", "status", "made", "by"],
-                    arr(v)
-                        .iter()
+                    v.iter()
                         .map(|p| {
                             vec![
-                                text(&p["id"]),
-                                text(&p["team"]),
-                                text(&p["status"]),
-                                when(&p["created_at"]),
-                                text(&p["created_by"]),
+                                p.id.clone(),
+                                opt(p.team.as_deref()),
+                                p.status.clone(),
+                                at(Some(p.created_at)),
+                                p.created_by.clone(),
                             ]
                         })
                         .collect(),
@@ -166,15 +161,15 @@ pub async fn run(c: CleanupCommand, out: Out) -> Result<()> {
             })
         }
         CleanupCommand::Purge { grace } => {
-            let grace = grace.as_deref().map(parse_secs).transpose()?;
-            let v = api
-                .post("/v1/cleanup/purge", json!({"grace_secs": grace}))
-                .await?;
-            emit(&out, &v, |v| {
+            let body = l::Purge {
+                grace_secs: grace.as_deref().map(parse_secs).transpose()?,
+            };
+            let v = api.call::<l::PurgeTrash>(&[], &NoQuery {}, &body).await?;
+            show(&out, &v, |v| {
                 println!(
                     "purged {} trashed objects ({})",
-                    text(&v["purged"]),
-                    bytes(&v["bytes"])
+                    v.purged,
+                    size(Some(v.bytes as i64))
                 )
             })
         }

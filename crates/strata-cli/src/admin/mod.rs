@@ -19,6 +19,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
+use strata_api::{self as api, Endpoint, NoQuery, Payload, Role};
 use strata_client::Method;
 
 use crate::{ApiArgs, api_client, reached};
@@ -60,23 +61,29 @@ impl Api {
         })
     }
 
-    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value> {
+    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value> {
         self.client
             .json(method, path, body.as_ref())
             .await
             .map_err(|e| reached(e, self.client.base()))
     }
+    /// Call endpoint `E` of the contract: its typed answer.
+    async fn call<E: Endpoint>(
+        &self,
+        path: &[&str],
+        query: &E::Query,
+        body: &<E::Request as Payload>::Value,
+    ) -> Result<<E::Response as Payload>::Value> {
+        self.client
+            .call::<E>(path, query, body)
+            .await
+            .map_err(|e| reached(e, self.client.base()))
+    }
     async fn get(&self, path: &str) -> Result<Value> {
-        self.call(Method::GET, path, None).await
+        self.send(Method::GET, path, None).await
     }
     async fn post(&self, path: &str, body: Value) -> Result<Value> {
-        self.call(Method::POST, path, Some(body)).await
-    }
-    async fn put(&self, path: &str, body: Value) -> Result<Value> {
-        self.call(Method::PUT, path, Some(body)).await
-    }
-    async fn delete(&self, path: &str) -> Result<Value> {
-        self.call(Method::DELETE, path, None).await
+        self.send(Method::POST, path, Some(body)).await
     }
 }
 
@@ -146,6 +153,41 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) {
     }
 }
 
+/// Print a typed answer: as JSON with `--json`, else as `render` writes it.
+fn show<T: serde::Serialize>(out: &Out, v: &T, render: impl FnOnce(&T)) -> Result<()> {
+    if out.json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    } else {
+        render(v);
+    }
+    Ok(())
+}
+
+/// An optional text, `-` when absent.
+fn opt(v: Option<&str>) -> String {
+    v.unwrap_or("-").to_string()
+}
+
+/// A byte count, human-readable; `-` when absent.
+fn size(n: Option<i64>) -> String {
+    bytes(&n.map_or(Value::Null, Value::from))
+}
+
+/// A number, `-` when absent.
+fn num(n: Option<i64>) -> String {
+    n.map_or_else(|| "-".into(), |n| n.to_string())
+}
+
+/// An enum as its wire name.
+fn name<T: serde::Serialize>(v: &T) -> String {
+    text(&serde_json::to_value(v).unwrap_or_default())
+}
+
+/// A time, relative to now; `-` when absent.
+fn at(t: Option<i64>) -> String {
+    when(&t.map_or(Value::Null, Value::from))
+}
+
 fn emit(out: &Out, v: &Value, render: impl FnOnce(&Value)) -> Result<()> {
     if out.json {
         println!("{}", serde_json::to_string_pretty(v)?);
@@ -159,25 +201,24 @@ fn arr(v: &Value) -> Vec<Value> {
     v.as_array().cloned().unwrap_or_default()
 }
 
-fn print_principals(v: &Value, team: Option<&str>) {
+fn print_principals(v: &[api::teams::Principal], team: Option<&str>) {
     table(
         &["id", "name", "kind", "team", "role", "admin", "revoked"],
-        arr(v)
-            .iter()
+        v.iter()
             .map(|p| {
-                let role = arr(&p["memberships"])
+                let role = p
+                    .memberships
                     .iter()
-                    .find(|m| team.is_none_or(|t| m["team"] == t) && m["team"] == p["team"])
-                    .map(|m| text(&m["role"]))
-                    .unwrap_or_else(|| "-".into());
+                    .find(|m| team.is_none_or(|t| m.team == t) && Some(&m.team) == p.team.as_ref())
+                    .map_or_else(|| "-".into(), |m| m.role.as_str().to_string());
                 vec![
-                    text(&p["id"]),
-                    text(&p["name"]),
-                    text(&p["kind"]),
-                    text(&p["team"]),
+                    p.id.clone(),
+                    p.name.clone(),
+                    name(&p.kind),
+                    opt(p.team.as_deref()),
                     role,
-                    text(&p["is_admin"]),
-                    when(&p["revoked_at"]),
+                    p.is_admin.to_string(),
+                    at(p.revoked_at),
                 ]
             })
             .collect(),

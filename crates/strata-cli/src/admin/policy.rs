@@ -38,6 +38,7 @@ pub enum PolicyCommand {
 }
 
 pub async fn run(c: PolicyCommand, out: Out) -> Result<()> {
+    use api::lifecycle as l;
     let api = Api::new(&out.api)?;
     match c {
         PolicyCommand::Add {
@@ -50,37 +51,41 @@ pub async fn run(c: PolicyCommand, out: Out) -> Result<()> {
             keep,
         } => {
             let age = age.as_deref().map(parse_secs).transpose()?;
-            let v = api
-                .post(
-                    "/v1/policies",
-                    json!({"team": team, "backend": backend, "kind": kind, "prefix": prefix,
-                           "label": label, "age_secs": age, "keep_last": keep}),
-                )
-                .await?;
-            emit(&out, &v, |v| println!("added policy {}", text(&v["id"])))
+            let kind: l::PolicyKind = serde_json::from_value(Value::String(kind.clone()))
+                .with_context(|| {
+                    format!("policy kind {kind:?}: expected ttl, stale or keep_last")
+                })?;
+            let body = l::Policy {
+                id: String::new(),
+                team,
+                backend,
+                kind,
+                prefix,
+                label,
+                age_secs: age,
+                keep_last: keep,
+                created_at: 0,
+            };
+            let v = api.call::<l::AddPolicy>(&[], &NoQuery {}, &body).await?;
+            show(&out, &v, |v| println!("added policy {}", v.id))
         }
         PolicyCommand::Ls => {
-            let v = api.get("/v1/policies").await?;
-            emit(&out, &v, |v| {
+            let v = api.call::<l::ListPolicies>(&[], &NoQuery {}, &()).await?;
+            show(&out, &v, |v| {
                 table(
                     &[
                         "id", "team", "backend", "kind", "selects", "age (s)", "keep",
                     ],
-                    arr(v)
-                        .iter()
+                    v.iter()
                         .map(|p| {
                             vec![
-                                text(&p["id"]),
-                                text(&p["team"]),
-                                text(&p["backend"]),
-                                text(&p["kind"]),
-                                if p["prefix"].is_null() {
-                                    text(&p["label"])
-                                } else {
-                                    text(&p["prefix"])
-                                },
-                                text(&p["age_secs"]),
-                                text(&p["keep_last"]),
+                                p.id.clone(),
+                                p.team.clone(),
+                                p.backend.clone(),
+                                name(&p.kind),
+                                opt(p.prefix.as_deref().or(p.label.as_deref())),
+                                num(p.age_secs),
+                                num(p.keep_last),
                             ]
                         })
                         .collect(),
@@ -88,8 +93,10 @@ pub async fn run(c: PolicyCommand, out: Out) -> Result<()> {
             })
         }
         PolicyCommand::Rm { id } => {
-            let v = api.delete(&format!("/v1/policies/{}", enc(&id))).await?;
-            emit(&out, &v, |_| println!("deleted policy {id}"))
+            let v = api
+                .call::<l::DeletePolicy>(&[&id], &NoQuery {}, &())
+                .await?;
+            show(&out, &v, |_| println!("deleted policy {id}"))
         }
     }
 }

@@ -18,6 +18,7 @@ pub enum PrefixCommand {
 }
 
 pub async fn run(c: PrefixCommand, out: Out) -> Result<()> {
+    use api::usage::{ListPrefixes, OwnedPrefix, SetPrefix};
     let api = Api::new(&out.api)?;
     match c {
         PrefixCommand::Own {
@@ -25,24 +26,23 @@ pub async fn run(c: PrefixCommand, out: Out) -> Result<()> {
             prefix,
             team,
         } => {
-            let v = api
-                .put(
-                    "/v1/prefixes",
-                    json!({"backend": backend, "prefix": prefix, "team": team}),
-                )
-                .await?;
-            emit(&out, &v, |v| {
-                println!("{}:{} belongs to {team}", backend, text(&v["prefix"]))
+            let body = OwnedPrefix {
+                backend: backend.clone(),
+                prefix,
+                team: team.clone(),
+            };
+            let v = api.call::<SetPrefix>(&[], &NoQuery {}, &body).await?;
+            show(&out, &v, |v| {
+                println!("{}:{} belongs to {team}", backend, v.prefix)
             })
         }
         PrefixCommand::Ls => {
-            let v = api.get("/v1/prefixes").await?;
-            emit(&out, &v, |v| {
+            let v = api.call::<ListPrefixes>(&[], &NoQuery {}, &()).await?;
+            show(&out, &v, |v| {
                 table(
                     &["backend", "prefix", "team"],
-                    arr(v)
-                        .iter()
-                        .map(|p| vec![text(&p["backend"]), text(&p["prefix"]), text(&p["team"])])
+                    v.iter()
+                        .map(|p| vec![p.backend.clone(), p.prefix.clone(), p.team.clone()])
                         .collect(),
                 )
             })

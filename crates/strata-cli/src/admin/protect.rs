@@ -42,25 +42,40 @@ pub enum ProtectCommand {
 }
 
 pub async fn run(c: ProtectCommand, out: Out) -> Result<()> {
+    use api::lifecycle::{self as l, ProtectionKind};
     let api = Api::new(&out.api)?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs() as i64;
+    let protection = |kind, team, backend, prefix, job, expires_at| l::Protection {
+        id: String::new(),
+        kind,
+        team,
+        backend,
+        prefix,
+        job,
+        expires_at,
+        created_at: 0,
+    };
     match c {
         ProtectCommand::Pin {
             team,
             backend,
             prefix,
         } => {
+            let body = protection(
+                ProtectionKind::Pin,
+                team,
+                backend.clone(),
+                prefix.clone(),
+                None,
+                None,
+            );
             let v = api
-                .post(
-                    "/v1/protections",
-                    json!({"kind": "pin", "team": team, "backend": backend, "prefix": prefix,
-                           "job": null, "expires_at": null}),
-                )
+                .call::<l::AddProtection>(&[], &NoQuery {}, &body)
                 .await?;
-            emit(&out, &v, |v| {
-                println!("pinned {backend}:{prefix} ({})", text(&v["id"]))
+            show(&out, &v, |v| {
+                println!("pinned {backend}:{prefix} ({})", v.id)
             })
         }
         ProtectCommand::Claim {
@@ -71,33 +86,38 @@ pub async fn run(c: ProtectCommand, out: Out) -> Result<()> {
             prefix,
         } => {
             let until = now + parse_secs(&r#for)?;
+            let body = protection(
+                ProtectionKind::Claim,
+                team,
+                backend.clone(),
+                prefix.clone(),
+                Some(job.clone()),
+                Some(until),
+            );
             let v = api
-                .post(
-                    "/v1/protections",
-                    json!({"kind": "claim", "team": team, "backend": backend, "prefix": prefix,
-                           "job": job, "expires_at": until}),
-                )
+                .call::<l::AddProtection>(&[], &NoQuery {}, &body)
                 .await?;
-            emit(&out, &v, |v| {
-                println!("claimed {backend}:{prefix} for {job} ({})", text(&v["id"]))
+            show(&out, &v, |v| {
+                println!("claimed {backend}:{prefix} for {job} ({})", v.id)
             })
         }
         ProtectCommand::Ls => {
-            let v = api.get("/v1/protections").await?;
-            emit(&out, &v, |v| {
+            let v = api
+                .call::<l::ListProtections>(&[], &NoQuery {}, &())
+                .await?;
+            show(&out, &v, |v| {
                 table(
                     &["id", "kind", "team", "backend", "prefix", "job", "expires"],
-                    arr(v)
-                        .iter()
+                    v.iter()
                         .map(|p| {
                             vec![
-                                text(&p["id"]),
-                                text(&p["kind"]),
-                                text(&p["team"]),
-                                text(&p["backend"]),
-                                text(&p["prefix"]),
-                                text(&p["job"]),
-                                when(&p["expires_at"]),
+                                p.id.clone(),
+                                name(&p.kind),
+                                p.team.clone(),
+                                p.backend.clone(),
+                                p.prefix.clone(),
+                                opt(p.job.as_deref()),
+                                at(p.expires_at),
                             ]
                         })
                         .collect(),
@@ -105,8 +125,10 @@ pub async fn run(c: ProtectCommand, out: Out) -> Result<()> {
             })
         }
         ProtectCommand::Rm { id } => {
-            let v = api.delete(&format!("/v1/protections/{}", enc(&id))).await?;
-            emit(&out, &v, |_| println!("removed {id}"))
+            let v = api
+                .call::<l::DeleteProtection>(&[&id], &NoQuery {}, &())
+                .await?;
+            show(&out, &v, |_| println!("removed {id}"))
         }
     }
 }

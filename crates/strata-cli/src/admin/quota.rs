@@ -35,7 +35,7 @@ pub enum QuotaCommand {
     },
 }
 
-fn print_quotas(v: &Value) {
+fn print_quotas(v: &[api::quotas::QuotaState]) {
     table(
         &[
             "team",
@@ -49,20 +49,19 @@ fn print_quotas(v: &Value) {
             "status",
             "grace ends",
         ],
-        arr(v)
-            .iter()
+        v.iter()
             .map(|q| {
                 vec![
-                    text(&q["team"]),
-                    text(&q["scope"]),
-                    bytes(&q["used_bytes"]),
-                    bytes(&q["reserved_bytes"]),
-                    text(&q["used_objects"]),
-                    bytes(&q["limits"]["soft_bytes"]),
-                    bytes(&q["limits"]["hard_bytes"]),
-                    text(&q["limits"]["hard_objects"]),
-                    text(&q["status"]),
-                    when(&q["grace_ends_at"]),
+                    q.team.clone(),
+                    q.scope.clone(),
+                    size(Some(q.used_bytes)),
+                    size(Some(q.reserved_bytes)),
+                    q.used_objects.to_string(),
+                    size(q.limits.soft_bytes),
+                    size(q.limits.hard_bytes),
+                    num(q.limits.hard_objects),
+                    name(&q.status),
+                    at(q.grace_ends_at),
                 ]
             })
             .collect(),
@@ -70,6 +69,7 @@ fn print_quotas(v: &Value) {
 }
 
 pub async fn run(c: QuotaCommand, out: Out) -> Result<()> {
+    use api::quotas as q;
     let api = Api::new(&out.api)?;
     match c {
         QuotaCommand::Set {
@@ -82,23 +82,24 @@ pub async fn run(c: QuotaCommand, out: Out) -> Result<()> {
             grace,
         } => {
             let b = |x: Option<strata_types::ByteSize>| x.map(|b| b.bytes() as i64);
+            let limits = q::QuotaLimits {
+                soft_bytes: b(soft_bytes),
+                hard_bytes: b(hard_bytes),
+                soft_objects,
+                hard_objects,
+                grace_secs: parse_secs(&grace)?,
+            };
             let v = api
-                .put(
-                    &format!("/v1/quotas/{}/{}", enc(&team), enc(&scope)),
-                    json!({"soft_bytes": b(soft_bytes), "hard_bytes": b(hard_bytes),
-                           "soft_objects": soft_objects, "hard_objects": hard_objects,
-                           "grace_secs": parse_secs(&grace)?}),
-                )
+                .call::<q::SetQuota>(&[&team, &scope], &NoQuery {}, &limits)
                 .await?;
-            emit(&out, &v, |v| print_quotas(&Value::Array(vec![v.clone()])))
+            show(&out, &v, |v| print_quotas(std::slice::from_ref(v)))
         }
         QuotaCommand::Show { team } => {
-            let path = match &team {
-                Some(t) => format!("/v1/quotas/{}", enc(t)),
-                None => "/v1/quotas".into(),
+            let v = match &team {
+                Some(t) => api.call::<q::TeamQuotas>(&[t], &NoQuery {}, &()).await?,
+                None => api.call::<q::ListQuotas>(&[], &NoQuery {}, &()).await?,
             };
-            let v = api.get(&path).await?;
-            emit(&out, &v, print_quotas)
+            show(&out, &v, |v| print_quotas(v))
         }
     }
 }

@@ -26,6 +26,7 @@ pub enum ScratchCommand {
 }
 
 pub async fn run(c: ScratchCommand, out: Out) -> Result<()> {
+    use api::admin as adm;
     let api = Api::new(&out.api)?;
     match c {
         ScratchCommand::Alloc {
@@ -33,36 +34,37 @@ pub async fn run(c: ScratchCommand, out: Out) -> Result<()> {
             bytes: b,
             ttl,
         } => {
+            let body = adm::NewScratch {
+                team,
+                bytes: b.bytes() as i64,
+                ttl_secs: parse_secs(&ttl)?,
+            };
             let v = api
-                .post(
-                    "/v1/scratch",
-                    json!({"team": team, "bytes": b.bytes(), "ttl_secs": parse_secs(&ttl)?}),
-                )
+                .call::<adm::AllocScratch>(&[], &NoQuery {}, &body)
                 .await?;
-            emit(&out, &v, |v| {
-                println!("{}", text(&v["path"]));
+            show(&out, &v, |v| {
+                println!("{}", v.path);
                 eprintln!(
                     "scratch {} ({}), expires {}",
-                    text(&v["id"]),
-                    bytes(&v["bytes"]),
-                    when(&v["expires_at"])
+                    v.id,
+                    size(Some(v.bytes)),
+                    at(Some(v.expires_at))
                 );
             })
         }
         ScratchCommand::Ls => {
-            let v = api.get("/v1/scratch").await?;
-            emit(&out, &v, |v| {
+            let v = api.call::<adm::ListScratch>(&[], &NoQuery {}, &()).await?;
+            show(&out, &v, |v| {
                 table(
                     &["id", "team", "bytes", "path", "expires"],
-                    arr(v)
-                        .iter()
+                    v.iter()
                         .map(|s| {
                             vec![
-                                text(&s["id"]),
-                                text(&s["team"]),
-                                bytes(&s["bytes"]),
-                                text(&s["path"]),
-                                when(&s["expires_at"]),
+                                s.id.clone(),
+                                s.team.clone(),
+                                size(Some(s.bytes)),
+                                s.path.clone(),
+                                at(Some(s.expires_at)),
                             ]
                         })
                         .collect(),
@@ -70,8 +72,10 @@ pub async fn run(c: ScratchCommand, out: Out) -> Result<()> {
             })
         }
         ScratchCommand::Free { id } => {
-            let v = api.delete(&format!("/v1/scratch/{}", enc(&id))).await?;
-            emit(&out, &v, |_| println!("released {id}"))
+            let v = api
+                .call::<adm::FreeScratch>(&[&id], &NoQuery {}, &())
+                .await?;
+            show(&out, &v, |_| println!("released {id}"))
         }
     }
 }

@@ -41,56 +41,55 @@ pub enum TeamCommand {
 }
 
 pub async fn run(c: TeamCommand, out: Out) -> Result<()> {
+    use api::teams as t;
     let api = Api::new(&out.api)?;
     match c {
         TeamCommand::Ls => {
-            let v = api.get("/v1/teams").await?;
-            emit(&out, &v, |v| {
+            let v = api.call::<t::ListTeams>(&[], &NoQuery {}, &()).await?;
+            show(&out, &v, |v| {
                 table(
                     &["team", "created"],
-                    arr(v)
-                        .iter()
-                        .map(|t| vec![text(&t["name"]), when(&t["created_at"])])
+                    v.iter()
+                        .map(|t| vec![t.name.clone(), at(Some(t.created_at))])
                         .collect(),
                 )
             })
         }
         TeamCommand::Create { name } => {
-            let v = api.post("/v1/teams", json!({"name": name})).await?;
-            emit(&out, &v, |_| println!("created team {name}"))
+            let body = t::NewTeam { name: name.clone() };
+            let v = api.call::<t::CreateTeam>(&[], &NoQuery {}, &body).await?;
+            show(&out, &v, |_| println!("created team {name}"))
         }
         TeamCommand::Rm { name } => {
-            let v = api.delete(&format!("/v1/teams/{}", enc(&name))).await?;
-            emit(&out, &v, |_| println!("deleted team {name}"))
+            let v = api
+                .call::<t::DeleteTeam>(&[&name], &NoQuery {}, &())
+                .await?;
+            show(&out, &v, |_| println!("deleted team {name}"))
         }
         TeamCommand::Members { team } => {
             let v = api
-                .get(&format!("/v1/teams/{}/members", enc(&team)))
+                .call::<t::ListMembers>(&[&team], &NoQuery {}, &())
                 .await?;
-            emit(&out, &v, |v| print_principals(v, Some(&team)))
+            show(&out, &v, |v| print_principals(v, Some(&team)))
         }
         TeamCommand::AddMember {
             team,
             principal,
             role,
         } => {
+            let body = t::SetRole {
+                role: Role::parse(&role)?,
+            };
             let v = api
-                .put(
-                    &format!("/v1/teams/{}/members/{}", enc(&team), enc(&principal)),
-                    json!({"role": role}),
-                )
+                .call::<t::SetMember>(&[&team, &principal], &NoQuery {}, &body)
                 .await?;
-            emit(&out, &v, |_| println!("{principal} is a {role} of {team}"))
+            show(&out, &v, |_| println!("{principal} is a {role} of {team}"))
         }
         TeamCommand::RmMember { team, principal } => {
             let v = api
-                .delete(&format!(
-                    "/v1/teams/{}/members/{}",
-                    enc(&team),
-                    enc(&principal)
-                ))
+                .call::<t::RemoveMember>(&[&team, &principal], &NoQuery {}, &())
                 .await?;
-            emit(&out, &v, |_| println!("removed {principal} from {team}"))
+            show(&out, &v, |_| println!("removed {principal} from {team}"))
         }
     }
 }

@@ -39,6 +39,7 @@ pub enum TokenCommand {
 }
 
 pub async fn run(c: TokenCommand, out: Out) -> Result<()> {
+    use api::teams as t;
     let api = Api::new(&out.api)?;
     match c {
         TokenCommand::Create {
@@ -48,22 +49,27 @@ pub async fn run(c: TokenCommand, out: Out) -> Result<()> {
             s3,
             admin,
         } => {
-            let v = api
-                .post(
-                    "/v1/tokens",
-                    json!({"name": name, "kind": if s3 { "s3_key" } else { "token" }, "team": team,
-                           "role": role, "admin": admin}),
-                )
-                .await?;
-            emit(&out, &v, |v| {
-                println!("principal {} ({})", text(&v["principal"]["id"]), name);
-                if let Some(t) = v["token"].as_str() {
+            let body = t::NewToken {
+                name: name.clone(),
+                kind: if s3 {
+                    t::PrincipalKind::S3Key
+                } else {
+                    t::PrincipalKind::Token
+                },
+                team,
+                role: Some(Role::parse(&role)?),
+                admin,
+            };
+            let v = api.call::<t::CreateToken>(&[], &NoQuery {}, &body).await?;
+            show(&out, &v, |v| {
+                println!("principal {} ({})", v.principal.id, name);
+                if let Some(t) = &v.token {
                     println!("token      {t}");
                     println!("(shown once: export STRATA_TOKEN={t})");
                 }
-                if let Some(k) = v["access_key"].as_str() {
+                if let Some(k) = &v.access_key {
                     println!("access key {k}");
-                    println!("secret key {}", text(&v["secret_key"]));
+                    println!("secret key {}", opt(v.secret_key.as_deref()));
                     println!(
                         "(shown once: use them as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY with the gateway)"
                     );
@@ -71,32 +77,25 @@ pub async fn run(c: TokenCommand, out: Out) -> Result<()> {
             })
         }
         TokenCommand::Ls { team } => {
-            let path = match &team {
-                Some(t) => format!("/v1/tokens?team={}", enc(t)),
-                None => "/v1/tokens".into(),
-            };
-            let v = api.get(&path).await?;
-            emit(&out, &v, |v| print_principals(v, team.as_deref()))
+            let q = t::TokensQuery { team: team.clone() };
+            let v = api.call::<t::ListTokens>(&[], &q, &()).await?;
+            show(&out, &v, |v| print_principals(v, team.as_deref()))
         }
         TokenCommand::Revoke { id } => {
-            let v = api.delete(&format!("/v1/tokens/{}", enc(&id))).await?;
-            emit(&out, &v, |_| println!("revoked {id}"))
+            let v = api.call::<t::RevokeToken>(&[&id], &NoQuery {}, &()).await?;
+            show(&out, &v, |_| println!("revoked {id}"))
         }
         TokenCommand::Whoami => {
-            let v = api.get("/v1/whoami").await?;
-            emit(&out, &v, |v| {
+            let v = api.call::<t::WhoAmI>(&[], &NoQuery {}, &()).await?;
+            show(&out, &v, |v| {
                 println!(
                     "{} ({}){}",
-                    text(&v["id"]),
-                    text(&v["name"]),
-                    if v["is_admin"] == true {
-                        ", administrator"
-                    } else {
-                        ""
-                    }
+                    v.id,
+                    v.name,
+                    if v.is_admin { ", administrator" } else { "" }
                 );
-                for m in arr(&v["memberships"]) {
-                    println!("  {} in {}", text(&m["role"]), text(&m["team"]));
+                for m in &v.memberships {
+                    println!("  {} in {}", m.role.as_str(), m.team);
                 }
             })
         }

@@ -130,8 +130,12 @@ pub async fn run(by: String, sub: Option<UsageCommand>, out: Out) -> Result<()> 
         None => {}
     }
     let api = Api::new(&out.api)?;
-    let v = api.get(&format!("/v1/usage?by={}", enc(&by))).await?;
-    emit(&out, &v, |v| {
+    sanity(&by)?;
+    let q = api::usage::UsageQuery {
+        by: Some(serde_json::from_value(Value::String(by.clone()))?),
+    };
+    let v = api.call::<api::usage::GetUsage>(&[], &q, &()).await?;
+    show(&out, &v, |v| {
         let headers: &[&str] = if by == "team" {
             &["team", "bytes", "objects"]
         } else {
@@ -139,19 +143,18 @@ pub async fn run(by: String, sub: Option<UsageCommand>, out: Out) -> Result<()> 
         };
         table(
             headers,
-            arr(v)
-                .iter()
+            v.iter()
                 .map(|l| {
-                    let group = if l["group"] == "" {
+                    let group = if l.group.is_empty() {
                         "(none)".into()
                     } else {
-                        text(&l["group"])
+                        l.group.clone()
                     };
                     let mut row = vec![
                         group,
-                        text(&l["team"]),
-                        bytes(&l["bytes"]),
-                        text(&l["objects"]),
+                        opt(l.team.as_deref()),
+                        size(Some(l.bytes)),
+                        l.objects.to_string(),
                     ];
                     if by == "team" {
                         row.remove(1);

@@ -95,7 +95,7 @@ pub(super) async fn make_plan(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<l::MakePlan>> {
     let req: l::NewPlan = if b.is_empty() {
         l::NewPlan::default()
     } else {
@@ -108,7 +108,13 @@ pub(super) async fn make_plan(
         }
         None => p.require_admin()?,
     }
-    ok(cleanup::plan(a.catalog(), &a.backend_map(), &p.id, req.team.as_deref()).await?)
+    let made = cleanup::plan(a.catalog(), &a.backend_map(), &p.id, req.team.as_deref()).await?;
+    reply::<l::MakePlan>(l::PlanMade {
+        plan: made.plan.into(),
+        items: wire::all(made.items),
+        per_team: made.per_team,
+        protected: made.protected,
+    })
 }
 
 pub(super) async fn visible_plan(
@@ -150,7 +156,7 @@ pub(super) async fn run_plan(
     Extension(p): Authed,
     UrlPath(id): UrlPath<String>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<l::RunPlan>> {
     visible_plan(&a, &p, &id, Role::TeamAdmin).await?;
     let req: l::RunCaps = if b.is_empty() {
         l::RunCaps::default()
@@ -173,7 +179,15 @@ pub(super) async fn run_plan(
     let report = cleanup::run(a.catalog(), &a.backend_map(), &p.id, &id, &caps).await;
     // Whatever the run moved before it ended, every member forgets it before the answer.
     announce_items(&a, &id).await;
-    ok(report?)
+    let r = report?;
+    reply::<l::RunPlan>(l::RunReport {
+        plan_id: r.plan_id,
+        trashed: r.trashed,
+        trashed_bytes: r.trashed_bytes,
+        skipped: r.skipped,
+        deferred: r.deferred,
+        status: r.status,
+    })
 }
 
 /// Announce the keys of plan `id` that clean-up moved (to the trash, or back) to the cluster.
