@@ -4,7 +4,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::quotas::Released;
-use crate::{Access, Empty, Json, NoQuery, Role, Untyped, endpoint, endpoint_list};
+use crate::{Access, Empty, Json, NoQuery, Role, endpoint, endpoint_list};
 
 /// `?team=&limit=` of the routes that list one team's records.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
@@ -67,10 +67,48 @@ pub struct Scratch {
     pub released_at: Option<i64>,
 }
 
+/// When usage reaches a capacity: a linear fit of the samples with a prediction interval.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Forecast {
+    /// Fitted growth rate, in bytes per day (negative when usage shrinks).
+    pub slope_per_day: f64,
+    /// Point estimate of the fill time, in days from now (`0` when already full; `null` when usage is not
+    /// growing or fills only past the horizon).
+    pub days_until_full: Option<f64>,
+    /// Earliest plausible fill time, in days from now (`null`: not within the horizon).
+    pub days_low: Option<f64>,
+    /// Latest plausible fill time, in days from now (`null`: may never fill within the horizon).
+    pub days_high: Option<f64>,
+    /// Samples the fit used.
+    pub samples: usize,
+    /// The method (`ols_linear`).
+    pub method: String,
+}
+
+/// One forecast.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ForecastLine {
+    /// `team` (a team's total against its hard byte limit), `quota` (`team/scope`: one scope's hard limit)
+    /// or `volume` (a file system).
+    pub kind: String,
+    /// Team name, `team/scope`, or mount path.
+    pub scope: String,
+    /// Bytes used at the last sample.
+    pub used: i64,
+    /// Capacity (hard quota or volume size).
+    pub capacity: Option<i64>,
+    /// The forecast, when there is enough history.
+    pub forecast: Option<Forecast>,
+    /// Why there is no forecast.
+    pub note: Option<String>,
+    /// True when the earliest likely fill date is within `catalog.forecast_alert_days`.
+    pub alert: bool,
+}
+
 endpoint! {
     /// Days until volumes and team quotas fill, with prediction intervals and alerts
     Forecasts = GET "/v1/forecast", Control, Access::Any, "any principal (only visible teams)";
-    query: NoQuery, request: Empty, response: Json<Vec<Untyped>>
+    query: NoQuery, request: Empty, response: Json<Vec<ForecastLine>>
 }
 endpoint! {
     /// The audit log

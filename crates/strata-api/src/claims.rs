@@ -5,30 +5,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::quotas::Nothing;
-use crate::{Access, Empty, Json, NoQuery, Role, Untyped, endpoint, endpoint_list};
+use crate::{Access, Empty, Json, NoQuery, Role, endpoint, endpoint_list};
 
-pub use strata_claim::ClaimState;
-
-/// A claim document (JSON; YAML through the CLI), as `GET /v1/claims/schema` describes it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ClaimDocument(pub serde_json::Value);
-
-impl JsonSchema for ClaimDocument {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "ClaimDocument".into()
-    }
-
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        // The document as published at /v1/claims/schema, less what OpenAPI 3.0 has no place for.
-        let mut v = strata_claim::schema();
-        if let Some(o) = v.as_object_mut() {
-            o.remove("$schema");
-            o.remove("$id");
-        }
-        schemars::Schema::try_from(v).unwrap_or_default()
-    }
-}
+pub use strata_claim::{
+    ClaimSpec, ClaimState, ClaimStatus, Coverage, DatasetStatus, JobUsage, MemberCoverage, Progress,
+};
 
 /// A JSON Schema document.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,6 +37,28 @@ pub struct Validated {
     pub checkpoint: bool,
     /// Whether it declares scratch.
     pub scratch: bool,
+}
+
+/// A claim as released: its status, and whether this call released it (false: it was released before).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ReleasedClaim {
+    /// The claim now.
+    #[serde(flatten)]
+    pub status: ClaimStatus,
+    /// Whether this call released it.
+    pub released_now: bool,
+}
+
+/// A page of the objects one dataset of a claim admitted, named relative to the dataset's location (as
+/// `GET /v1/list` names them).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ClaimObjectsPage {
+    /// The dataset's location.
+    pub location: String,
+    /// Objects in key order.
+    pub objects: Vec<crate::data::ListedObject>,
+    /// Pass as `after` for the next page; absent on the last.
+    pub next: Option<String>,
 }
 
 /// Query of `GET /v1/claims`.
@@ -122,59 +125,59 @@ endpoint! {
 endpoint! {
     /// Check a claim without submitting it: every problem, each naming its field
     ValidateClaim = POST "/v1/claims/validate", Control, Access::Any, "any principal";
-    query: NoQuery, request: Json<ClaimDocument>, response: Json<Validated>
+    query: NoQuery, request: Json<ClaimSpec>, response: Json<Validated>
 }
 endpoint! {
     /// Submit a claim: admitted against quota, versions pinned, staging started
     SubmitClaim = POST "/v1/claims", Control, Access::Team(Role::Member),
         "member of the claim's team (and reader of each dataset)";
-    query: NoQuery, request: Json<ClaimDocument>, response: Json<Untyped>
+    query: NoQuery, request: Json<ClaimSpec>, response: Json<ClaimStatus>
 }
 endpoint! {
     /// Claims of the caller's teams
     ListClaims = GET "/v1/claims", Control, Access::Any, "any principal (sees its teams' claims; admins all)";
-    query: ClaimsQuery, request: Empty, response: Json<Vec<Untyped>>
+    query: ClaimsQuery, request: Empty, response: Json<Vec<ClaimStatus>>
 }
 endpoint! {
     /// How much of a location's current version the cache cluster holds, per agent, counted (nothing fetched)
-    Coverage = GET "/v1/coverage", Control, Access::Location(Role::Reader),
+    GetCoverage = GET "/v1/coverage", Control, Access::Location(Role::Reader),
         "reader of every key under the location (as a reader of `team`, when given)";
-    query: CoverageQuery, request: Empty, response: Json<Untyped>
+    query: CoverageQuery, request: Empty, response: Json<Coverage>
 }
 endpoint! {
     /// One claim: state, reason, progress, environment, accounting
     GetClaim = GET "/v1/claims/{id}", Control, Access::Owner(Role::Reader), "reader of the claim's team";
-    query: NoQuery, request: Empty, response: Json<Untyped>
+    query: NoQuery, request: Empty, response: Json<ClaimStatus>
 }
 endpoint! {
     /// The versions a claim admitted for one dataset, a page at a time (what its mount serves)
     ClaimObjects = GET "/v1/claims/{id}/objects", Control, Access::Owner(Role::Reader),
         "reader of the claim's team";
-    query: ObjectsQuery, request: Empty, response: Json<Untyped>
+    query: ObjectsQuery, request: Empty, response: Json<ClaimObjectsPage>
 }
 endpoint! {
     /// The job is alive: the claim's TTL starts again
     ClaimHeartbeat = POST "/v1/claims/{id}/heartbeat", Control, Access::Owner(Role::Member),
         "member of the claim's team";
-    query: NoQuery, request: Json<Heartbeat>, response: Json<Untyped>
+    query: NoQuery, request: Json<Heartbeat>, response: Json<ClaimStatus>
 }
 endpoint! {
     /// Release a claim (idempotent): pins and scratch freed, accounting final
     ReleaseClaim = POST "/v1/claims/{id}/release", Control, Access::Owner(Role::Member),
         "member of the claim's team";
-    query: NoQuery, request: Json<Release>, response: Json<Untyped>
+    query: NoQuery, request: Json<Release>, response: Json<ReleasedClaim>
 }
 endpoint! {
     /// Mount a ready claim's datasets on this agent's node too (another node of a multi-node job; idempotent)
     AttachClaim = POST "/v1/claims/{id}/attach", Control, Access::Owner(Role::Member),
         "member of the claim's team";
-    query: NoQuery, request: Json<Nothing>, response: Json<Untyped>
+    query: NoQuery, request: Json<Nothing>, response: Json<ClaimStatus>
 }
 endpoint! {
     /// Unmount a claim's datasets from this agent's node (idempotent)
     DetachClaim = POST "/v1/claims/{id}/detach", Control, Access::Owner(Role::Member),
         "member of the claim's team";
-    query: NoQuery, request: Json<Nothing>, response: Json<Untyped>
+    query: NoQuery, request: Json<Nothing>, response: Json<ClaimStatus>
 }
 
 endpoint_list!(
@@ -182,7 +185,7 @@ endpoint_list!(
     ValidateClaim,
     SubmitClaim,
     ListClaims,
-    Coverage,
+    GetCoverage,
     GetClaim,
     ClaimObjects,
     ClaimHeartbeat,

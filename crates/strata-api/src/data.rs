@@ -3,9 +3,26 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    Access, Binary, Empty, Json, Ndjson, NoQuery, Role, Text, Untyped, endpoint, endpoint_list,
-};
+use crate::{Access, Binary, Empty, Json, Ndjson, NoQuery, Role, Text, endpoint, endpoint_list};
+
+/// An OpenAPI 3.0 document (this API's, as `GET /openapi.json` serves it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct OpenApiDocument(pub serde_json::Value);
+
+impl JsonSchema for OpenApiDocument {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "OpenApiDocument".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "object",
+            "required": ["openapi", "paths"],
+            "description": "An OpenAPI 3.0 document.",
+        })
+    }
+}
 
 /// Answer of `GET /healthz`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -67,6 +84,18 @@ pub struct Unpinned {
     pub removed: bool,
 }
 
+/// One line of a warm-up's NDJSON stream.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct WarmLine {
+    /// Progress so far.
+    #[serde(flatten)]
+    pub progress: crate::cache::WarmProgress,
+    /// True on the last line.
+    pub done: bool,
+    /// Set when the warm-up as a whole failed (listing failed, shutdown).
+    pub error: Option<String>,
+}
+
 /// Answer of `POST /v1/prefetch`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Started {
@@ -120,7 +149,7 @@ endpoint! {
 endpoint! {
     /// This document
     OpenApi = GET "/openapi.json", Public, Access::Public, "anyone";
-    query: NoQuery, request: Empty, response: Json<Untyped>
+    query: NoQuery, request: Empty, response: Json<OpenApiDocument>
 }
 endpoint! {
     /// Prometheus metrics (per-team forecasts included)
@@ -130,7 +159,7 @@ endpoint! {
 endpoint! {
     /// Cache statistics
     CacheStats = GET "/v1/cache", Data, Access::Any, "any principal";
-    query: NoQuery, request: Empty, response: Json<Untyped>
+    query: NoQuery, request: Empty, response: Json<crate::cache::CacheStats>
 }
 endpoint! {
     /// Configured backends
@@ -141,13 +170,13 @@ endpoint! {
     /// Prefetch a prefix (NDJSON progress)
     WarmPrefix = POST "/v1/cache/warm", Data, Access::Location(Role::Reader),
         "reader of the teams owning the prefix and any owned prefix under it";
-    query: NoQuery, request: Json<Warm>, response: Ndjson<Untyped>
+    query: NoQuery, request: Json<Warm>, response: Ndjson<WarmLine>
 }
 endpoint! {
     /// Pin a prefix in the cache
     Pin = POST "/v1/cache/pin", Data, Access::Location(Role::Member),
         "member of the teams owning the prefix and any owned prefix under it; charged to the owner";
-    query: NoQuery, request: Json<PinLocation>, response: Json<Untyped>
+    query: NoQuery, request: Json<PinLocation>, response: Json<crate::cache::PinReport>
 }
 endpoint! {
     /// Unpin a prefix

@@ -14,6 +14,7 @@ mod contract;
 pub mod openapi;
 
 pub mod admin;
+pub mod cache;
 pub mod ckpt;
 pub mod claims;
 pub mod cluster;
@@ -31,10 +32,6 @@ pub use contract::{
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use strata_types::{Error, ErrorKind, Result};
-
-/// The answer of a route not typed yet: any JSON. Each route answering it is listed in this crate's
-/// `untyped_routes_are_the_known_ones` test, which shrinks to nothing as the contract is completed.
-pub type Untyped = serde_json::Value;
 
 /// The JSON body of every failed request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

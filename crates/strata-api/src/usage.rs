@@ -3,7 +3,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{Access, Empty, Json, NoQuery, Untyped, endpoint, endpoint_list};
+use crate::{Access, Empty, Json, NoQuery, endpoint, endpoint_list};
 
 /// How to group usage.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -72,6 +72,61 @@ pub struct Scan {
     pub threads: usize,
 }
 
+/// What a reconciliation did: the backend listed completely, the inventory and usage corrected.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Reconciled {
+    /// Backend reconciled.
+    pub backend: String,
+    /// Objects listed.
+    pub listed: u64,
+    /// Bytes listed.
+    pub listed_bytes: u64,
+    /// Inventory rows added (unknown to the inventory).
+    pub added: u64,
+    /// Rows whose size or ETag changed.
+    pub updated: u64,
+    /// Rows removed (gone from the backend).
+    pub removed: u64,
+    /// Usage per team after reconciliation: (bytes, objects); `""` = unowned.
+    pub teams: std::collections::BTreeMap<String, (i64, i64)>,
+    /// Stale reservations on the backend's scope released.
+    pub released_reservations: u64,
+    /// Seconds spent listing.
+    pub list_secs: f64,
+    /// Seconds spent updating the catalog.
+    pub apply_secs: f64,
+}
+
+/// Usage counters of a tree, as `du` counts them.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, JsonSchema)]
+pub struct TreeTotals {
+    /// Allocated bytes (`st_blocks * 512`).
+    pub bytes: u64,
+    /// Apparent size (`st_size`).
+    pub apparent_bytes: u64,
+    /// Apparent size of the non-directory entries only: what an object store would count.
+    pub file_bytes: u64,
+    /// Non-directory entries.
+    pub files: u64,
+    /// Directories, the root included.
+    pub dirs: u64,
+}
+
+/// What a scan of a local-directory backend found and set.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Scanned {
+    /// The backend scanned.
+    pub backend: String,
+    /// Seconds the scan took.
+    pub secs: f64,
+    /// The whole tree.
+    pub total: TreeTotals,
+    /// Each team's usage set on the backend: (bytes, files).
+    pub teams: std::collections::BTreeMap<String, (i64, i64)>,
+    /// Entries that could not be read.
+    pub errors_total: u64,
+}
+
 endpoint! {
     /// Usage grouped by team, prefix, job or dataset
     GetUsage = GET "/v1/usage", Control, Access::Any, "any principal (only visible teams)";
@@ -80,12 +135,12 @@ endpoint! {
 endpoint! {
     /// List a backend completely and correct the inventory and usage
     ReconcileUsage = POST "/v1/usage/reconcile", Control, Access::Admin, "admin";
-    query: NoQuery, request: Json<Reconcile>, response: Json<Untyped>
+    query: NoQuery, request: Json<Reconcile>, response: Json<Reconciled>
 }
 endpoint! {
     /// Scan a local-directory backend's tree in parallel (like a parallel file system's project quota) and set each team's usage on it from the projects (top-level directories) it owns
     ScanUsage = POST "/v1/usage/scan", Control, Access::Admin, "admin";
-    query: NoQuery, request: Json<Scan>, response: Json<Untyped>
+    query: NoQuery, request: Json<Scan>, response: Json<Scanned>
 }
 endpoint! {
     /// Owned prefixes of the visible teams

@@ -175,24 +175,7 @@ pub(crate) struct MetaMap {
 /// Invalidations kept to refuse answers that started before them.
 pub(crate) const RECENT_MAX: usize = 1024;
 
-/// What an invalidation covers, in one backend.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Invalidation {
-    /// One key.
-    Key(String),
-    /// Every key that starts with this prefix.
-    Prefix(String),
-}
-
-impl Invalidation {
-    pub(crate) fn covers(&self, key: &str) -> bool {
-        match self {
-            Self::Key(k) => k == key,
-            Self::Prefix(p) => key.starts_with(p.as_str()),
-        }
-    }
-}
+pub use strata_api::cache::Invalidation;
 
 /// What is known of one backend's objects.
 #[derive(Default)]

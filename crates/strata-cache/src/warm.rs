@@ -7,53 +7,7 @@ use crate::state::*;
 /// `BlockCache::warm_run_blocks`).
 const WARM_REQUESTS_PER_RUN: u64 = 4;
 
-/// Result of pinning a prefix.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PinReport {
-    /// Blocks already cached that are now pinned.
-    pub pinned_blocks: u64,
-    /// Blocks that could not be pinned because the pinned-bytes cap was reached.
-    pub refused_blocks: u64,
-}
-
-/// Progress of a warm-up, reported after each block.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct WarmProgress {
-    /// Objects found under the prefix.
-    pub objects: u64,
-    /// Total bytes of those objects.
-    pub total_bytes: u64,
-    /// Bytes now cached (fetched or already there).
-    pub done_bytes: u64,
-    /// Blocks fetched from the backend.
-    pub fetched_blocks: u64,
-    /// Blocks that were already cached.
-    pub cached_blocks: u64,
-    /// Bytes of the blocks that were already cached.
-    #[serde(default)]
-    pub cached_bytes: u64,
-    /// Blocks that failed.
-    pub failed_blocks: u64,
-    /// The first errors (at most 10), as `key: message`.
-    pub errors: Vec<String>,
-}
-
-/// What [`BlockCache::held`] counted.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Held {
-    /// Objects counted.
-    pub objects_total: u64,
-    /// Objects every block of which is held (an empty object always is).
-    pub objects_held: u64,
-    /// Blocks counted.
-    pub blocks_total: u64,
-    /// Blocks held.
-    pub blocks_held: u64,
-    /// Bytes counted.
-    pub bytes_total: u64,
-    /// Bytes of the blocks held.
-    pub bytes_held: u64,
-}
+pub use strata_api::cache::{Held, PinReport, WarmProgress};
 
 impl BlockCache {
     /// Prefetch every object under `prefix` into the cache, `concurrency` blocks at a time (at least 1).

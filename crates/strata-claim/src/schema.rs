@@ -60,3 +60,20 @@ pub fn schema() -> Value {
         }
     })
 }
+
+/// A claim document's schema is the published one ([`schema`]), less what OpenAPI 3.0 has no place for: the
+/// API's contract describes claims with it.
+impl schemars::JsonSchema for crate::ClaimSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ClaimSpec".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut v = schema();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("$schema");
+            o.remove("$id");
+        }
+        schemars::Schema::try_from(v).unwrap_or_default()
+    }
+}

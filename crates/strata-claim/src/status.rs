@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::ClaimSpec;
 
 /// Where a claim is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ClaimState {
     /// Admitted, versions pinned; staging has not started.
@@ -53,7 +53,7 @@ impl ClaimState {
 }
 
 /// Staging progress: counts of the claim's snapshot.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Progress {
     /// Objects in the staged datasets' snapshot.
     pub objects_total: u64,
@@ -107,7 +107,7 @@ impl Progress {
 }
 
 /// One dataset of a claim, as admitted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DatasetStatus {
     /// Its name in the claim.
     pub name: String,
@@ -124,7 +124,7 @@ pub struct DatasetStatus {
 }
 
 /// What a job did with its data, charged to its team.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JobUsage {
     /// Bytes brought into the cache by staging.
     pub staged_bytes: u64,
@@ -143,7 +143,7 @@ pub struct JobUsage {
 }
 
 /// A claim as the agent reports it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ClaimStatus {
     /// The claim's id (`clm_...`).
     pub id: String,
@@ -187,7 +187,7 @@ pub struct ClaimStatus {
 
 /// How much of a location's current version the cache cluster holds (`GET /v1/coverage`): what a Dataset's
 /// status and `strata coverage` show. Counted, never fetched: nothing is read from the origin but its listing.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Coverage {
     /// The location as asked.
     pub location: String,
@@ -224,7 +224,7 @@ impl Coverage {
 }
 
 /// One agent's share of a [`Coverage`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct MemberCoverage {
     /// The agent (its member id, `http://address:port`).
     pub member: String,

@@ -3,6 +3,9 @@
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
+use strata_api::cache::CacheStats;
+use strata_api::data;
+use strata_api::{Endpoint, NoQuery};
 use strata_client::AgentClient;
 
 use crate::{CacheCommand, api_client, human, reached};
@@ -19,8 +22,8 @@ pub async fn run(c: CacheCommand) -> Result<()> {
     let base = client.base().to_string();
     match c {
         CacheCommand::Stats { json, .. } => {
-            let stats: serde_json::Value = client
-                .get_json("/v1/cache")
+            let stats = client
+                .call::<data::CacheStats>(&[], &NoQuery {}, &())
                 .await
                 .map_err(|e| reached(e, &base))?;
             if json {
@@ -39,16 +42,16 @@ pub async fn run(c: CacheCommand) -> Result<()> {
         CacheCommand::Pin {
             location, warm: w, ..
         } => {
-            let r: serde_json::Value = client
-                .post_json(
-                    "/v1/cache/pin",
-                    &serde_json::json!({ "location": location }),
-                )
+            let body = data::PinLocation {
+                location: location.clone(),
+            };
+            let r = client
+                .call::<data::Pin>(&[], &NoQuery {}, &body)
                 .await
                 .map_err(|e| reached(e, &base))?;
             println!(
                 "pinned {location}: {} cached blocks pinned, {} refused (pinned-bytes cap)",
-                r["pinned_blocks"], r["refused_blocks"]
+                r.pinned_blocks, r.refused_blocks
             );
             if w {
                 warm(&client, &location, 16, false).await?;
@@ -62,14 +65,14 @@ pub async fn run(c: CacheCommand) -> Result<()> {
             ..
         } => coverage(&client, &location, team.as_deref(), json).await,
         CacheCommand::Unpin { location, .. } => {
-            let r: serde_json::Value = client
-                .post_json(
-                    "/v1/cache/unpin",
-                    &serde_json::json!({ "location": location }),
-                )
+            let body = data::PinLocation {
+                location: location.clone(),
+            };
+            let r = client
+                .call::<data::Unpin>(&[], &NoQuery {}, &body)
                 .await
                 .map_err(|e| reached(e, &base))?;
-            if r["removed"].as_bool() == Some(true) {
+            if r.removed {
                 println!("unpinned {location}");
                 Ok(())
             } else {
@@ -79,95 +82,78 @@ pub async fn run(c: CacheCommand) -> Result<()> {
     }
 }
 
-fn print_stats(s: &serde_json::Value) {
-    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
-    println!(
-        "block size {}   policy {}",
-        human(n(&s["block_size"])),
-        s["policy"].as_str().unwrap_or("?")
-    );
+fn print_stats(s: &CacheStats) {
+    println!("block size {}   policy {}", human(s.block_size), s.policy);
     println!(
         "{:<6} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10}",
         "tier", "capacity", "used", "pinned", "blocks", "hits", "evictions"
     );
-    for (name, t) in [("ram", &s["ram"]), ("disk", &s["disk"])] {
-        if t.is_null() {
-            continue;
-        }
+    for (name, t) in [("ram", Some(&s.ram)), ("disk", s.disk.as_ref())] {
+        let Some(t) = t else { continue };
         println!(
             "{:<6} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10}",
             name,
-            human(n(&t["capacity_bytes"])),
-            human(n(&t["used_bytes"])),
-            human(n(&t["pinned_bytes"])),
-            n(&t["blocks"]),
-            n(&t["hits"]),
-            n(&t["evictions"])
+            human(t.capacity_bytes),
+            human(t.used_bytes),
+            human(t.pinned_bytes),
+            t.blocks,
+            t.hits,
+            t.evictions
         );
     }
     println!(
         "misses {}   hit ratio {:.3} (bytes {:.3})   fills {} ({})   single-flight joins {}   readahead blocks {}",
-        n(&s["misses"]),
-        s["hit_ratio"].as_f64().unwrap_or(0.0),
-        s["byte_hit_ratio"].as_f64().unwrap_or(0.0),
-        n(&s["fills"]),
-        human(n(&s["fill_bytes"])),
-        n(&s["single_flight_joins"]),
-        n(&s["readahead_blocks"])
+        s.misses,
+        s.hit_ratio,
+        s.byte_hit_ratio,
+        s.fills,
+        human(s.fill_bytes),
+        s.single_flight_joins,
+        s.readahead_blocks
     );
-    let (peer, fills) = (n(&s["peer_blocks"]), n(&s["fills"]));
-    if peer + n(&s["served_to_peers"]) > 0 {
+    let (peer, fills) = (s.peer_blocks, s.fills);
+    if peer + s.served_to_peers > 0 {
         println!(
             "peers: {} blocks ({}) from peers, peer hit ratio {:.3}   {} blocks ({}) served to peers",
             peer,
-            human(n(&s["peer_bytes"])),
+            human(s.peer_bytes),
             peer as f64 / (peer + fills).max(1) as f64,
-            n(&s["served_to_peers"]),
-            human(n(&s["served_to_peers_bytes"]))
+            s.served_to_peers,
+            human(s.served_to_peers_bytes)
         );
     }
-    if let Some(jobs) = s["by_job"].as_array()
-        && !jobs.is_empty()
-    {
+    if !s.by_job.is_empty() {
         println!(
             "{:<24} {:<24} {:>12} {:>12} {:>12} {:>9}",
             "job", "dataset", "origin", "from peers", "to peers", "peer hit"
         );
-        for j in jobs.iter().take(10) {
+        for j in s.by_job.iter().take(10) {
             println!(
                 "{:<24} {:<24} {:>12} {:>12} {:>12} {:>9.3}",
-                j["job"].as_str().unwrap_or("-"),
-                j["dataset"].as_str().unwrap_or("-"),
-                human(n(&j["origin_bytes"])),
-                human(n(&j["peer_bytes"])),
-                human(n(&j["served_to_peers_bytes"])),
-                j["peer_hit_ratio"].as_f64().unwrap_or(0.0)
+                j.job.as_deref().unwrap_or("-"),
+                j.dataset.as_deref().unwrap_or("-"),
+                human(j.origin_bytes),
+                human(j.peer_bytes),
+                human(j.served_to_peers_bytes),
+                j.peer_hit_ratio
             );
         }
-        if jobs.len() > 10 {
-            println!("... {} more (--json for all)", jobs.len() - 10);
+        if s.by_job.len() > 10 {
+            println!("... {} more (--json for all)", s.by_job.len() - 10);
         }
     }
-    let f = &s["disk_faults"];
+    let f = &s.disk_faults;
     println!(
         "disk faults: checksum {}  read {}  write {}  no-space {}  queue-full {}  removed at start {}",
-        n(&f["checksum_failures"]),
-        n(&f["read_errors"]),
-        n(&f["write_errors"]),
-        n(&f["no_space"]),
-        n(&f["writes_dropped"]),
-        n(&f["removed_on_start"])
+        f.checksum_failures,
+        f.read_errors,
+        f.write_errors,
+        f.no_space,
+        f.writes_dropped,
+        f.removed_on_start
     );
-    if let Some(pins) = s["pins"].as_array()
-        && !pins.is_empty()
-    {
-        for p in pins {
-            println!(
-                "pinned: {} {}",
-                p["backend"].as_str().unwrap_or("?"),
-                p["prefix"].as_str().unwrap_or("")
-            );
-        }
+    for p in &s.pins {
+        println!("pinned: {} {}", p.backend, p.prefix);
     }
 }
 
@@ -177,9 +163,16 @@ async fn warm(
     concurrency: u16,
     quiet: bool,
 ) -> Result<()> {
+    // The progress is read line by line as it streams, so this is a request of its own, not a `call`.
     let req = client
-        .request(strata_client::Method::POST, client.url("/v1/cache/warm"))
-        .json(&serde_json::json!({ "location": location, "concurrency": concurrency }));
+        .request(
+            strata_client::Method::POST,
+            client.url(data::WarmPrefix::PATH),
+        )
+        .json(&data::Warm {
+            location: location.to_string(),
+            concurrency: Some(concurrency.into()),
+        });
     let resp = client
         .send(req, "warm-up")
         .await
@@ -198,42 +191,43 @@ async fn warm(
     };
     let mut stream = resp.bytes_stream();
     let mut buf = Vec::new();
-    let mut last: Option<serde_json::Value> = None;
+    let mut last: Option<data::WarmLine> = None;
     while let Some(chunk) = stream.next().await {
         buf.extend_from_slice(&chunk.context("reading the warm-up progress stream")?);
         while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=pos).collect();
-            let v: serde_json::Value =
+            let v: data::WarmLine =
                 serde_json::from_slice(&line).context("malformed progress line")?;
-            bar.set_length(v["total_bytes"].as_u64().unwrap_or(0));
-            bar.set_position(v["done_bytes"].as_u64().unwrap_or(0));
-            bar.set_message(format!("{} objects", v["objects"]));
+            bar.set_length(v.progress.total_bytes);
+            bar.set_position(v.progress.done_bytes);
+            bar.set_message(format!("{} objects", v.progress.objects));
             last = Some(v);
         }
     }
     bar.finish_and_clear();
-    let Some(v) = last.filter(|v| v["done"].as_bool() == Some(true)) else {
+    let Some(v) = last.filter(|v| v.done) else {
         bail!("the agent closed the progress stream before the warm-up finished");
     };
-    if let Some(e) = v["error"].as_str() {
+    if let Some(e) = &v.error {
         bail!("warm-up of {location} failed: {e}");
     }
+    let p = &v.progress;
     if quiet {
-        println!("{v}");
+        println!("{}", serde_json::to_string(&v)?);
     } else {
         println!(
             "warmed {location}: {} objects, {} ({} blocks fetched, {} already cached, {} failed)",
-            v["objects"],
-            human(v["done_bytes"].as_u64().unwrap_or(0)),
-            v["fetched_blocks"],
-            v["cached_blocks"],
-            v["failed_blocks"]
+            p.objects,
+            human(p.done_bytes),
+            p.fetched_blocks,
+            p.cached_blocks,
+            p.failed_blocks
         );
     }
-    let failed = v["failed_blocks"].as_u64().unwrap_or(0);
+    let failed = p.failed_blocks;
     if failed > 0 {
-        for e in v["errors"].as_array().into_iter().flatten() {
-            eprintln!("  {}", e.as_str().unwrap_or_default());
+        for e in &p.errors {
+            eprintln!("  {e}");
         }
         bail!("{failed} blocks could not be cached");
     }
@@ -248,14 +242,13 @@ async fn coverage(
     team: Option<&str>,
     json: bool,
 ) -> Result<()> {
-    let enc = |s: &str| -> String { url::form_urlencoded::byte_serialize(s.as_bytes()).collect() };
-    let mut path = format!("/v1/coverage?location={}", enc(location));
-    if let Some(t) = team {
-        path.push_str(&format!("&team={}", enc(t)));
-    }
+    let q = strata_api::claims::CoverageQuery {
+        location: location.to_string(),
+        team: team.map(str::to_string),
+    };
     let base = client.base().to_string();
-    let c: strata_claim::Coverage = client
-        .get_json(&path)
+    let c = client
+        .call::<strata_api::claims::GetCoverage>(&[], &q, &())
         .await
         .map_err(|e| reached(e, &base))?;
     if json {

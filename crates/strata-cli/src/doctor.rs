@@ -242,13 +242,14 @@ async fn site_checks(site: &Site, bb_conf: &str, api: &ApiArgs) -> Vec<Check> {
 /// Who the agent says the client's token is.
 async fn agent_check(client: &strata_client::AgentClient) -> Check {
     let base = client.base().to_string();
-    match client.get_json::<serde_json::Value>("/v1/whoami").await {
+    let whoami = client.call::<strata_api::teams::WhoAmI>(&[], &strata_api::NoQuery {}, &());
+    match whoami.await {
         Ok(v) => check(
             true,
             format!(
                 "agent {base}: token of {} ({})",
-                v["name"].as_str().unwrap_or("?"),
-                if v["is_admin"].as_bool() == Some(true) {
+                v.name,
+                if v.is_admin {
                     "administrator"
                 } else {
                     "not an administrator: it submits claims only for its own teams"

@@ -14,7 +14,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use strata_types::{Error, ErrorKind, IoContext};
 
 use crate::Agent;
@@ -64,7 +63,7 @@ async fn metrics(
 async fn cache_stats(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<Principal>,
-) -> ApiResult<Json<strata_cache::CacheStats>> {
+) -> ApiResult<Reply<api::data::CacheStats>> {
     let mut stats = agent.cache().stats();
     // Pins name prefixes: a caller sees those it may read.
     if !principal.is_admin {
@@ -94,7 +93,7 @@ async fn cache_stats(
                 .is_some_and(|t| principal.can(t, Role::Reader))
         });
     }
-    Ok(Json(stats))
+    Ok(Reply(stats))
 }
 
 async fn backends(
@@ -114,18 +113,6 @@ async fn backends(
             })
             .collect(),
     )
-}
-
-/// One line of the warm-up's NDJSON stream.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct WarmLine {
-    /// Progress so far.
-    #[serde(flatten)]
-    pub progress: strata_cache::WarmProgress,
-    /// True on the last line.
-    pub done: bool,
-    /// Set when the warm-up as a whole failed (listing failed, shutdown).
-    pub error: Option<String>,
 }
 
 async fn warm(
@@ -150,7 +137,7 @@ async fn warm(
     // error line and a cut body, never a clean 200.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<std::result::Result<Bytes, Error>>(16);
     let line = |p: &strata_cache::WarmProgress, done: bool, error: Option<String>| {
-        let mut v = serde_json::to_vec(&WarmLine {
+        let mut v = serde_json::to_vec(&api::data::WarmLine {
             progress: p.clone(),
             done,
             error,
@@ -230,7 +217,7 @@ async fn pin(
     State(agent): State<Arc<Agent>>,
     Extension(principal): Extension<Principal>,
     Json(req): Json<api::data::PinLocation>,
-) -> ApiResult<Json<strata_cache::PinReport>> {
+) -> ApiResult<Reply<api::data::Pin>> {
     let caller = Caller::Principal(principal.clone());
     let (backend, prefix, owner) = agent
         .authorize(&caller, &req.location, Role::Member, true)
@@ -276,7 +263,7 @@ async fn pin(
         agent.catalog().commit_write(vec![res], &rec).await?;
     }
     agent.pins_changed();
-    Ok(Json(report))
+    Ok(Reply(report))
 }
 
 async fn unpin(

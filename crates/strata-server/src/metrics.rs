@@ -47,7 +47,11 @@ pub(crate) fn render_cluster(c: &crate::cluster::Cluster) -> String {
         "Blocks served by their owner in the view before a membership change",
         &[("", st.moved)],
     );
-    let up = st.members.iter().filter(|m| m.state == "up").count() as u64;
+    let up = st
+        .members
+        .iter()
+        .filter(|m| m.state == strata_api::cluster::MemberState::Up)
+        .count() as u64;
     family(
         &mut o,
         "strata_cluster_members",

@@ -559,7 +559,7 @@ async fn handoff(
             remote_run = agent
                 .resolve(&format!("{u}/{run}/"))
                 .ok()
-                .map(|(b, k)| crate::cluster::coherence::Change::prefix(&b, &k));
+                .map(|(b, k)| crate::cluster::coherence::Change::prefix(b.id(), &k));
             // Charged on a configured backend's scope (ad-hoc buckets have no quota scope).
             if let (Some(t), true, false) = (&team, req.upload, scope.contains("://")) {
                 let shard = Tier::local_step(&local, &run, req.step).join(shard_file(req.rank));

@@ -42,8 +42,8 @@ pub fn openapi_doc() -> serde_json::Value {
     strata_api::openapi::document(&docs, env!("CARGO_PKG_VERSION"))
 }
 
-async fn openapi() -> axum::Json<serde_json::Value> {
-    axum::Json(openapi_doc())
+async fn openapi() -> crate::http::Reply<strata_api::data::OpenApi> {
+    crate::http::Reply(strata_api::data::OpenApiDocument(openapi_doc()))
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! The Slurm burst-buffer script and the prolog/epilog scripts (`contrib/slurm/`) call these commands.
 
 use super::*;
+use api::claims::{self as c, ClaimState};
 
 #[derive(Debug, Subcommand)]
 pub enum ClaimCommand {
@@ -105,13 +106,12 @@ fn read_file(file: &str) -> Result<String> {
 
 /// The id of job `job`'s live claim (one per team and job; several teams' claims of one job name is ambiguous).
 async fn claim_of_job(api: &Api, job: &str) -> Result<String> {
-    let v = api.get(&format!("/v1/claims?job={}", enc(job))).await?;
-    let ids: Vec<&str> = v
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["id"].as_str())
-        .collect();
+    let q = c::ClaimsQuery {
+        job: Some(job.to_string()),
+        ..Default::default()
+    };
+    let v = api.call::<c::ListClaims>(&[], &q, &()).await?;
+    let ids: Vec<&str> = v.iter().map(|c| c.id.as_str()).collect();
     match ids.as_slice() {
         [one] => Ok(one.to_string()),
         [] => anyhow::bail!("job {job} has no live claim this token can see"),
@@ -184,17 +184,12 @@ pub async fn run(c: ClaimCommand, out: Out) -> Result<()> {
         ClaimCommand::Validate { .. } | ClaimCommand::Schema => unreachable!("handled above"),
         ClaimCommand::Submit { file, job, wait } => {
             let spec = load(&file, job)?;
-            let v = api.post("/v1/claims", serde_json::to_value(&spec)?).await?;
-            let id = text(&v["id"]);
+            let v = api.call::<c::SubmitClaim>(&[], &NoQuery {}, &spec).await?;
+            let id = v.id.clone();
             if !wait {
-                return emit(&out, &v, |v| {
-                    println!("{}", text(&v["id"]));
-                    eprintln!(
-                        "claim {} of job {}: {}",
-                        text(&v["id"]),
-                        text(&v["job"]),
-                        text(&v["state"])
-                    );
+                return show(&out, &v, |v| {
+                    println!("{}", v.id);
+                    eprintln!("claim {} of job {}: {}", v.id, v.job, v.state.as_str());
                 });
             }
             eprintln!("claim {id}");
@@ -205,39 +200,28 @@ pub async fn run(c: ClaimCommand, out: Out) -> Result<()> {
             wait_for(&api, &out, &id, t).await
         }
         ClaimCommand::Status { id } => {
-            let v = api.get(&format!("/v1/claims/{}", enc(&id))).await?;
-            emit(&out, &v, print_claim)
+            let v = api.call::<c::GetClaim>(&[&id], &NoQuery {}, &()).await?;
+            show(&out, &v, print_claim)
         }
         ClaimCommand::Ls { team, job, all } => {
-            let mut q = vec![];
-            if let Some(t) = &team {
-                q.push(format!("team={}", enc(t)));
-            }
-            if let Some(j) = &job {
-                q.push(format!("job={}", enc(j)));
-            }
-            if all {
-                q.push("released=true".into());
-            }
-            let path = if q.is_empty() {
-                "/v1/claims".to_string()
-            } else {
-                format!("/v1/claims?{}", q.join("&"))
+            let q = c::ClaimsQuery {
+                team,
+                job,
+                released: all,
             };
-            let v = api.get(&path).await?;
-            emit(&out, &v, |v| {
+            let v = api.call::<c::ListClaims>(&[], &q, &()).await?;
+            show(&out, &v, |v| {
                 table(
                     &["id", "team", "job", "state", "progress", "reason"],
-                    arr(v)
-                        .iter()
+                    v.iter()
                         .map(|c| {
                             vec![
-                                text(&c["id"]),
-                                text(&c["team"]),
-                                text(&c["job"]),
-                                text(&c["state"]),
-                                progress(&c["progress"]),
-                                text(&c["reason"]),
+                                c.id.clone(),
+                                c.team.clone(),
+                                c.job.clone(),
+                                c.state.as_str().to_string(),
+                                progress(&c.progress),
+                                c.reason.clone(),
                             ]
                         })
                         .collect(),
@@ -245,28 +229,26 @@ pub async fn run(c: ClaimCommand, out: Out) -> Result<()> {
             })
         }
         ClaimCommand::Env { id } => {
-            let v = api.get(&format!("/v1/claims/{}", enc(&id))).await?;
+            let v = api.call::<c::GetClaim>(&[&id], &NoQuery {}, &()).await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&v["env"])?);
+                println!("{}", serde_json::to_string_pretty(&v.env)?);
                 return Ok(());
             }
-            for (k, val) in v["env"].as_object().into_iter().flatten() {
-                println!("export {k}={}", shell_quote(val.as_str().unwrap_or("")));
+            for (k, val) in &v.env {
+                println!("export {k}={}", shell_quote(val));
             }
             Ok(())
         }
         ClaimCommand::Heartbeat { id } => {
             let v = api
-                .post(&format!("/v1/claims/{}/heartbeat", enc(&id)), json!({}))
+                .call::<c::ClaimHeartbeat>(&[&id], &NoQuery {}, &c::Heartbeat::default())
                 .await?;
-            emit(&out, &v, |v| {
-                println!("{}: {}", text(&v["id"]), text(&v["state"]))
-            })
+            show(&out, &v, |v| println!("{}: {}", v.id, v.state.as_str()))
         }
         c @ (ClaimCommand::Attach { .. } | ClaimCommand::Detach { .. }) => {
-            let (id, job, what, done) = match c {
-                ClaimCommand::Attach { id, job } => (id, job, "attach", "mounted here"),
-                ClaimCommand::Detach { id, job } => (id, job, "detach", "unmounted here"),
+            let (id, job, attach, done) = match c {
+                ClaimCommand::Attach { id, job } => (id, job, true, "mounted here"),
+                ClaimCommand::Detach { id, job } => (id, job, false, "unmounted here"),
                 _ => unreachable!("matched above"),
             };
             let id = match (id, job) {
@@ -274,37 +256,35 @@ pub async fn run(c: ClaimCommand, out: Out) -> Result<()> {
                 (None, Some(job)) => claim_of_job(&api, &job).await?,
                 (None, None) => anyhow::bail!("name the claim, or --job"),
             };
-            let v = api
-                .post(&format!("/v1/claims/{}/{what}", enc(&id)), json!({}))
-                .await?;
-            emit(&out, &v, |v| {
-                println!("{}: {done}", text(&v["id"]));
-                for d in v["datasets"].as_array().into_iter().flatten() {
-                    if let Some(m) = d["mount"].as_str() {
-                        println!("  {} {m}", text(&d["name"]));
+            let nothing = api::quotas::Nothing {};
+            let v = if attach {
+                api.call::<c::AttachClaim>(&[&id], &NoQuery {}, &nothing)
+                    .await?
+            } else {
+                api.call::<c::DetachClaim>(&[&id], &NoQuery {}, &nothing)
+                    .await?
+            };
+            show(&out, &v, |v| {
+                println!("{}: {done}", v.id);
+                for d in &v.datasets {
+                    if let Some(m) = &d.mount {
+                        println!("  {} {m}", d.name);
                     }
                 }
             })
         }
         ClaimCommand::Release { id, reason } => {
-            let body = match reason {
-                Some(r) => json!({"reason": r}),
-                None => json!({}),
-            };
+            let body = c::Release { reason };
             let v = api
-                .post(&format!("/v1/claims/{}/release", enc(&id)), body)
+                .call::<c::ReleaseClaim>(&[&id], &NoQuery {}, &body)
                 .await?;
-            emit(&out, &v, |v| {
-                if v["released_now"].as_bool() == Some(true) {
-                    println!("released {}", text(&v["id"]));
+            show(&out, &v, |v| {
+                if v.released_now {
+                    println!("released {}", v.status.id);
                 } else {
-                    println!(
-                        "{} was already released ({})",
-                        text(&v["id"]),
-                        text(&v["reason"])
-                    );
+                    println!("{} was already released ({})", v.status.id, v.status.reason);
                 }
-                print_usage(&v["usage"]);
+                print_usage(&v.status.usage);
             })
         }
     }
@@ -314,23 +294,22 @@ pub async fn run(c: ClaimCommand, out: Out) -> Result<()> {
 /// such as an unreachable agent, exit 2 as every command's do).
 async fn wait_for(api: &Api, out: &Out, id: &str, timeout: Option<i64>) -> Result<()> {
     let start = std::time::Instant::now();
-    let path = format!("/v1/claims/{}", enc(id));
     let mut last = String::new();
     loop {
-        let v = api.get(&path).await?;
-        let state = text(&v["state"]);
-        let line = format!("{state}: {}", progress(&v["progress"]));
+        let v = api.call::<c::GetClaim>(&[id], &NoQuery {}, &()).await?;
+        let state = v.state.as_str();
+        let line = format!("{state}: {}", progress(&v.progress));
         if line != last {
             eprintln!("{line}");
             last = line;
         }
-        match state.as_str() {
-            "ready" => return emit(out, &v, |v| println!("{}", text(&v["id"]))),
-            "failed" | "released" => {
-                eprintln!("claim {id} {state}: {}", text(&v["reason"]));
+        match v.state {
+            ClaimState::Ready => return show(out, &v, |v| println!("{}", v.id)),
+            ClaimState::Failed | ClaimState::Released => {
+                eprintln!("claim {id} {state}: {}", v.reason);
                 std::process::exit(1);
             }
-            _ => {}
+            ClaimState::Pending | ClaimState::Staging => {}
         }
         if let Some(t) = timeout
             && start.elapsed().as_secs() as i64 >= t
@@ -348,9 +327,8 @@ async fn wait_for(api: &Api, out: &Out, id: &str, timeout: Option<i64>) -> Resul
     }
 }
 
-fn progress(p: &Value) -> String {
-    let n = |k: &str| p[k].as_u64().unwrap_or(0);
-    let (done, total) = (n("bytes_done"), n("bytes_total"));
+fn progress(p: &c::Progress) -> String {
+    let (done, total) = (p.bytes_done, p.bytes_total);
     let pct = if total == 0 {
         100.0
     } else {
@@ -358,52 +336,56 @@ fn progress(p: &Value) -> String {
     };
     let mut s = format!(
         "{}/{} objects, {} of {} ({pct:.1}%), {}/{} blocks",
-        n("objects_done"),
-        n("objects_total"),
+        p.objects_done,
+        p.objects_total,
         indicatif::HumanBytes(done),
         indicatif::HumanBytes(total),
-        n("blocks_held"),
-        n("blocks_total")
+        p.blocks_held,
+        p.blocks_total
     );
-    if let Some(r) = p["rate_bytes_per_sec"].as_f64().filter(|r| *r > 0.0) {
-        s.push_str(&format!(", {}/s", indicatif::HumanBytes(r as u64)));
+    if p.rate_bytes_per_sec > 0.0 {
+        s.push_str(&format!(
+            ", {}/s",
+            indicatif::HumanBytes(p.rate_bytes_per_sec as u64)
+        ));
     }
-    if let Some(eta) = p["eta_secs"].as_u64() {
+    if let Some(eta) = p.eta_secs {
         s.push_str(&format!(", ETA {eta} s"));
     }
     s
 }
 
-fn print_claim(v: &Value) {
-    println!("claim    {}", text(&v["id"]));
-    println!("job      {} (team {})", text(&v["job"]), text(&v["team"]));
-    println!("state    {}", text(&v["state"]));
-    if !text(&v["reason"]).is_empty() && v["reason"] != "" {
-        println!("reason   {}", text(&v["reason"]));
+fn print_claim(v: &c::ClaimStatus) {
+    println!("claim    {}", v.id);
+    println!("job      {} (team {})", v.job, v.team);
+    println!("state    {}", v.state.as_str());
+    if !v.reason.is_empty() {
+        println!("reason   {}", v.reason);
     }
-    println!("progress {}", progress(&v["progress"]));
-    for d in arr(&v["datasets"]) {
+    println!("progress {}", progress(&v.progress));
+    for d in &v.datasets {
         println!(
             "dataset  {} {} ({}): {} objects, {}",
-            text(&d["name"]),
-            text(&d["location"]),
-            text(&d["mode"]),
-            text(&d["objects"]),
-            bytes(&d["bytes"])
+            d.name,
+            d.location,
+            d.mode,
+            d.objects,
+            indicatif::HumanBytes(d.bytes)
         );
     }
-    print_usage(&v["usage"]);
+    print_usage(&v.usage);
 }
 
-fn print_usage(u: &Value) {
+fn print_usage(u: &c::JobUsage) {
+    let b = |n: u64| indicatif::HumanBytes(n).to_string();
     println!(
         "usage    staged {} (already cached {}), origin {}, from peers {}, scratch peak {}, checkpoints {}",
-        bytes(&u["staged_bytes"]),
-        bytes(&u["staged_cached_bytes"]),
-        bytes(&u["origin_bytes"]),
-        bytes(&u["peer_bytes"]),
-        bytes(&u["scratch_peak_bytes"]),
-        bytes(&u["checkpoint_bytes"])
+        b(u.staged_bytes),
+        b(u.staged_cached_bytes),
+        b(u.origin_bytes),
+        b(u.peer_bytes),
+        b(u.scratch_peak_bytes),
+        b(u.checkpoint_bytes)
     );
 }
 

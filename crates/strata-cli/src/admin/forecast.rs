@@ -4,9 +4,11 @@ use super::*;
 
 pub async fn run(out: Out) -> Result<()> {
     let api = Api::new(&out.api)?;
-    let v = api.get("/v1/forecast").await?;
-    emit(&out, &v, |v| {
-        let days = |x: &Value| match x.as_f64() {
+    let v = api
+        .call::<api::admin::Forecasts>(&[], &NoQuery {}, &())
+        .await?;
+    show(&out, &v, |v| {
+        let days = |x: Option<f64>| match x {
             Some(d) => format!("{d:.1}"),
             None => "never".into(),
         };
@@ -21,31 +23,25 @@ pub async fn run(out: Out) -> Result<()> {
                 "95% interval",
                 "alert",
             ],
-            arr(v)
-                .iter()
+            v.iter()
                 .map(|l| {
-                    let f = &l["forecast"];
+                    let (growth, to_full, interval) = match &l.forecast {
+                        None => ("-".into(), opt(l.note.as_deref()), "-".into()),
+                        Some(f) => (
+                            size(Some(f.slope_per_day as i64)),
+                            days(f.days_until_full),
+                            format!("{} .. {}", days(f.days_low), days(f.days_high)),
+                        ),
+                    };
                     vec![
-                        text(&l["kind"]),
-                        text(&l["scope"]),
-                        bytes(&l["used"]),
-                        bytes(&l["capacity"]),
-                        if f.is_null() {
-                            "-".into()
-                        } else {
-                            bytes(&json!(f["slope_per_day"].as_f64().unwrap_or(0.0) as i64))
-                        },
-                        if f.is_null() {
-                            text(&l["note"])
-                        } else {
-                            days(&f["days_until_full"])
-                        },
-                        if f.is_null() {
-                            "-".into()
-                        } else {
-                            format!("{} .. {}", days(&f["days_low"]), days(&f["days_high"]))
-                        },
-                        if l["alert"] == true {
+                        l.kind.clone(),
+                        l.scope.clone(),
+                        size(Some(l.used)),
+                        size(l.capacity),
+                        growth,
+                        to_full,
+                        interval,
+                        if l.alert {
                             "ALERT".into()
                         } else {
                             String::new()

@@ -17,10 +17,9 @@ pub mod usage;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use strata_api::{self as api, Endpoint, NoQuery, Payload, Role};
-use strata_client::Method;
 
 use crate::{ApiArgs, api_client, reached};
 
@@ -61,12 +60,6 @@ impl Api {
         })
     }
 
-    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value> {
-        self.client
-            .json(method, path, body.as_ref())
-            .await
-            .map_err(|e| reached(e, self.client.base()))
-    }
     /// Call endpoint `E` of the contract: its typed answer.
     async fn call<E: Endpoint>(
         &self,
@@ -79,53 +72,37 @@ impl Api {
             .await
             .map_err(|e| reached(e, self.client.base()))
     }
-    async fn get(&self, path: &str) -> Result<Value> {
-        self.send(Method::GET, path, None).await
-    }
-    async fn post(&self, path: &str, body: Value) -> Result<Value> {
-        self.send(Method::POST, path, Some(body)).await
-    }
 }
 
-use strata_types::encode_segment as enc;
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-fn bytes(v: &Value) -> String {
-    match v.as_i64() {
+/// A byte count, human-readable; `-` when absent.
+fn size(n: Option<i64>) -> String {
+    match n {
         Some(n) if n >= 0 => indicatif::HumanBytes(n as u64).to_string(),
         Some(n) => format!("-{}", indicatif::HumanBytes(n.unsigned_abs())),
         None => "-".into(),
     }
 }
 
-fn when(v: &Value) -> String {
-    match v.as_i64() {
-        Some(t) => {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0);
-            let d = t - now;
-            let (a, unit) = match d.abs() {
-                x if x < 120 => (x, "s"),
-                x if x < 7200 => (x / 60, "m"),
-                x if x < 172_800 => (x / 3600, "h"),
-                x => (x / 86_400, "d"),
-            };
-            if d >= 0 {
-                format!("in {a}{unit}")
-            } else {
-                format!("{a}{unit} ago")
-            }
-        }
-        None => "-".into(),
+/// A time (Unix seconds) relative to now: `in 5m`, `3h ago`; `-` when absent.
+fn at(t: Option<i64>) -> String {
+    let Some(t) = t else {
+        return "-".into();
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let d = t - now;
+    let (a, unit) = match d.abs() {
+        x if x < 120 => (x, "s"),
+        x if x < 7200 => (x / 60, "m"),
+        x if x < 172_800 => (x / 3600, "h"),
+        x => (x / 86_400, "d"),
+    };
+    if d >= 0 {
+        format!("in {a}{unit}")
+    } else {
+        format!("{a}{unit} ago")
     }
 }
 
@@ -168,11 +145,6 @@ fn opt(v: Option<&str>) -> String {
     v.unwrap_or("-").to_string()
 }
 
-/// A byte count, human-readable; `-` when absent.
-fn size(n: Option<i64>) -> String {
-    bytes(&n.map_or(Value::Null, Value::from))
-}
-
 /// A number, `-` when absent.
 fn num(n: Option<i64>) -> String {
     n.map_or_else(|| "-".into(), |n| n.to_string())
@@ -180,12 +152,11 @@ fn num(n: Option<i64>) -> String {
 
 /// An enum as its wire name.
 fn name<T: serde::Serialize>(v: &T) -> String {
-    text(&serde_json::to_value(v).unwrap_or_default())
-}
-
-/// A time, relative to now; `-` when absent.
-fn at(t: Option<i64>) -> String {
-    when(&t.map_or(Value::Null, Value::from))
+    match serde_json::to_value(v) {
+        Ok(Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => "-".into(),
+    }
 }
 
 fn emit(out: &Out, v: &Value, render: impl FnOnce(&Value)) -> Result<()> {
@@ -195,10 +166,6 @@ fn emit(out: &Out, v: &Value, render: impl FnOnce(&Value)) -> Result<()> {
         render(v);
     }
     Ok(())
-}
-
-fn arr(v: &Value) -> Vec<Value> {
-    v.as_array().cloned().unwrap_or_default()
 }
 
 fn print_principals(v: &[api::teams::Principal], team: Option<&str>) {

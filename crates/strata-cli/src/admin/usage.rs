@@ -90,40 +90,46 @@ pub async fn run(by: String, sub: Option<UsageCommand>, out: Out) -> Result<()> 
             posix: true,
         }) => {
             let api = Api::new(&out.api)?;
+            let body = api::usage::Scan {
+                backend: backend.clone(),
+                threads: 0,
+            };
             let v = api
-                .post("/v1/usage/scan", json!({"backend": backend}))
+                .call::<api::usage::ScanUsage>(&[], &NoQuery {}, &body)
                 .await?;
-            return emit(&out, &v, |v| {
+            return show(&out, &v, |v| {
                 println!(
                     "{backend}: {} files ({}) scanned in {:.2} s",
-                    text(&v["total"]["files"]),
-                    bytes(&v["total"]["file_bytes"]),
-                    v["secs"].as_f64().unwrap_or(0.0)
+                    v.total.files,
+                    size(Some(v.total.file_bytes as i64)),
+                    v.secs
                 );
-                if let Some(t) = v["teams"].as_object() {
-                    table(
-                        &["team", "bytes", "files"],
-                        t.iter()
-                            .map(|(k, x)| vec![k.clone(), bytes(&x[0]), text(&x[1])])
-                            .collect(),
-                    );
-                }
+                table(
+                    &["team", "bytes", "files"],
+                    v.teams
+                        .iter()
+                        .map(|(k, (b, f))| vec![k.clone(), size(Some(*b)), f.to_string()])
+                        .collect(),
+                );
             });
         }
         Some(UsageCommand::Reconcile { backend, .. }) => {
             let api = Api::new(&out.api)?;
+            let body = api::usage::Reconcile {
+                backend: backend.clone(),
+            };
             let v = api
-                .post("/v1/usage/reconcile", json!({"backend": backend}))
+                .call::<api::usage::ReconcileUsage>(&[], &NoQuery {}, &body)
                 .await?;
-            return emit(&out, &v, |v| {
+            return show(&out, &v, |v| {
                 println!(
                     "{backend}: {} objects ({}) listed in {:.2} s; {} added, {} updated, {} removed",
-                    text(&v["listed"]),
-                    bytes(&v["listed_bytes"]),
-                    v["list_secs"].as_f64().unwrap_or(0.0),
-                    text(&v["added"]),
-                    text(&v["updated"]),
-                    text(&v["removed"])
+                    v.listed,
+                    size(Some(v.listed_bytes as i64)),
+                    v.list_secs,
+                    v.added,
+                    v.updated,
+                    v.removed
                 );
             });
         }

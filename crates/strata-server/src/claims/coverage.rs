@@ -15,10 +15,8 @@ use strata_catalog::{Principal, Role};
 use strata_claim::{Coverage, MemberCoverage};
 use strata_types::{IoContext, ObjectMeta};
 
-use super::{Json, ok};
 use crate::Agent;
 use crate::access::Caller;
-use crate::cluster::stage::StageRequest;
 use crate::http::ApiResult;
 use crate::http::Query;
 
@@ -48,7 +46,7 @@ pub(super) async fn coverage(
     State(a): State<Arc<Agent>>,
     Extension(p): Extension<Principal>,
     Query(q): Query<strata_api::claims::CoverageQuery>,
-) -> ApiResult<Json> {
+) -> ApiResult<crate::http::Reply<strata_api::claims::GetCoverage>> {
     let caller = match &q.team {
         Some(team) => {
             p.require(team, Role::Reader)?;
@@ -82,7 +80,7 @@ pub(super) async fn coverage(
             bytes_held: whole.bytes_held,
             error: None,
         }];
-        return ok(out);
+        return Ok(crate::http::Reply(out));
     };
     // Objects of which some member lacks a block: those not held whole by the cluster.
     let mut lacking = vec![false; objects.len()];
@@ -99,7 +97,7 @@ pub(super) async fn coverage(
         bytes_held: own.bytes_held,
         error: None,
     }];
-    let req = StageRequest::new(
+    let req = crate::cluster::stage::stage_request(
         backend.id().to_string(),
         cache.config().block_size.bytes(),
         &objects,
@@ -160,5 +158,5 @@ pub(super) async fn coverage(
         lacking.iter().filter(|l| !**l).count() as u64
     };
     out.members = members;
-    ok(out)
+    Ok(crate::http::Reply(out))
 }

@@ -22,21 +22,14 @@ use strata_claim::{ClaimSpec, ClaimState, ClaimStatus, JobUsage};
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::Agent;
-use crate::http::{ApiResult, Query, Route, route};
+use crate::http::{ApiResult, Query, Reply, Route, route};
 use strata_api as api;
+use strata_api::claims as c;
 
 pub use admit::{MAX_OBJECTS, env_name};
 pub use coverage::version_of;
 pub(crate) use release::expire;
 pub(crate) use stage::resume;
-
-type Json = axum::Json<serde_json::Value>;
-
-fn ok<T: serde::Serialize>(v: T) -> ApiResult<Json> {
-    serde_json::to_value(v)
-        .map(axum::Json)
-        .map_err(|e| Error::internal(e.to_string()).into())
-}
 
 /// The claim routes.
 pub fn routes() -> Vec<Route> {
@@ -45,7 +38,7 @@ pub fn routes() -> Vec<Route> {
         route::<api::claims::ValidateClaim>(post(validate)),
         route::<api::claims::SubmitClaim>(post(submit)),
         route::<api::claims::ListClaims>(get(list)),
-        route::<api::claims::Coverage>(get(coverage::coverage)),
+        route::<api::claims::GetCoverage>(get(coverage::coverage)),
         route::<api::claims::GetClaim>(get(one)),
         route::<api::claims::ClaimObjects>(get(objects)),
         route::<api::claims::ClaimHeartbeat>(post(heartbeat)),
@@ -55,18 +48,21 @@ pub fn routes() -> Vec<Route> {
     ]
 }
 
-async fn schema() -> Json {
-    axum::Json(strata_claim::schema())
+async fn schema() -> Reply<c::ClaimSchema> {
+    Reply(c::SchemaDocument(strata_claim::schema()))
 }
 
-async fn validate(Extension(_p): Extension<Principal>, b: Bytes) -> ApiResult<Json> {
+async fn validate(
+    Extension(_p): Extension<Principal>,
+    b: Bytes,
+) -> ApiResult<Reply<c::ValidateClaim>> {
     let spec = ClaimSpec::from_json(&b)?;
     // Only the verdict: the document is the caller's own.
-    ok(serde_json::json!({
-        "valid": true,
-        "datasets": spec.datasets.len(),
-        "checkpoint": spec.checkpoint.is_some(),
-        "scratch": spec.scratch.is_some(),
+    Ok(Reply(c::Validated {
+        valid: true,
+        datasets: spec.datasets.len(),
+        checkpoint: spec.checkpoint.is_some(),
+        scratch: spec.scratch.is_some(),
     }))
 }
 
@@ -74,18 +70,18 @@ async fn submit(
     State(a): State<Arc<Agent>>,
     Extension(p): Extension<Principal>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<c::SubmitClaim>> {
     let spec = ClaimSpec::from_json(&b)?;
     let id = admit::admit(&a, &p, spec).await?;
     stage::spawn(&a, &id);
-    ok(status(&a, &a.catalog().claim(&id).await?).await?)
+    Ok(Reply(status(&a, &a.catalog().claim(&id).await?).await?))
 }
 
 async fn list(
     State(a): State<Arc<Agent>>,
     Extension(p): Extension<Principal>,
     Query(q): Query<api::claims::ClaimsQuery>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<c::ListClaims>> {
     let mut out = Vec::new();
     for c in a
         .catalog()
@@ -99,7 +95,7 @@ async fn list(
         }
         out.push(status(&a, &c).await?);
     }
-    ok(out)
+    Ok(Reply(out))
 }
 
 /// A claim the caller may see with `need`; others' claims do not exist to it.
@@ -117,9 +113,9 @@ async fn one(
     State(a): State<Arc<Agent>>,
     Extension(p): Extension<Principal>,
     UrlPath(id): UrlPath<String>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<c::GetClaim>> {
     let c = visible(&a, &p, &id, Role::Reader).await?;
-    ok(status(&a, &c).await?)
+    Ok(Reply(status(&a, &c).await?))
 }
 
 /// A page of the objects one dataset of a claim admitted, named relative to the dataset's location (as
@@ -129,7 +125,7 @@ async fn objects(
     Extension(p): Extension<Principal>,
     UrlPath(id): UrlPath<String>,
     Query(q): Query<api::claims::ObjectsQuery>,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<c::ClaimObjects>> {
     let c = visible(&a, &p, &id, Role::Reader).await?;
     let spec = stored_spec(&c)?;
     let d = spec
@@ -147,7 +143,7 @@ async fn objects(
         return Err(Error::invalid_input(format!("limit {limit}: between 1 and 1000")).into());
     }
     let (_, prefix) = a.resolve(&d.location)?;
-    let mut page: Vec<serde_json::Value> = Vec::new();
+    let mut page: Vec<api::data::ListedObject> = Vec::new();
     let mut next = None;
     for o in a.catalog().claim_objects(&id).await? {
         if o.dataset != d.name {
@@ -160,20 +156,22 @@ async fn objects(
             continue;
         }
         if page.len() == limit {
-            next = page
-                .last()
-                .and_then(|v| v["name"].as_str().map(str::to_string));
+            next = page.last().map(|v| v.name.clone());
             break;
         }
-        page.push(serde_json::json!({
-            "name": name,
-            "size": o.size,
-            "etag": o.etag,
-            "version": o.version,
-            "last_modified_unix": o.modified_at,
-        }));
+        page.push(api::data::ListedObject {
+            name: name.to_string(),
+            size: u64::try_from(o.size).unwrap_or(0),
+            etag: o.etag,
+            version: o.version,
+            last_modified_unix: o.modified_at,
+        });
     }
-    ok(serde_json::json!({"location": d.location, "objects": page, "next": next}))
+    Ok(Reply(c::ClaimObjectsPage {
+        location: d.location.clone(),
+        objects: page,
+        next,
+    }))
 }
 
 /// An optional JSON body: empty is the default; unknown fields are refused.
@@ -189,7 +187,7 @@ async fn heartbeat(
     Extension(p): Extension<Principal>,
     UrlPath(id): UrlPath<String>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<c::ClaimHeartbeat>> {
     let body: api::claims::Heartbeat = optional_body(&b)?;
     let stall = match (body.stall_secs, body.reporter) {
         (None, None) => None,
@@ -230,7 +228,7 @@ async fn heartbeat(
         let until = a.catalog().now() + spec.ttl() as i64;
         a.catalog().extend_claim_protections(&id, until).await?;
     }
-    ok(status(&a, &a.catalog().claim(&id).await?).await?)
+    Ok(Reply(status(&a, &a.catalog().claim(&id).await?).await?))
 }
 
 async fn release_route(
@@ -238,7 +236,7 @@ async fn release_route(
     Extension(p): Extension<Principal>,
     UrlPath(id): UrlPath<String>,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<c::ReleaseClaim>> {
     let body: api::claims::Release = optional_body(&b)?;
     visible(&a, &p, &id, Role::Member).await?;
     let reason = body.reason.unwrap_or_else(|| "released".into());
@@ -246,10 +244,10 @@ async fn release_route(
         return Err(Error::invalid_input("reason: at most 1024 bytes").into());
     }
     let released = release::release(&a, &id, &reason, &p.id).await?;
-    let mut v = serde_json::to_value(status(&a, &a.catalog().claim(&id).await?).await?)
-        .map_err(|e| Error::internal(e.to_string()))?;
-    v["released_now"] = released.into();
-    Ok(axum::Json(v))
+    Ok(Reply(c::ReleasedClaim {
+        status: status(&a, &a.catalog().claim(&id).await?).await?,
+        released_now: released,
+    }))
 }
 
 /// The document a claim was admitted with.
@@ -265,8 +263,8 @@ async fn attach(
     Extension(p): Extension<Principal>,
     UrlPath(id): UrlPath<String>,
     b: Bytes,
-) -> ApiResult<Json> {
-    here(&a, &p, &id, &b, true).await
+) -> ApiResult<Reply<c::AttachClaim>> {
+    Ok(Reply(here(&a, &p, &id, &b, true).await?))
 }
 
 /// `POST /v1/claims/{id}/detach`: the claim's mounts on this node taken down.
@@ -275,12 +273,18 @@ async fn detach(
     Extension(p): Extension<Principal>,
     UrlPath(id): UrlPath<String>,
     b: Bytes,
-) -> ApiResult<Json> {
-    here(&a, &p, &id, &b, false).await
+) -> ApiResult<Reply<c::DetachClaim>> {
+    Ok(Reply(here(&a, &p, &id, &b, false).await?))
 }
 
 /// The claim's mounts on this node made (`attach`: a ready claim only) or taken down.
-async fn here(a: &Agent, p: &Principal, id: &str, b: &Bytes, attach: bool) -> ApiResult<Json> {
+async fn here(
+    a: &Agent,
+    p: &Principal,
+    id: &str,
+    b: &Bytes,
+    attach: bool,
+) -> ApiResult<ClaimStatus> {
     let _: api::quotas::Nothing = optional_body(b)?;
     let c = visible(a, p, id, Role::Member).await?;
     let spec = stored_spec(&c)?;
@@ -303,7 +307,7 @@ async fn here(a: &Agent, p: &Principal, id: &str, b: &Bytes, attach: bool) -> Ap
     } else {
         mounts::mount_all(a, id, &spec).await?;
     }
-    ok(status(a, &c).await?)
+    Ok(status(a, &c).await?)
 }
 
 /// This agent as a claim's stager.

@@ -12,8 +12,6 @@ use strata_cache::Held;
 use strata_claim::{ClaimState, Mode, Progress};
 use strata_types::{ErrorKind, IoContext, ObjectMeta, Result};
 
-use crate::cluster::stage::StageRequest;
-
 use crate::Agent;
 
 /// Blocks fetched at once by one claim's staging.
@@ -287,7 +285,7 @@ async fn spread(
             errors: Vec::new(),
         });
     };
-    let req = StageRequest::new(
+    let req = crate::cluster::stage::stage_request(
         p.backend.id().to_string(),
         a.cache().config().block_size.bytes(),
         &p.objects,

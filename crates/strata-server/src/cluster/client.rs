@@ -5,11 +5,12 @@
 //! it the same way (`GET /v1/peer/meta`, [`PeerMeta`]).
 
 use std::time::Duration;
+pub use strata_api::cluster::{PeerMeta, PeerObject};
 
 use bytes::Bytes;
 use strata_cache::PeerBlock;
 use strata_client::reqwest;
-use strata_types::{Error, ErrorKind, IoContext, ObjectAttrs, ObjectMeta, Result};
+use strata_types::{Error, ErrorKind, IoContext, ObjectMeta, Result};
 
 /// The header carrying the BLAKE3 (hex) of a served block.
 pub const BLOCK_HASH_HEADER: &str = "x-strata-blake3";
@@ -23,59 +24,6 @@ pub const DATASET_HEADER: &str = "x-strata-dataset";
 pub const WAIT_HEADER: &str = "x-strata-wait-ms";
 /// The header an owner's "still reading" answer carries.
 pub const BUSY_HEADER: &str = "x-strata-busy";
-
-/// The answer of `GET /v1/peer/meta`: the object's current version (none: the backend has no such object)
-/// and how long ago the owner confirmed it.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct PeerMeta {
-    /// The version, if the object exists.
-    pub object: Option<PeerObject>,
-    /// Milliseconds since the owner confirmed it (since the HEAD that read it was sent), rounded up.
-    pub age_ms: u64,
-}
-
-/// An [`ObjectMeta`] on the wire.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct PeerObject {
-    /// The key.
-    pub key: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// ETag.
-    pub etag: Option<String>,
-    /// Version id.
-    pub version: Option<String>,
-    /// Last modification, seconds since the Unix epoch.
-    pub mtime: i64,
-    /// Stored headers and user metadata.
-    pub attrs: Option<ObjectAttrs>,
-}
-
-impl PeerObject {
-    /// `meta` for the wire.
-    pub fn from_meta(meta: &ObjectMeta) -> Self {
-        Self {
-            key: meta.key.clone(),
-            size: meta.size,
-            etag: meta.etag.clone(),
-            version: meta.version.clone(),
-            mtime: meta.last_modified_unix,
-            attrs: meta.attrs.as_deref().cloned(),
-        }
-    }
-
-    /// Back to an [`ObjectMeta`].
-    pub fn into_meta(self) -> ObjectMeta {
-        ObjectMeta {
-            key: self.key,
-            size: self.size,
-            etag: self.etag,
-            version: self.version,
-            last_modified_unix: self.mtime,
-            attrs: self.attrs.map(std::sync::Arc::new),
-        }
-    }
-}
 
 /// What an owner answered.
 #[derive(Debug)]

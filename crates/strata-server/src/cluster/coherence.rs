@@ -33,12 +33,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use strata_api::cluster::CoherenceStatus;
+pub use strata_api::cluster::{Announcement, Change};
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-use strata_cache::{BlockCache, Invalidation};
+use strata_cache::BlockCache;
 use strata_types::{Error, ErrorKind};
 
 use super::Cluster;
@@ -50,45 +51,6 @@ use crate::peer::ClusterCall;
 pub const MAX_CHANGES: usize = 1000;
 /// Largest announcement body accepted.
 pub const MAX_BODY: usize = 4 << 20;
-
-/// One change: a key (or every key under a prefix) of a backend, by its canonical id.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Change {
-    /// The backend's canonical id ([`strata_object::Backend::id`]).
-    pub backend: String,
-    /// What changed.
-    #[serde(flatten)]
-    pub what: Invalidation,
-}
-
-impl Change {
-    /// `key` of `backend` changed.
-    pub fn key(backend: &strata_object::Backend, key: &str) -> Self {
-        Self {
-            backend: backend.id().to_string(),
-            what: Invalidation::Key(key.to_string()),
-        }
-    }
-
-    /// Keys under `prefix` of `backend` changed.
-    pub fn prefix(backend: &strata_object::Backend, prefix: &str) -> Self {
-        Self {
-            backend: backend.id().to_string(),
-            what: Invalidation::Prefix(prefix.to_string()),
-        }
-    }
-}
-
-/// The body of `POST /v1/peer/invalidate`: who sends it and what changed (empty: a probe of contact).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Announcement {
-    /// The sender's member id.
-    pub from: String,
-    /// What changed.
-    #[serde(default)]
-    pub changes: Vec<Change>,
-}
 
 /// Counters of the coherence protocol (in `GET /v1/cluster`).
 #[derive(Debug, Default)]
@@ -421,29 +383,6 @@ pub(super) fn member_id(from: &str, me: &str) -> std::result::Result<String, Str
         })
 }
 
-/// The coherence state for `GET /v1/cluster`.
-#[derive(Debug, Clone, Serialize)]
-pub struct CoherenceStatus {
-    /// The lease, in milliseconds.
-    pub lease_ms: u64,
-    /// Whether this agent trusts its metadata cache (in contact with every member within the lease).
-    pub trusted: bool,
-    /// See [`CoherenceCounters`].
-    pub sent: u64,
-    /// See [`CoherenceCounters`].
-    pub unanswered: u64,
-    /// See [`CoherenceCounters`].
-    pub skipped: u64,
-    /// See [`CoherenceCounters`].
-    pub waited_ms: u64,
-    /// See [`CoherenceCounters`].
-    pub received: u64,
-    /// See [`CoherenceCounters`].
-    pub applied: u64,
-    /// See [`CoherenceCounters`].
-    pub lapses: u64,
-}
-
 impl Coherence {
     /// Its state now.
     pub fn status(&self) -> CoherenceStatus {
@@ -556,11 +495,11 @@ mod tests {
             changes: vec![
                 Change {
                     backend: "s3://b".into(),
-                    what: Invalidation::Key("x y+%/z".into()),
+                    what: strata_cache::Invalidation::Key("x y+%/z".into()),
                 },
                 Change {
                     backend: "s3://b".into(),
-                    what: Invalidation::Prefix("run/".into()),
+                    what: strata_cache::Invalidation::Prefix("run/".into()),
                 },
             ],
         };

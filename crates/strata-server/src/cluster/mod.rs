@@ -36,12 +36,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use strata_api::cluster::{ClusterMembers, MemberState, MemberStatus, PreviousView};
 
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use parking_lot::{Mutex, RwLock};
-use serde::Serialize;
 use strata_cache::{PeerBlock, PeerSource};
 use strata_cluster::{Member, Membership, View, placement};
 use strata_object::Backend;
@@ -448,7 +448,7 @@ impl Cluster {
 
     /// The status of the cluster as this agent sees it (`GET /v1/cluster`), each member's share of blocks
     /// sampled over about `samples` block keys (0: no shares).
-    pub fn status(&self, samples: u32) -> ClusterStatus {
+    pub fn status(&self, samples: u32) -> ClusterMembers {
         let view = self.view();
         // Each sample scores every member: at most ~400,000 scores however large the cluster.
         let n = samples.min(400_000 / (view.members().len().max(1) as u32));
@@ -466,7 +466,7 @@ impl Cluster {
                     .map(|(p, at)| (p.members().len(), at.elapsed().as_secs())),
             )
         };
-        ClusterStatus {
+        ClusterMembers {
             me: self.sharing.me.clone(),
             membership: self.membership.kind().to_string(),
             view_changes: changed,
@@ -480,10 +480,9 @@ impl Cluster {
                     weight: m.weight,
                     share,
                     state: match suspects.get(&m.id) {
-                        Some(s) if s.until > now => "suspect",
-                        _ => "up",
-                    }
-                    .to_string(),
+                        Some(s) if s.until > now => MemberState::Suspect,
+                        _ => MemberState::Up,
+                    },
                     me: m.id == self.sharing.me,
                 })
                 .collect(),
@@ -636,71 +635,6 @@ impl PeerSource for Cluster {
     }
 }
 
-/// `GET /v1/cluster`.
-#[derive(Debug, Clone, Serialize)]
-pub struct ClusterStatus {
-    /// This agent's member id.
-    pub me: String,
-    /// Where the members come from (`static`, `catalog`, `slurm`).
-    pub membership: String,
-    /// Times the view changed since the agent started.
-    pub view_changes: u64,
-    /// The view before the last change, while blocks that changed owner are still asked of it.
-    pub previous_view: Option<PreviousView>,
-    /// The members, by id.
-    pub members: Vec<MemberStatus>,
-    /// Block requests this agent sent to peers' owners.
-    pub asked: u64,
-    /// Requests to a block's owner before a membership change (or this agent's start), served if held.
-    pub move_asks: u64,
-    /// The identity of this agent's catalog (agents sharing one decide access for each other's principals).
-    pub catalog: String,
-    /// Of them, failed (connection, timeout, 5xx).
-    pub errors: u64,
-    /// Of them, answered with bytes that failed their check.
-    pub corrupt: u64,
-    /// Of them, refused by the peer.
-    pub refused: u64,
-    /// Times a peer was marked suspect.
-    pub suspected: u64,
-    /// Blocks served by their owner in the previous view.
-    pub moved: u64,
-    /// "Still reading" answers of owners waiting on a slow origin.
-    pub busy: u64,
-    /// Metadata requests sent to the agents that own the keys' metadata.
-    pub meta_asked: u64,
-    /// Of them, failed or refused (the open sent its own HEAD).
-    pub meta_failed: u64,
-    /// Read-after-write across the members: the lease, whether it holds, announcements.
-    pub coherence: coherence::CoherenceStatus,
-    /// Pins sent to and kept for the other members.
-    pub pins: pins::PinStatus,
-}
-
-/// The view before the last change.
-#[derive(Debug, Clone, Serialize)]
-pub struct PreviousView {
-    /// Its members.
-    pub members: usize,
-    /// Seconds since it was replaced.
-    pub age_secs: u64,
-}
-
-/// One member in [`ClusterStatus`].
-#[derive(Debug, Clone, Serialize)]
-pub struct MemberStatus {
-    /// Its address.
-    pub id: String,
-    /// Its placement weight (cache capacity in bytes with catalog membership; 1 otherwise).
-    pub weight: f64,
-    /// Its share of the blocks (sampled).
-    pub share: f64,
-    /// `up`, or `suspect` while this agent skips it.
-    pub state: String,
-    /// Whether it is this agent.
-    pub me: bool,
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -819,11 +753,11 @@ mod tests {
         }
         c.suspect("http://b:1", &e);
         assert!(c.is_suspect("http://b:1"));
-        assert_eq!(c.status(0).members[1].state, "suspect");
+        assert_eq!(c.status(0).members[1].state, MemberState::Suspect);
         assert_eq!(c.counters.suspected.load(Ordering::Relaxed), 9);
         c.trusted("http://b:1");
         assert!(!c.is_suspect("http://b:1"));
-        assert_eq!(c.status(0).members[1].state, "up");
+        assert_eq!(c.status(0).members[1].state, MemberState::Up);
     }
 
     #[test]

@@ -16,11 +16,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use strata_api::cluster::PinStatus;
+pub use strata_api::cluster::{PinList, WirePin};
 
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use strata_types::Error;
 
 use super::Cluster;
@@ -36,26 +37,6 @@ pub const FORGET_AFTER: Duration = Duration::from_secs(60);
 pub const MAX_PINS: usize = 10_000;
 /// Largest body of `POST /v1/peer/pins`.
 pub const MAX_BODY: usize = 4 << 20;
-
-/// One pinned prefix on the wire.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WirePin {
-    /// The backend's canonical id (as the cache keys blocks).
-    pub backend: String,
-    /// The pinned key prefix.
-    pub prefix: String,
-}
-
-/// The body of `POST /v1/peer/pins`: every pin of the sender.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PinList {
-    /// The sender's member id.
-    pub from: String,
-    /// All of its own pins (an empty list: none any more).
-    pub pins: Vec<WirePin>,
-}
 
 /// Counters of the pin exchange (in `GET /v1/cluster`).
 #[derive(Debug, Default)]
@@ -218,21 +199,6 @@ pub(super) async fn receive(
     c.pins.heard.lock().insert(from, Instant::now());
     c.pins.counters.received.fetch_add(1, Ordering::Relaxed);
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// The pin exchange for `GET /v1/cluster`.
-#[derive(Debug, Clone, Serialize)]
-pub struct PinStatus {
-    /// See [`PinCounters`].
-    pub sent: u64,
-    /// See [`PinCounters`].
-    pub failed: u64,
-    /// See [`PinCounters`].
-    pub received: u64,
-    /// See [`PinCounters`].
-    pub forgotten: u64,
-    /// Members whose pins are kept here (filled in by `GET /v1/cluster` from the cache).
-    pub kept_for: Vec<String>,
 }
 
 impl PinSync {

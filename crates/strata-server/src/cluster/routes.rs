@@ -16,7 +16,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::{Extension, Query, State};
@@ -43,7 +42,7 @@ const PRINCIPAL_TTL: Duration = Duration::from_secs(10);
 pub fn routes() -> Vec<Route> {
     vec![
         route::<api::cluster::PeerBlock>(get(block)),
-        route::<api::cluster::PeerMeta>(get(meta)),
+        route::<api::cluster::PeerMetaOf>(get(meta)),
         route::<api::cluster::PeerStage>(
             post(super::stage::stage).layer(DefaultBodyLimit::max(super::stage::MAX_REQUEST)),
         ),
@@ -125,7 +124,7 @@ async fn meta(
     cluster: Option<Extension<ClusterCall>>,
     headers: HeaderMap,
     q: Result<Query<api::cluster::MetaQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<PeerMeta>, ApiError> {
+) -> Result<crate::http::Reply<api::cluster::PeerMetaOf>, ApiError> {
     let Some(Extension(call)) = cluster else {
         return Err(Error::new(
             ErrorKind::PermissionDenied,
@@ -150,7 +149,7 @@ async fn meta(
         .cache()
         .serve_peer_head(&ctx, &backend, &q.key)
         .await?;
-    Ok(Json(match got {
+    Ok(crate::http::Reply(match got {
         Some((meta, age)) => PeerMeta {
             object: Some(PeerObject::from_meta(&meta)),
             // Rounded up: the asker must never take the version for younger than it is.
@@ -257,24 +256,25 @@ async fn principal_for(agent: &Agent, id: &str) -> Result<Principal, Error> {
     Ok(p)
 }
 
-async fn status(State(agent): State<Arc<Agent>>) -> Result<Json<serde_json::Value>, ApiError> {
+async fn status(
+    State(agent): State<Arc<Agent>>,
+) -> crate::http::Reply<api::cluster::ClusterStatus> {
     let stats = agent.cache().stats();
-    let cache = serde_json::json!({
-        "origin_bytes": stats.fill_bytes,
-        "peer_blocks": stats.peer_blocks,
-        "peer_bytes": stats.peer_bytes,
-        "served_to_peers": stats.served_to_peers,
-        "served_to_peers_bytes": stats.served_to_peers_bytes,
+    let cache = api::cluster::ClusterCacheCounters {
+        origin_bytes: stats.fill_bytes,
+        peer_blocks: stats.peer_blocks,
+        peer_bytes: stats.peer_bytes,
+        served_to_peers: stats.served_to_peers,
+        served_to_peers_bytes: stats.served_to_peers_bytes,
+    };
+    let members = agent.cluster().map(|c| {
+        let mut m = c.status(20_000);
+        m.pins.kept_for = agent.cache().pinning_members();
+        m
     });
-    Ok(Json(match agent.cluster() {
-        None => serde_json::json!({"shared": false, "cache": cache}),
-        Some(c) => {
-            let mut v = serde_json::to_value(c.status(20_000))
-                .map_err(|e| Error::internal(format!("cluster status: {e}")))?;
-            v["shared"] = true.into();
-            v["cache"] = cache;
-            v["pins"]["kept_for"] = serde_json::json!(agent.cache().pinning_members());
-            v
-        }
-    }))
+    crate::http::Reply(api::cluster::ClusterView {
+        shared: members.is_some(),
+        cache,
+        members,
+    })
 }

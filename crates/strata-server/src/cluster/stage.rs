@@ -11,6 +11,9 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
+pub use strata_api::cluster::{
+    HeldShare, StageDone, StageLine, StageObject, StageProgress, StageRequest,
+};
 
 use axum::Json;
 use axum::body::Body;
@@ -20,8 +23,7 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-use strata_cache::{Held, WarmProgress};
+use strata_cache::WarmProgress;
 use strata_catalog::Role;
 use strata_client::wire::ErrorBody;
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta};
@@ -41,110 +43,39 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Blocks a member fetches at once for one staging request.
 const CONCURRENCY: usize = 16;
 
-/// One object version to stage.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct StageObject {
-    /// The key.
-    pub key: String,
-    /// Its size in bytes.
-    pub size: u64,
-    /// Its ETag (fills carry `If-Match` of it).
-    pub etag: Option<String>,
-    /// Its version id, when the store has versions.
-    pub version: Option<String>,
-    /// Its modification time (Unix seconds).
-    pub mtime: i64,
-}
-
-/// What a member is asked to stage.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct StageRequest {
-    /// The backend's canonical id.
-    pub backend: String,
-    /// The asking agent's cache block size (every member's must be the same).
-    pub block_size: u64,
-    /// The versions, of which the member stages the blocks it owns.
-    pub objects: Vec<StageObject>,
-    /// Copies of each block the cluster keeps: a member stages (and counts) the blocks of which it is
-    /// among the first `replicas` owners. Absent: 1 (an agent before replicas sends none).
-    #[serde(default = "one", skip_serializing_if = "is_one")]
-    pub replicas: u32,
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn is_one(r: &u32) -> bool {
-    *r == 1
-}
-
 /// Most copies of a block a staging may ask for.
 pub const MAX_REPLICAS: u32 = 8;
 
-impl StageRequest {
-    /// The request for `objects` of the backend `backend` (a canonical id), `replicas` copies of each block.
-    pub fn new(backend: String, block_size: u64, objects: &[ObjectMeta], replicas: u32) -> Self {
-        Self {
-            backend,
-            block_size,
-            replicas,
-            objects: objects
-                .iter()
-                .map(|o| StageObject {
-                    key: o.key.clone(),
-                    size: o.size,
-                    etag: o.etag.clone(),
-                    version: o.version.clone(),
-                    mtime: o.last_modified_unix,
-                })
-                .collect(),
-        }
+/// The request for `objects` of the backend `backend` (a canonical id), `replicas` copies of each block.
+pub fn stage_request(
+    backend: String,
+    block_size: u64,
+    objects: &[ObjectMeta],
+    replicas: u32,
+) -> StageRequest {
+    StageRequest {
+        backend,
+        block_size,
+        replicas,
+        objects: objects
+            .iter()
+            .map(|o| StageObject {
+                key: o.key.clone(),
+                size: o.size,
+                etag: o.etag.clone(),
+                version: o.version.clone(),
+                mtime: o.last_modified_unix,
+            })
+            .collect(),
     }
 }
 
-/// A member's progress on its share.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct StageProgress {
-    /// Bytes of its share.
-    pub total_bytes: u64,
-    /// Of them, held now (fetched, or held before).
-    pub done_bytes: u64,
-    /// Of them, held before the staging began.
-    pub cached_bytes: u64,
-}
-
-impl StageProgress {
-    fn of(p: &WarmProgress) -> Self {
-        Self {
-            total_bytes: p.total_bytes,
-            done_bytes: p.done_bytes,
-            cached_bytes: p.cached_bytes,
-        }
+fn progress_of(p: &WarmProgress) -> StageProgress {
+    StageProgress {
+        total_bytes: p.total_bytes,
+        done_bytes: p.done_bytes,
+        cached_bytes: p.cached_bytes,
     }
-}
-
-/// A member's verdict on its share.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct StageDone {
-    /// The last progress.
-    pub progress: StageProgress,
-    /// What it holds of its share, counted after the warm-up.
-    pub held: Held,
-    /// The first errors of single objects (at most 10).
-    pub errors: Vec<String>,
-}
-
-/// A line of a staging answer.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "line", content = "of", rename_all = "snake_case")]
-pub enum StageLine {
-    /// Progress so far.
-    Progress(StageProgress),
-    /// The verdict (the last line).
-    Done(StageDone),
-    /// The warm-up failed as a whole (the last line).
-    Failed(ErrorBody),
 }
 
 fn line(l: &StageLine) -> Bytes {
@@ -202,28 +133,6 @@ fn cluster_only(cluster: Option<Extension<ClusterCall>>, what: &str) -> Result<C
     }
 }
 
-/// What a member holds of its share of a list of object versions (`POST /v1/peer/held`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct HeldShare {
-    /// The counts of its share.
-    pub held: Held,
-    /// The objects (by their index in the request) of which it lacks a block of its share, as a bitmap in
-    /// hex: byte `i / 8`, bit `i % 8` (least significant first). An object is held by the cluster when no
-    /// member lacks a block of it.
-    pub lacking: String,
-}
-
-impl HeldShare {
-    /// Whether object `i` of the request lacks a block of this share.
-    pub fn lacks(&self, i: usize) -> bool {
-        let at = (i / 8) * 2;
-        self.lacking
-            .get(at..at + 2)
-            .and_then(|b| u8::from_str_radix(b, 16).ok())
-            .is_some_and(|b| b & (1 << (i % 8)) != 0)
-    }
-}
-
 /// `POST /v1/peer/held`: what this agent holds of its share (the blocks it owns) of a list of object
 /// versions, counted; nothing is fetched. What `GET /v1/coverage` asks each member.
 pub(super) async fn held(
@@ -231,7 +140,7 @@ pub(super) async fn held(
     cluster: Option<Extension<ClusterCall>>,
     headers: HeaderMap,
     body: Result<Json<StageRequest>, JsonRejection>,
-) -> Result<Json<HeldShare>, ApiError> {
+) -> Result<crate::http::Reply<strata_api::cluster::PeerHeld>, ApiError> {
     let call = cluster_only(cluster, "counts of held blocks")?;
     let Json(req) = body.map_err(|e| Error::invalid_input(format!("held request: {e}")))?;
     let replicas = req.replicas as usize;
@@ -247,7 +156,7 @@ pub(super) async fn held(
             i += 1;
         });
     let lacking = bits.iter().map(|b| format!("{b:02x}")).collect();
-    Ok(Json(HeldShare { held, lacking }))
+    Ok(crate::http::Reply(HeldShare { held, lacking }))
 }
 
 /// `POST /v1/peer/stage`.
@@ -271,7 +180,7 @@ pub(super) async fn stage(
             objects.clone(),
             CONCURRENCY,
             replicas,
-            |p| *latest.lock() = StageProgress::of(p),
+            |p| *latest.lock() = progress_of(p),
         );
         tokio::pin!(warm);
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
@@ -291,7 +200,7 @@ pub(super) async fn stage(
         };
         let last = match r {
             Ok(p) => StageLine::Done(StageDone {
-                progress: StageProgress::of(&p),
+                progress: progress_of(&p),
                 held: cache.held_owned(&backend, &objects, replicas),
                 errors: p.errors,
             }),

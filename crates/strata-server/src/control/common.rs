@@ -32,21 +32,12 @@ pub(super) use strata_quota::cleanup::{self, Caps};
 pub(super) use strata_quota::forecast::{self, Forecast, Sample};
 pub(super) use strata_types::{Error, ErrorKind, Result};
 
-/// The JSON answer of a handler.
-pub(super) type Json = axum::Json<serde_json::Value>;
-
 /// The authenticated principal of a request.
 pub(super) type Authed = Extension<Principal>;
 
 /// Parse a JSON body into `T`, as a 400 with the serde message on failure.
 pub(super) fn body<T: DeserializeOwned>(b: &Bytes) -> Result<T> {
     serde_json::from_slice(b).map_err(|e| Error::invalid_input(format!("request body: {e}")))
-}
-
-pub(super) fn ok<T: Serialize>(v: T) -> ApiResult<Json> {
-    serde_json::to_value(v)
-        .map(axum::Json)
-        .map_err(|e| ApiError(Error::internal(e.to_string())))
 }
 
 pub(super) fn not_found(what: &str, id: &str) -> ApiError {

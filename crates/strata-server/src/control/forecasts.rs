@@ -6,7 +6,7 @@ use api::admin as adm;
 pub(super) async fn forecasts(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<adm::Forecasts>> {
     let lines = compute_forecasts(&a).await?;
     let visible = p.visible_teams();
     let v: Vec<_> = lines
@@ -16,7 +16,7 @@ pub(super) async fn forecasts(
             l.kind == "volume" || visible.as_ref().is_none_or(|v| v.contains(&team))
         })
         .collect();
-    ok(v)
+    reply::<adm::Forecasts>(v)
 }
 
 /// Forecast every sampled series (teams' totals against their hard byte limits, volumes against their size).
@@ -60,7 +60,14 @@ pub async fn compute_forecasts(a: &Agent) -> Result<Vec<ForecastLine>> {
                 match forecast::forecast(&pts, cap as f64, now, 0.95) {
                     Ok(f) => {
                         line.alert = f.days_low.is_some_and(|d| d <= c.forecast_alert_days);
-                        line.forecast = Some(f);
+                        line.forecast = Some(api::admin::Forecast {
+                            slope_per_day: f.slope_per_day,
+                            days_until_full: f.days_until_full,
+                            days_low: f.days_low,
+                            days_high: f.days_high,
+                            samples: f.samples,
+                            method: f.method.to_string(),
+                        });
                     }
                     Err(e) => line.note = Some(e.message().to_string()),
                 }

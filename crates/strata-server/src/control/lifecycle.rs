@@ -206,7 +206,7 @@ async fn announce_items(a: &Agent, id: &str) {
         .filter(|i| i.state == "trashed" || i.state == "restored")
         .filter_map(|i| {
             let b = backends.get(&i.backend)?;
-            Some(crate::cluster::coherence::Change::key(b, &i.key))
+            Some(crate::cluster::coherence::Change::key(b.id(), &i.key))
         })
         .collect();
     a.announce(changes).await;

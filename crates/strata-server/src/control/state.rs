@@ -5,9 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde::Serialize;
 use strata_catalog::{Catalog, Principal};
-use strata_quota::forecast::Forecast;
 use strata_types::Result;
 
 /// Shared state of the control plane inside the agent.
@@ -78,21 +76,4 @@ impl AccessLog {
 }
 
 /// One forecast as served by `/v1/forecast` and exported as metrics.
-#[derive(Debug, Clone, Serialize)]
-pub struct ForecastLine {
-    /// `team` (a team's total against its hard byte limit), `quota` (`team/scope`: one scope's hard limit) or
-    /// `volume` (a file system).
-    pub kind: String,
-    /// Team name or mount path.
-    pub scope: String,
-    /// Bytes used at the last sample.
-    pub used: i64,
-    /// Capacity (hard quota or volume size).
-    pub capacity: Option<i64>,
-    /// The forecast, when there is enough history.
-    pub forecast: Option<Forecast>,
-    /// Why there is no forecast.
-    pub note: Option<String>,
-    /// True when the earliest likely fill date is within `catalog.forecast_alert_days`.
-    pub alert: bool,
-}
+pub use strata_api::admin::ForecastLine;

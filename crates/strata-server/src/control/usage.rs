@@ -18,7 +18,7 @@ pub(super) async fn reconcile(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<u::ReconcileUsage>> {
     p.require_admin()?;
     let req: u::Reconcile = body(&b)?;
     let backend = &configured_backend(&a, &req.backend)?.backend;
@@ -32,14 +32,26 @@ pub(super) async fn reconcile(
             serde_json::json!({"added": run.report.added, "updated": run.report.updated, "removed": run.report.removed}),
         )
         .await?;
-    ok(run)
+    let r = run.report;
+    reply::<u::ReconcileUsage>(u::Reconciled {
+        backend: r.backend,
+        listed: r.listed,
+        listed_bytes: r.listed_bytes,
+        added: r.added,
+        updated: r.updated,
+        removed: r.removed,
+        teams: r.teams,
+        released_reservations: r.released_reservations,
+        list_secs: run.list_secs,
+        apply_secs: run.apply_secs,
+    })
 }
 
 pub(super) async fn scan_backend(
     State(a): State<Arc<Agent>>,
     Extension(p): Authed,
     b: Bytes,
-) -> ApiResult<Json> {
+) -> ApiResult<Reply<u::ScanUsage>> {
     p.require_admin()?;
     let req: u::Scan = body(&b)?;
     let nb = configured_backend(&a, &req.backend)?;
@@ -93,10 +105,20 @@ pub(super) async fn scan_backend(
             serde_json::json!({"files": report.total.files, "bytes": report.total.file_bytes, "secs": secs}),
         )
         .await?;
-    ok(
-        serde_json::json!({"backend": req.backend, "secs": secs, "total": report.total,
-                          "teams": teams, "errors_total": report.errors_total}),
-    )
+    let t = report.total;
+    reply::<u::ScanUsage>(u::Scanned {
+        backend: req.backend,
+        secs,
+        total: u::TreeTotals {
+            bytes: t.bytes,
+            apparent_bytes: t.apparent_bytes,
+            file_bytes: t.file_bytes,
+            files: t.files,
+            dirs: t.dirs,
+        },
+        teams,
+        errors_total: report.errors_total,
+    })
 }
 
 pub(super) async fn list_prefixes(

@@ -209,7 +209,9 @@ impl Gateway {
         if let Err(e) = backend.delete(ctx, key).await {
             tracing::warn!(%bucket, %key, error = %e, "removing an object written into a bucket deleted meanwhile");
         }
-        self.agent.announce(vec![Change::key(backend, key)]).await;
+        self.agent
+            .announce(vec![Change::key(backend.id(), key)])
+            .await;
         self.created.open.lock().remove(bucket);
         Err(s3_error!(
             NoSuchBucket,

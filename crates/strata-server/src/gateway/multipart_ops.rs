@@ -530,7 +530,7 @@ impl Gateway {
             }
         };
         self.agent
-            .announce(vec![Change::key(&backend, &input.key)])
+            .announce(vec![Change::key(backend.id(), &input.key)])
             .await;
         let final_etag = etag
             .as_deref()

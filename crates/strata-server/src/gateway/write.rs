@@ -221,7 +221,7 @@ impl Gateway {
             .await;
         // Whatever happened at the backend, the next read asks it again, here and at every member.
         self.agent
-            .announce(vec![Change::key(&backend, &input.key)])
+            .announce(vec![Change::key(backend.id(), &input.key)])
             .await;
         let (etag, received, verified) = match etag {
             Ok(e) => e,
@@ -286,7 +286,7 @@ impl Gateway {
         }
         let r = backend.delete(&ctx, &req.input.key).await;
         self.agent
-            .announce(vec![Change::key(&backend, &req.input.key)])
+            .announce(vec![Change::key(backend.id(), &req.input.key)])
             .await;
         r.map_err(s3err)?;
         self.tenancy
@@ -328,7 +328,7 @@ impl Gateway {
                     {
                         Ok(_) => {
                             let r = backend.delete(&ctx, &o.key).await;
-                            changed.push(Change::key(&backend, &o.key));
+                            changed.push(Change::key(backend.id(), &o.key));
                             if r.is_ok() {
                                 self.tenancy.deleted(&input.bucket, &o.key).await;
                             }
@@ -442,7 +442,7 @@ impl Gateway {
             return Err(e);
         }
         self.agent
-            .announce(vec![Change::key(&dst, &input.key)])
+            .announce(vec![Change::key(dst.id(), &input.key)])
             .await;
         let new = dst.head(&ctx, &input.key).await.map_err(s3err)?;
         self.tenancy
