@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use strata_api::Endpoint;
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::tier::{Peer, Tier};
@@ -134,7 +135,7 @@ impl Handoff {
             .client
             .request(
                 strata_client::Method::POST,
-                self.client.url("/v1/ckpt/handoff"),
+                self.client.url(strata_api::ckpt::Handoff::PATH),
             )
             .json(&req);
         self.client
@@ -152,7 +153,7 @@ impl Handoff {
     ) -> Result<()> {
         let (step_s, rank_s) = (step.to_string(), cfg.rank.to_string());
         let url = self.client.url_with(
-            "/v1/ckpt/handoff",
+            strata_api::ckpt::HandoffStatusOf::PATH,
             &[
                 ("run", cfg.run_id.as_str()),
                 ("step", step_s.as_str()),

@@ -8,7 +8,8 @@
 //! (`/v1/quotas/{team}/ckpt/deleted`): exactly what was recorded for them, so usage only ever changes by what
 //! was admitted and written.
 
-use serde_json::json;
+use strata_api::NoQuery;
+use strata_api::quotas as q;
 use strata_types::{Error, Result};
 
 /// The quota scope checkpoint bytes are charged to.
@@ -20,8 +21,6 @@ pub struct QuotaGate {
     team: String,
     client: strata_client::AgentClient,
 }
-
-use strata_types::encode_segment as enc;
 
 impl QuotaGate {
     /// A gate charging `team` through the agent at `api` (`host:port` or a URL), with the token from the
@@ -45,25 +44,19 @@ impl QuotaGate {
         &self.team
     }
 
-    async fn post(&self, path: &str, body: serde_json::Value) -> Result<serde_json::Value> {
-        self.client
-            .post_json(path, &body)
-            .await
-            .map_err(|e| e.context("quota"))
-    }
-
     /// Admit a save of `bytes`; returns the reservation id.
     pub async fn reserve(&self, bytes: u64) -> Result<String> {
-        let v = self
-            .post(
-                &format!("/v1/quotas/{}/{SCOPE}/reserve", enc(&self.team)),
-                json!({"bytes": bytes, "objects": 1}),
-            )
-            .await?;
-        v["id"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| Error::internal("the agent's reservation has no id"))
+        let body = q::Reserve {
+            bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+            objects: 1,
+            ttl_secs: None,
+        };
+        let r = self
+            .client
+            .call::<q::ReserveQuota>(&[&self.team, SCOPE], &NoQuery {}, &body)
+            .await
+            .map_err(|e| e.context("quota"))?;
+        Ok(r.id)
     }
 
     /// Charge an admitted save: `rank`'s shard of `step` of `run`, `bytes` long.
@@ -75,29 +68,37 @@ impl QuotaGate {
         rank: u32,
         bytes: u64,
     ) -> Result<()> {
-        self.post(
-            &format!("/v1/reservations/{}/commit", enc(id)),
-            json!({"bytes": bytes, "objects": 1, "key": object_key(run, step, Some(rank))}),
-        )
-        .await
-        .map(|_| ())
+        let body = q::Charge {
+            bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+            objects: 1,
+            key: Some(object_key(run, step, Some(rank))),
+        };
+        self.client
+            .call::<q::CommitReservation>(&[id], &NoQuery {}, &body)
+            .await
+            .map_err(|e| e.context("quota"))?;
+        Ok(())
     }
 
     /// Give an admitted save back (it failed before reaching the local tier).
     pub async fn release(&self, id: &str) -> Result<()> {
-        self.post(&format!("/v1/reservations/{}/release", enc(id)), json!({}))
+        self.client
+            .call::<q::ReleaseReservation>(&[id], &NoQuery {}, &q::Nothing {})
             .await
-            .map(|_| ())
+            .map_err(|e| e.context("quota"))?;
+        Ok(())
     }
 
     /// Give back what was charged for the shards of `step` of `run` (deleted from the local tier).
     pub async fn deleted(&self, run: &str, step: u64) -> Result<()> {
-        self.post(
-            &format!("/v1/quotas/{}/{SCOPE}/deleted", enc(&self.team)),
-            json!({"prefix": object_key(run, step, None)}),
-        )
-        .await
-        .map(|_| ())
+        let body = q::DeletedShards {
+            prefix: object_key(run, step, None),
+        };
+        self.client
+            .call::<q::ShardsDeleted>(&[&self.team, SCOPE], &NoQuery {}, &body)
+            .await
+            .map_err(|e| e.context("quota"))?;
+        Ok(())
     }
 }
 

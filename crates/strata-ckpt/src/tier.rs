@@ -125,14 +125,9 @@ impl Peer {
     }
 
     async fn list(&self, run: &str) -> Result<(Vec<u64>, Vec<u64>)> {
-        #[derive(serde::Deserialize)]
-        struct Steps {
-            steps: Vec<u64>,
-            committed: Vec<u64>,
-        }
-        let s: Steps = self
+        let s = self
             .client
-            .get_json(&format!("/v1/peer/ckpt/{run}"))
+            .call::<strata_api::ckpt::ListReplicas>(&[run], &strata_api::NoQuery {}, &())
             .await?;
         Ok((s.steps, s.committed))
     }

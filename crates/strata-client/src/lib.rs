@@ -12,6 +12,9 @@
 //! - [`AgentClient`]: base URL, the token as a default header, timeouts, and retries of idempotent requests
 //!   through [`strata_object::RetryPolicy`] (only errors whose retryable flag is set are tried again, so a
 //!   corrupt replica or a refused quota fails at once).
+//! - [`AgentClient::call`]: one typed call for every endpoint of the contract ([`strata_api`]): path
+//!   arguments, query and body of the endpoint's types in, its answer's type out. Raw requests
+//!   ([`AgentClient::request`]) remain for streamed bodies (reads, replica files, warm-up progress).
 //!
 //! Transport failures (connection refused, reset, a body cut short) are [`ErrorKind::Unavailable`] and
 //! retryable; everything the agent answered keeps the kind it sent.
@@ -21,7 +24,6 @@ pub mod wire;
 
 use std::time::Duration;
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use strata_api::{Endpoint, EndpointDoc, Payload};
 use strata_object::RetryPolicy;
@@ -223,29 +225,6 @@ impl AgentClient {
             .await
     }
 
-    /// `method path` with an optional JSON body; the JSON answer (`null` for an empty one).
-    pub async fn json<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<&(impl Serialize + ?Sized)>,
-    ) -> Result<T> {
-        let what = format!("{method} {path}");
-        let make = || {
-            let r = self.request(method.clone(), self.url(path));
-            match body {
-                Some(b) => r.json(b),
-                None => r,
-            }
-        };
-        let resp = if method == Method::GET {
-            self.send_retried(&what, make).await?
-        } else {
-            self.send(make(), &what).await?
-        };
-        read_json(resp, &what).await
-    }
-
     /// Call endpoint `E` of the contract ([`strata_api`]): `path` fills its `{param}` segments in order,
     /// `query` and `body` are its query and body types, and the answer is its response type. `GET`s are
     /// retried through the policy; nothing else is.
@@ -283,20 +262,6 @@ impl AgentClient {
             )
         })?;
         E::Response::decode(&bytes).map_err(|e| e.context(format!("{what} at {}", self.base)))
-    }
-
-    /// `GET path`, retried; the JSON answer.
-    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        self.json(Method::GET, path, None::<&()>).await
-    }
-
-    /// `POST path` with a JSON body; the JSON answer.
-    pub async fn post_json<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &(impl Serialize + ?Sized),
-    ) -> Result<T> {
-        self.json(Method::POST, path, Some(body)).await
     }
 }
 

@@ -4,6 +4,9 @@
 
 use std::future::Future;
 
+use strata_api::NoQuery;
+use strata_api::claims as c;
+use strata_api::quotas::Nothing;
 use strata_claim::{ClaimSpec, ClaimStatus, Coverage};
 use strata_client::AgentClient;
 use strata_types::Result;
@@ -34,62 +37,51 @@ pub trait Claims: Send + Sync + 'static {
     fn attach(&self, agent: &str, id: &str) -> impl Future<Output = Result<()>> + Send;
 }
 
-fn enc(s: &str) -> String {
-    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
-}
-
 impl Claims for AgentClient {
     async fn submit(&self, spec: &ClaimSpec) -> Result<ClaimStatus> {
-        self.post_json("/v1/claims", spec).await
+        self.call::<c::SubmitClaim>(&[], &NoQuery {}, spec).await
     }
 
     async fn get(&self, id: &str) -> Result<ClaimStatus> {
-        self.get_json(&format!("/v1/claims/{}", enc(id))).await
+        self.call::<c::GetClaim>(&[id], &NoQuery {}, &()).await
     }
 
     async fn find_live(&self, team: &str, job: &str) -> Result<Option<ClaimStatus>> {
-        let all: Vec<ClaimStatus> = self
-            .get_json(&format!("/v1/claims?team={}&job={}", enc(team), enc(job)))
-            .await?;
+        let q = c::ClaimsQuery {
+            team: Some(team.to_string()),
+            job: Some(job.to_string()),
+            released: false,
+        };
+        let all = self.call::<c::ListClaims>(&[], &q, &()).await?;
         Ok(all.into_iter().find(|c| c.team == team && c.job == job))
     }
 
     async fn heartbeat(&self, id: &str) -> Result<()> {
-        let _: serde_json::Value = self
-            .post_json(
-                &format!("/v1/claims/{}/heartbeat", enc(id)),
-                &serde_json::json!({}),
-            )
+        self.call::<c::ClaimHeartbeat>(&[id], &NoQuery {}, &c::Heartbeat::default())
             .await?;
         Ok(())
     }
 
     async fn coverage(&self, location: &str, team: &str) -> Result<Coverage> {
-        self.get_json(&format!(
-            "/v1/coverage?location={}&team={}",
-            enc(location),
-            enc(team)
-        ))
-        .await
+        let q = c::CoverageQuery {
+            location: location.to_string(),
+            team: Some(team.to_string()),
+        };
+        self.call::<c::GetCoverage>(&[], &q, &()).await
     }
 
     async fn attach(&self, agent: &str, id: &str) -> Result<()> {
-        let _: serde_json::Value = self
-            .at(agent)?
-            .post_json(
-                &format!("/v1/claims/{}/attach", enc(id)),
-                &serde_json::json!({}),
-            )
+        self.at(agent)?
+            .call::<c::AttachClaim>(&[id], &NoQuery {}, &Nothing {})
             .await?;
         Ok(())
     }
 
     async fn release(&self, id: &str, reason: &str) -> Result<()> {
-        let _: serde_json::Value = self
-            .post_json(
-                &format!("/v1/claims/{}/release", enc(id)),
-                &serde_json::json!({ "reason": reason }),
-            )
+        let body = c::Release {
+            reason: Some(reason.to_string()),
+        };
+        self.call::<c::ReleaseClaim>(&[id], &NoQuery {}, &body)
             .await?;
         Ok(())
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use strata_api::{Endpoint, data};
 use strata_cache::{BlockCache, CacheConfig, DiskConfig, GetOptions};
 use strata_object::Backend;
 use strata_object::{BackendOptions, RetryPolicy};
@@ -117,7 +118,10 @@ impl AgentSource {
         }
         let mut req = self
             .client
-            .request(strata_client::Method::POST, self.url("/v1/prefetch", key)?)
+            .request(
+                strata_client::Method::POST,
+                self.url(data::Prefetch::PATH, key)?,
+            )
             .header("range", format!("bytes={}-{}", range.start, range.end - 1));
         if let Some(job) = &ctx.job {
             req = req.header("x-strata-job", job.as_ref());
@@ -138,7 +142,7 @@ impl AgentSource {
         let location = join(&self.root, key);
         let mut req = self
             .client
-            .request(strata_client::Method::GET, self.url("/v1/read", key)?);
+            .request(strata_client::Method::GET, self.url(data::Read::PATH, key)?);
         if let Some(job) = &ctx.job {
             req = req.header("x-strata-job", job.as_ref());
         }

@@ -96,31 +96,31 @@ pub async fn list(client: &AgentClient, location: &str) -> Result<Snapshot> {
     let mut objects = Vec::new();
     let mut after: Option<String> = None;
     loop {
-        let url = match &claim {
+        let page = match &claim {
             Some((id, dataset)) => {
-                let mut q = vec![("dataset", dataset.as_str())];
-                if let Some(a) = &after {
-                    q.push(("after", a));
+                let q = strata_api::claims::ObjectsQuery {
+                    dataset: dataset.clone(),
+                    after: after.clone(),
+                    limit: None,
+                };
+                let p = client
+                    .call::<strata_api::claims::ClaimObjects>(&[id], &q, &())
+                    .await?;
+                location = normalize_location(&p.location)?;
+                strata_api::data::ListPage {
+                    objects: p.objects,
+                    next: p.next,
                 }
-                client.url_with(&format!("/v1/claims/{id}/objects"), &q)?
             }
             None => {
-                let mut q = vec![("location", location.as_str())];
-                if let Some(a) = &after {
-                    q.push(("after", a));
-                }
-                client.url_with("/v1/list", &q)?
+                let q = strata_api::data::ListQuery {
+                    location: location.clone(),
+                    after: after.clone(),
+                    limit: None,
+                };
+                client.call::<strata_api::data::List>(&[], &q, &()).await?
             }
         };
-        let resp = client
-            .send_retried("listing the location to mount", || {
-                client.request(strata_client::Method::GET, url.clone())
-            })
-            .await?;
-        let page: Page = strata_client::read_json(resp, "listing the location to mount").await?;
-        if let Some(l) = page.location {
-            location = normalize_location(&l)?;
-        }
         objects.extend(page.objects.into_iter().map(|o| Object {
             name: o.name,
             size: o.size,
@@ -137,22 +137,6 @@ pub async fn list(client: &AgentClient, location: &str) -> Result<Snapshot> {
         taken_unix: now_unix(),
         objects,
     })
-}
-
-#[derive(Deserialize)]
-struct Page {
-    /// A claim's dataset: its location.
-    location: Option<String>,
-    objects: Vec<Listed>,
-    next: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Listed {
-    name: String,
-    size: u64,
-    etag: Option<String>,
-    last_modified_unix: i64,
 }
 
 /// The real user and group ids of this process.

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
+use strata_api::{Endpoint, data};
 use strata_client::{AgentClient, Method};
 use strata_types::{Error, ErrorKind, Result};
 use tokio::sync::OnceCell;
@@ -289,7 +290,7 @@ impl Reader {
         let location = format!("{}{name}", self.location);
         let url = self
             .client
-            .url_with("/v1/prefetch", &[("location", &location)])?;
+            .url_with(data::Prefetch::PATH, &[("location", &location)])?;
         let mut req = self
             .client
             .request(Method::POST, url)
@@ -355,7 +356,7 @@ impl Reader {
         let location = format!("{}{}", self.location, obj.name);
         let url = self
             .client
-            .url_with("/v1/read", &[("location", &location)])?;
+            .url_with(data::Read::PATH, &[("location", &location)])?;
         let started = Instant::now();
         let mut backoff = Duration::from_millis(50);
         loop {

@@ -8,6 +8,8 @@ use std::time::Duration;
 pub use strata_api::cluster::{PeerMeta, PeerObject};
 
 use bytes::Bytes;
+use strata_api::Endpoint;
+use strata_api::cluster as api;
 use strata_cache::PeerBlock;
 use strata_client::reqwest;
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta, Result};
@@ -229,8 +231,14 @@ impl PeerClient {
         body: &super::coherence::Announcement,
         timeout: Duration,
     ) -> Result<()> {
-        self.post_for_no_one(peer, "/v1/peer/invalidate", "invalidation", body, timeout)
-            .await
+        self.post_for_no_one(
+            peer,
+            api::PeerInvalidate::PATH,
+            "invalidation",
+            body,
+            timeout,
+        )
+        .await
     }
 
     /// Send every pin of this agent to `peer` (`POST /v1/peer/pins`, [`super::pins`]), waiting at most
@@ -241,7 +249,7 @@ impl PeerClient {
         body: &super::pins::PinList,
         timeout: Duration,
     ) -> Result<()> {
-        self.post_for_no_one(peer, "/v1/peer/pins", "pins", body, timeout)
+        self.post_for_no_one(peer, api::PeerPins::PATH, "pins", body, timeout)
             .await
     }
 

@@ -97,8 +97,11 @@ async fn the_client_reads_kinds_back_and_never_retries_corruption() {
     assert_eq!(sent.load(Ordering::SeqCst), 1, "corruption is not retried");
 
     // Kinds of other routes come back too: an unknown backend is NotFound, a forged token Unauthenticated.
+    let q = strata_api::data::LocationQuery {
+        location: "nosuch/key".into(),
+    };
     let err = client
-        .get_json::<Value>("/v1/read?location=nosuch/key")
+        .call::<strata_api::data::Read>(&[], &q, &())
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
@@ -110,7 +113,10 @@ async fn the_client_reads_kinds_back_and_never_retries_corruption() {
         },
     )
     .unwrap();
-    let err = forged.get_json::<Value>("/v1/cache").await.unwrap_err();
+    let err = forged
+        .call::<strata_api::data::CacheStats>(&[], &strata_api::NoQuery {}, &())
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unauthenticated, "{err}");
 
     // An agent that is gone: Unavailable, retryable, and retried.
