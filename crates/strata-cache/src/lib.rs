@@ -98,6 +98,7 @@
 //!
 //! Every background task (fills, disk writers, refreshes, readahead) is tracked and stops on
 //! [`BlockCache::shutdown`].
+pub mod clock;
 mod config;
 pub mod disk;
 mod fill;
@@ -123,6 +124,7 @@ extern crate self as strata_cache;
 use crate::prelude::*;
 use crate::state::*;
 
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
     CacheConfig, DEFAULT_METADATA_TTL_MS, DEFAULT_PREFETCH_HOLD_MS, DiskConfig,
     LOCAL_METADATA_TTL_MAX_MS,
@@ -138,6 +140,15 @@ impl BlockCache {
     /// Open the cache: validates the configuration, opens (and re-indexes) the disk tier, reloads pins and
     /// starts the disk writers. Must be called inside a Tokio runtime.
     pub fn open(cfg: CacheConfig, telemetry: Arc<Telemetry>) -> Result<Self> {
+        Self::open_with_clock(cfg, telemetry, Arc::new(SystemClock))
+    }
+
+    /// [`BlockCache::open`] with the clock its metadata reads the time from ([`clock`]).
+    pub fn open_with_clock(
+        cfg: CacheConfig,
+        telemetry: Arc<Telemetry>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
         cfg.validate()?;
         let bs = cfg.block_size.bytes();
         let pin_share = cfg.pinned_max_percent as u64;
@@ -197,7 +208,8 @@ impl BlockCache {
             job_fills: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
-            meta: Mutex::new(MetaMap::default()),
+            meta: Mutex::new(MetaMap::new(clock.clone())),
+            clock,
             heads: Mutex::new(FastMap::default()),
             refreshes: Arc::new(Semaphore::new(META_REFRESH_MAX)),
             staged: Mutex::new(Default::default()),

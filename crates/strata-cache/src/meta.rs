@@ -7,6 +7,16 @@ use crate::reader::*;
 use crate::state::*;
 
 impl BlockCache {
+    /// Now, on the metadata cache's clock ([`crate::clock`]).
+    pub(crate) fn now(&self) -> Instant {
+        self.inner.clock.now()
+    }
+
+    /// How long ago `at` was, on that clock.
+    pub(crate) fn since(&self, at: Instant) -> std::time::Duration {
+        self.now().saturating_duration_since(at)
+    }
+
     /// Look up the object's current version at the backend (or in the metadata cache, within
     /// `metadata_ttl_ms`) and return a reader for it.
     pub(crate) async fn open_object(
@@ -42,7 +52,7 @@ impl BlockCache {
         if !self.metadata_ttl(backend).is_zero()
             && let Some(peers) = self.peers()
         {
-            let asked = Instant::now();
+            let asked = self.now();
             let answer = peers.head(ctx, backend, key).await;
             let c = &self.inner.counters;
             match answer {
@@ -75,7 +85,7 @@ impl BlockCache {
         let c = &self.inner.counters;
         if self.metadata_ttl(backend).is_zero() {
             c.meta_heads.fetch_add(1, Ordering::Relaxed);
-            let sent = Instant::now();
+            let sent = self.now();
             return Ok((backend.head(ctx, key).await?, sent));
         }
         let at = (backend.id().clone(), key.to_string());
@@ -106,7 +116,7 @@ impl BlockCache {
                     c.meta_heads.fetch_add(1, Ordering::Relaxed);
                     let (b, cx, k) = (backend.clone(), ctx.clone(), key.to_string());
                     let fut = async move { b.head(&cx, &k).await }.boxed().shared();
-                    let started = Instant::now();
+                    let started = self.now();
                     heads.insert(
                         at.clone(),
                         HeadFlight {
@@ -151,9 +161,9 @@ impl BlockCache {
                     .by_backend
                     .get(&**backend.id())
                     .and_then(|bm| bm.entries.get(key))
-                && e.at.elapsed() < ttl.mul_f32(e.refresh_at)
+                && self.since(e.at) < ttl.mul_f32(e.refresh_at)
             {
-                return Ok(Some((e.obj.meta.clone(), e.at.elapsed())));
+                return Ok(Some((e.obj.meta.clone(), self.since(e.at))));
             }
         }
         let since = self.meta_generation();
@@ -164,7 +174,7 @@ impl BlockCache {
                     since,
                     confirmed,
                 );
-                Ok(Some((meta, confirmed.elapsed())))
+                Ok(Some((meta, self.since(confirmed))))
             }
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -273,7 +283,7 @@ impl BlockCache {
             .await
             .ok_or_else(|| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?;
         let since = self.meta_generation();
-        let sent = Instant::now();
+        let sent = self.now();
         let (meta, stream) = match backend.get_head_stream(ctx, key, len).await {
             Ok(v) => v,
             // An empty object has no satisfiable range: fall back to HEAD.
@@ -363,7 +373,7 @@ impl BlockCache {
         let generation = m.generation;
         let bm = m.by_backend.get_mut(&**backend.id())?;
         let e = bm.entries.get_mut(key)?;
-        let age = e.at.elapsed();
+        let age = self.since(e.at);
         if age >= ttl {
             return None;
         }
@@ -487,7 +497,7 @@ impl BlockCache {
                 Some(f) if f > after => f,
                 _ => after,
             };
-            let started = Instant::now();
+            let started = inner.clock.now();
             let got = tokio::select! {
                 _ = inner.cancel.cancelled() => return,
                 r = backend.list_span(&ctx, after, end.as_deref(), limit) => r,
@@ -560,7 +570,7 @@ impl BlockCache {
     /// from `confirmed`, so metadata learned from another agent is never trusted longer than the TTL.
     pub(crate) fn remember(&self, obj: &Arc<ObjState>, since: u64, confirmed: Instant) {
         if self.inner.cfg.metadata_ttl_ms == 0
-            || confirmed.elapsed() >= self.metadata_ttl(&obj.backend)
+            || self.since(confirmed) >= self.metadata_ttl(&obj.backend)
         {
             return;
         }

@@ -142,6 +142,8 @@ pub(crate) struct Inner {
     pub(crate) by_job: Mutex<crate::stats::ByJob>,
     /// The other agents of the cluster, once the cache has joined one ([`crate::peer`]).
     pub(crate) peers: std::sync::OnceLock<Arc<dyn crate::peer::PeerSource>>,
+    /// The metadata cache's clock ([`crate::clock`]).
+    pub(crate) clock: Arc<dyn crate::Clock>,
 }
 
 /// Object metadata by backend id, then key: looked up by `&str`, so a hit allocates nothing.
@@ -158,8 +160,9 @@ pub(crate) struct Inner {
 /// **The lease.** In a cluster, metadata is trusted only until `lease` (the cluster renews it while every
 /// member is in contact, see `strata-server`'s `cluster::coherence`): past it nothing is served from or added
 /// to the map, and the first look after the lapse drops every entry.
-#[derive(Default)]
 pub(crate) struct MetaMap {
+    /// The time every instant here is read from ([`crate::clock`]).
+    pub(crate) clock: Arc<dyn crate::Clock>,
     pub(crate) by_backend: FastMap<Arc<str>, BackendMeta>,
     pub(crate) len: usize,
     pub(crate) generation: u64,
@@ -170,6 +173,21 @@ pub(crate) struct MetaMap {
     /// The same in time: versions confirmed at or before it are not remembered.
     pub(crate) floor_at: Option<Instant>,
     pub(crate) lease: Option<Instant>,
+}
+
+impl MetaMap {
+    pub(crate) fn new(clock: Arc<dyn crate::Clock>) -> Self {
+        Self {
+            clock,
+            by_backend: FastMap::default(),
+            len: 0,
+            generation: 0,
+            recent: std::collections::VecDeque::new(),
+            floor: 0,
+            floor_at: None,
+            lease: None,
+        }
+    }
 }
 
 /// Invalidations kept to refuse answers that started before them.
@@ -251,7 +269,7 @@ impl MetaMap {
             .get_key_value(backend)
             .map_or_else(|| Arc::from(backend), |(k, _)| k.clone());
         self.recent
-            .push_back((self.generation, b, what, Instant::now()));
+            .push_back((self.generation, b, what, self.clock.now()));
     }
 
     /// Drop every entry, and refuse answers to lookups started before now.
@@ -260,13 +278,13 @@ impl MetaMap {
         self.len = 0;
         self.generation += 1;
         self.floor = self.generation;
-        self.floor_at = Some(Instant::now());
+        self.floor_at = Some(self.clock.now());
         self.recent.clear();
     }
 
     /// Whether the lease has run out (never without one).
     pub(crate) fn lapsed(&self) -> bool {
-        self.lease.is_some_and(|u| Instant::now() >= u)
+        self.lease.is_some_and(|u| self.clock.now() >= u)
     }
 
     /// Whether an answer about `key` of `backend` to a lookup that started at generation `since`, for a

@@ -87,6 +87,15 @@ impl Agent {
     /// Create the data directory, take its lock, open backends, the cache and the catalog (running its
     /// migrations), and make sure an administrator exists. Must run inside Tokio.
     pub async fn start(config: Resolved) -> Result<Arc<Self>> {
+        Self::start_with_clock(config, Arc::new(strata_catalog::SystemClock)).await
+    }
+
+    /// [`Agent::start`] with the clock the catalog reads (expiries, grace periods, samples): tests move a
+    /// `strata_catalog::ManualClock` instead of sleeping through a TTL.
+    pub async fn start_with_clock(
+        config: Resolved,
+        clock: Arc<dyn strata_catalog::Clock>,
+    ) -> Result<Arc<Self>> {
         // Everything the agent writes (catalog, tokens, cache blocks, objects of local backends, staged
         // uploads) is its owner's alone, whatever umask it was started with: other users of a shared node
         // must not read a team's data or the catalog's secrets.
@@ -137,7 +146,7 @@ impl Agent {
         }
         let cache = BlockCache::open(config.cache.clone(), telemetry.clone())?;
         let id = agent_id(&config.data_dir)?;
-        let catalog = strata_catalog::Catalog::open(&config.catalog_url)
+        let catalog = strata_catalog::Catalog::open_with_clock(&config.catalog_url, clock)
             .await
             .map_err(|e| e.context("opening the catalog"))?
             .with_holder(&id)

@@ -10,6 +10,8 @@ use axum::Router;
 use axum::body::Body;
 use http::{Method, Request};
 use serde_json::{Value, json};
+use std::sync::Arc;
+use strata_catalog::Clock;
 use strata_server::config::{Config, Overrides};
 use strata_server::{Agent, control, routes};
 use support::*;
@@ -50,7 +52,10 @@ async fn setup(e: &Env) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservations_scratch_and_forecasts_through_the_api() {
-    for e in envs().await {
+    let clock = Arc::new(strata_catalog::ManualClock::new(
+        strata_catalog::SystemClock.now(),
+    ));
+    for e in envs_with_clock(clock.clone()).await {
         let app = &e.app;
         create_team(&e, "t").await;
         ok(
@@ -101,7 +106,7 @@ async fn reservations_scratch_and_forecasts_through_the_api() {
         assert_eq!(s, 429, "{v}");
         assert_eq!(v["error"], "resource_exhausted");
         // Expiry moves it to the trash and gives the bytes back.
-        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        clock.advance(2);
         assert_eq!(
             strata_server::background::expire_scratch(&e.agent)
                 .await

@@ -686,8 +686,8 @@ async fn metadata_ttl_saves_lookups_and_invalidate_ends_it() {
 async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_version() {
     let backend = memory_backend();
     let mut cfg = config(None, 64, 32, 0, PolicyKind::Tinylfu);
-    cfg.metadata_ttl_ms = 8_000; // generous: the opens below must land within it on a busy machine
-    let cache = open(cfg, Telemetry::new());
+    cfg.metadata_ttl_ms = 8_000;
+    let (cache, clock) = open_with_clock(cfg, Telemetry::new());
     let (v1, v2, v3) = (pattern(1_000, 1), pattern(2_000, 2), pattern(3_000, 3));
     put(&backend, "m", &v1).await;
     assert_eq!(
@@ -701,7 +701,7 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
     );
     // Past three quarters of the TTL (refresh points are spread over [1/2, 3/4)), an open still answers from
     // the entry and refreshes it in the background.
-    tokio::time::sleep(Duration::from_millis(6_100)).await;
+    clock.advance(Duration::from_millis(6_100));
     put(&backend, "m", &v2).await;
     let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
     assert_eq!(
@@ -722,7 +722,7 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
         "the refresh brought the new version"
     );
     // A refresh that learned a version before a write must not bring it back after the write invalidated it.
-    tokio::time::sleep(Duration::from_millis(6_100)).await;
+    clock.advance(Duration::from_millis(6_100));
     let _ = cache.open_object(&ctx(), &backend, "m").await.unwrap(); // starts refresh #2 (not yet run)
     cache.invalidate(&backend, "m");
     for _ in 0..1_000 {
@@ -736,7 +736,7 @@ async fn metadata_refresh_ahead_renews_and_never_resurrects_an_invalidated_versi
     let o = cache.open_object(&ctx(), &backend, "m").await.unwrap();
     assert!(o.read_all().await.unwrap() == v3, "read-after-write holds");
     // Deleted at the backend: a refresh forgets the entry.
-    tokio::time::sleep(Duration::from_millis(6_100)).await;
+    clock.advance(Duration::from_millis(6_100));
     let _ = cache.open_object(&ctx(), &backend, "m").await.unwrap();
     backend.delete(&ctx(), "m").await.unwrap();
     for _ in 0..1_000 {
@@ -802,8 +802,8 @@ async fn refresh_ahead_of_a_busy_directory_is_one_listing() {
     let proxy = FaultProxy::start(&server.endpoint()).await;
     let backend = s3_backend(&proxy.endpoint(), "refresh-list", Telemetry::new());
     let mut cfg = config(None, 64, 256, 0, PolicyKind::Tinylfu);
-    cfg.metadata_ttl_ms = 8_000; // generous: the opens below must land within it on a busy machine
-    let cache = open(cfg, Telemetry::new());
+    cfg.metadata_ttl_ms = 8_000;
+    let (cache, clock) = open_with_clock(cfg, Telemetry::new());
     let keys: Vec<String> = (0..40).map(|i| format!("d/k{i:02}")).collect();
     for (i, k) in keys.iter().enumerate() {
         put(&backend, k, &pattern(1_000, i as u64)).await;
@@ -821,7 +821,7 @@ async fn refresh_ahead_of_a_busy_directory_is_one_listing() {
     put(&backend, "d/k05", &pattern(2_000, 5)).await;
     backend.delete(&ctx(), "d/k07").await.unwrap();
     // Past three quarters of the TTL, one open starts the refresh of the whole directory.
-    tokio::time::sleep(Duration::from_millis(6_100)).await;
+    clock.advance(Duration::from_millis(6_100));
     proxy.clear();
     let o = cache.open_object(&ctx(), &backend, "d/k00").await.unwrap();
     assert_eq!(o.meta().size, 1_000);
@@ -844,7 +844,7 @@ async fn refresh_ahead_of_a_busy_directory_is_one_listing() {
     let o = cache.open_object(&ctx(), &backend, "d/k05").await.unwrap();
     assert_eq!(o.meta().size, 2_000);
     // Past the TTL the renewed keys are still trusted: opening them asks the backend nothing.
-    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    clock.advance(Duration::from_millis(2_100));
     proxy.clear();
     for k in keys
         .iter()
@@ -882,7 +882,7 @@ async fn a_second_pass_after_the_ttl_is_revalidated_by_a_listing_not_a_head_per_
     let backend = s3_backend(&proxy.endpoint(), "second-pass", Telemetry::new());
     let mut cfg = config(None, 64, 256, 0, PolicyKind::Tinylfu);
     cfg.metadata_ttl_ms = 1_000;
-    let cache = open(cfg, Telemetry::new());
+    let (cache, clock) = open_with_clock(cfg, Telemetry::new());
     let keys: Vec<String> = (0..40).map(|i| format!("p/k{i:02}")).collect();
     for (i, k) in keys.iter().enumerate() {
         put(&backend, k, &pattern(1_000, i as u64)).await;
@@ -891,7 +891,7 @@ async fn a_second_pass_after_the_ttl_is_revalidated_by_a_listing_not_a_head_per_
         cache.open_object(&ctx(), &backend, k).await.unwrap();
     }
     put(&backend, "p/k05", &pattern(2_000, 5)).await;
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    clock.advance(Duration::from_millis(1_100));
     proxy.clear();
     for k in &keys {
         let o = cache.open_object(&ctx(), &backend, k).await.unwrap();

@@ -79,6 +79,17 @@ pub fn open(cfg: CacheConfig, telemetry: Arc<Telemetry>) -> BlockCache {
     BlockCache::open(cfg, telemetry).unwrap()
 }
 
+/// A cache whose metadata reads the time from a clock the test moves forward: TTLs pass at once.
+#[allow(dead_code)] // not every test binary moves time
+pub fn open_with_clock(
+    cfg: CacheConfig,
+    telemetry: Arc<Telemetry>,
+) -> (BlockCache, Arc<strata_cache::ManualClock>) {
+    let clock = Arc::new(strata_cache::ManualClock::new());
+    let cache = BlockCache::open_with_clock(cfg, telemetry, clock.clone()).unwrap();
+    (cache, clock)
+}
+
 pub fn pattern(len: usize, seed: u64) -> Bytes {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     Bytes::from(

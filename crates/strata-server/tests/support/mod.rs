@@ -28,6 +28,18 @@ pub async fn envs() -> Vec<Env> {
 /// An agent per catalog (SQLite; PostgreSQL when the test command provides one), configured by `cfg` from its
 /// data directory.
 pub async fn envs_with(cfg: impl Fn(&std::path::Path) -> Config) -> Vec<Env> {
+    envs_timed(cfg, || Arc::new(strata_catalog::SystemClock)).await
+}
+
+/// [`envs`] whose catalogs read `clock` (a `ManualClock` a test moves instead of sleeping).
+pub async fn envs_with_clock(clock: Arc<strata_catalog::ManualClock>) -> Vec<Env> {
+    envs_timed(|_| Config::default(), || clock.clone()).await
+}
+
+async fn envs_timed(
+    cfg: impl Fn(&std::path::Path) -> Config,
+    clock: impl Fn() -> Arc<dyn strata_catalog::Clock>,
+) -> Vec<Env> {
     let mut urls = vec![None];
     if let Some(admin) = strata_catalog::testing::postgres_url() {
         urls.push(Some(
@@ -47,7 +59,7 @@ pub async fn envs_with(cfg: impl Fn(&std::path::Path) -> Config) -> Vec<Env> {
                 ..Default::default()
             })
             .unwrap();
-        let agent = Agent::start(resolved).await.unwrap();
+        let agent = Agent::start_with_clock(resolved, clock()).await.unwrap();
         let admin =
             std::fs::read_to_string(control::admin_token_file(&dir.path().join("d"))).unwrap();
         out.push(Env {
