@@ -4,6 +4,7 @@
 //! claim backwards: nothing leaves `released`.
 
 use sqlx::{AssertSqlSafe, Row};
+use strata_api::claims::ClaimState;
 use strata_types::{Error, ErrorKind, Result};
 
 use crate::{Catalog, db_err};
@@ -23,8 +24,8 @@ pub struct ClaimRecord {
     pub agent: String,
     /// The spec as submitted (JSON).
     pub spec: String,
-    /// `pending`, `staging`, `ready`, `failed` or `released`.
-    pub state: String,
+    /// Where it is in its life.
+    pub state: ClaimState,
     /// Why it failed or was released.
     pub reason: String,
     /// Staging progress (JSON).
@@ -77,7 +78,11 @@ fn record(r: &sqlx::any::AnyRow) -> Result<ClaimRecord> {
         principal: r.try_get("principal").map_err(db_err)?,
         agent: r.try_get("agent").map_err(db_err)?,
         spec: r.try_get("spec").map_err(db_err)?,
-        state: r.try_get("state").map_err(db_err)?,
+        state: {
+            let s: String = r.try_get("state").map_err(db_err)?;
+            ClaimState::parse(&s)
+                .ok_or_else(|| Error::internal(format!("a claim's stored state {s:?}")))?
+        },
         reason: r.try_get("reason").map_err(db_err)?,
         progress: r.try_get("progress").map_err(db_err)?,
         usage: r.try_get("usage").map_err(db_err)?,
@@ -106,7 +111,7 @@ impl Catalog {
         .bind(&c.principal)
         .bind(&c.agent)
         .bind(&c.spec)
-        .bind(&c.state)
+        .bind(c.state.as_str())
         .bind(&c.reason)
         .bind(&c.progress)
         .bind(&c.usage)
@@ -220,7 +225,7 @@ impl Catalog {
     pub async fn set_claim_state(
         &self,
         id: &str,
-        state: &str,
+        state: ClaimState,
         reason: &str,
         progress: &str,
     ) -> Result<bool> {
@@ -230,7 +235,7 @@ impl Catalog {
              ready_at = CASE WHEN $1 = 'ready' THEN $4 ELSE ready_at END \
              WHERE id = $5 AND released_at IS NULL AND (state <> 'failed' OR $1 = 'failed')",
         )
-        .bind(state)
+        .bind(state.as_str())
         .bind(reason)
         .bind(progress)
         .bind(now)

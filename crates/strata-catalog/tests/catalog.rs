@@ -773,7 +773,7 @@ async fn claim_stall_reports_keep_each_reporters_largest_total_and_stop_at_relea
             principal: "p".into(),
             agent: "a".into(),
             spec: "{}".into(),
-            state: "ready".into(),
+            state: strata_api::claims::ClaimState::Ready,
             reason: String::new(),
             progress: "{}".into(),
             usage: "{}".into(),

@@ -261,3 +261,42 @@ fn denied(backend: &str, key: &str, team: &str, need: Role) -> Error {
         ),
     )
 }
+
+/// A call of another agent of the cluster, authenticated by the cluster secret: it acts on the replicas of the
+/// team it names.
+#[derive(Debug, Clone)]
+pub struct ClusterCall {
+    /// The team the call acts for (`None`: the shared store of callers without a team).
+    pub team: Option<String>,
+}
+
+/// Check a call's cluster credential (the headers of [`strata_client::ClusterCredential`]).
+pub fn cluster_call(
+    agent: &crate::Agent,
+    key: &[u8],
+    team: Option<&[u8]>,
+) -> Result<ClusterCall, Error> {
+    let Some(secret) = &agent.config().cluster_secret else {
+        return Err(Error::new(
+            ErrorKind::Unauthenticated,
+            "this agent has no cluster secret (STRATA_CLUSTER_SECRET), so it accepts no other agent's call",
+        ));
+    };
+    // Compared as hashes: the comparison takes the same time wherever the keys differ.
+    if blake3::hash(key) != blake3::hash(secret.as_bytes()) {
+        return Err(Error::new(
+            ErrorKind::Unauthenticated,
+            "the cluster key is not valid",
+        ));
+    }
+    let team = match team {
+        None => None,
+        Some(t) => {
+            let t = std::str::from_utf8(t)
+                .map_err(|_| Error::invalid_input("the team header is not UTF-8"))?;
+            strata_catalog::validate_team_name(t)?;
+            Some(t.to_string())
+        }
+    };
+    Ok(ClusterCall { team })
+}

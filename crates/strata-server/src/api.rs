@@ -146,7 +146,7 @@ async fn warm(
         v.push(b'\n');
         Bytes::from(v)
     };
-    tokio::spawn(async move {
+    agent.clone().spawn(async move {
         let last = std::sync::Mutex::new(std::time::Instant::now());
         let progress_tx = tx.clone();
         let r = agent

@@ -1,12 +1,17 @@
-//! The Strata node agent (`strata serve`).
+//! The Strata node agent (`strata serve`): the composition root of its capabilities.
 //!
 //! - [`config`]: the TOML configuration, overrides from flags and environment, validation, machine-sized
-//!   defaults.
-//! - [`Agent`]: owns the telemetry hub, the backends and the tiered cache; resolves URLs to backends.
-//! - [`routes`]: the one route table of the API (data plane [`api`], [`peer`], [`control`]): the router and
-//!   `/openapi.json`; [`http`]: the plumbing every handler shares (errors, request context, route docs).
-//! - [`gateway`]: the S3-compatible gateway (s3s).
-//! - [`serve`]: runs the agent until SIGTERM/SIGINT, then shuts down cleanly.
+//!   defaults. A leaf: it imports none of the capabilities (they import their settings from it).
+//! - [`Agent`]: owns the telemetry hub, the backends, the tiered cache and the catalog; resolves locations
+//!   ([`access`]: the one access decision), and tracks the work requests leave running ([`Agent::spawn`]).
+//! - The capabilities, each a module tree that registers its routes in [`routes`] and its background work in
+//!   [`serve`]: [`gateway`] (S3, s3s), [`api`] (the data plane), [`cluster`] (shared cache, coherence, pins),
+//!   [`claims`], [`replicas`] (checkpoint replicas, handed-over saves), [`control`] (teams, quotas, usage,
+//!   lifecycle, forecasts, scratch).
+//! - [`routes`]: a handler per endpoint of the contract (`strata_api`): the router; [`http`]: the plumbing
+//!   every handler shares (errors, typed answers, query parsing, request context).
+//! - [`serve`]: runs the agent until SIGTERM/SIGINT, then shuts down: requests drained, then every task the
+//!   agent tracks, within the grace period.
 //!
 //! This is an edge crate: it is the only one that knows about HTTP.
 
@@ -23,7 +28,7 @@ pub mod http;
 mod locate;
 mod metrics;
 pub mod outage;
-pub mod peer;
+pub mod replicas;
 pub mod routes;
 mod sys;
 
@@ -62,7 +67,7 @@ pub struct Agent {
     adhoc: Mutex<HashMap<String, (Option<String>, Backend)>>,
     /// Configured S3 backends and an S3 bucket root, as stores ([`locate`]).
     s3_roots: Vec<locate::S3Root>,
-    handoffs: peer::Handoffs,
+    handoffs: replicas::Handoffs,
     catalog: strata_catalog::Catalog,
     access: control::AccessLog,
     ownership: Arc<access::Ownership>,
@@ -75,6 +80,9 @@ pub struct Agent {
     pub(crate) claim_tasks: Mutex<HashMap<String, tokio_util::sync::CancellationToken>>,
     /// Cancelled when the agent stops: every staging task ends.
     pub(crate) claim_stop: tokio_util::sync::CancellationToken,
+    /// Work a request or a resumed claim started and that outlives it (claim staging, handed-over saves,
+    /// warm-ups streaming their progress, a member's share of a staging): `serve` waits for it at shutdown.
+    tasks: tokio_util::task::TaskTracker,
     /// The API's address once bound (`http://host:port`).
     pub(crate) api_url: std::sync::OnceLock<String>,
     _lock: std::fs::File,
@@ -212,6 +220,7 @@ impl Agent {
             id,
             claim_tasks: Mutex::new(HashMap::new()),
             claim_stop: tokio_util::sync::CancellationToken::new(),
+            tasks: tokio_util::task::TaskTracker::new(),
             api_url: std::sync::OnceLock::new(),
             config,
             telemetry,
@@ -219,7 +228,7 @@ impl Agent {
             backends,
             adhoc: Mutex::new(HashMap::new()),
             s3_roots,
-            handoffs: peer::Handoffs::default(),
+            handoffs: replicas::Handoffs::default(),
             ownership: Arc::new(access::Ownership::new(catalog.clone())),
             catalog,
             access: control::AccessLog::default(),
@@ -267,8 +276,18 @@ impl Agent {
         &self.backends
     }
 
+    /// Run `fut` as work of this agent that outlives the request that started it; `serve` waits for it (up to
+    /// the grace period) before it stops.
+    pub(crate) fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(fut)
+    }
+
     /// Checkpoint saves handed over by training processes on this node.
-    pub fn handoffs(&self) -> &peer::Handoffs {
+    pub fn handoffs(&self) -> &replicas::Handoffs {
         &self.handoffs
     }
 
@@ -533,6 +552,18 @@ pub async fn serve(
     }
     if let Some(t) = gateway_task {
         let _ = t.await;
+    }
+    // Staging stops at its cancellation; handed-over saves finish their durability work if they can.
+    agent.tasks.close();
+    if tokio::time::timeout(grace, agent.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            tasks = agent.tasks.len(),
+            "work still running after the grace period (handed-over saves, staging); stopping it"
+        );
     }
     let _ = background.await;
     for t in cluster_tasks {

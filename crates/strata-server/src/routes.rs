@@ -1,4 +1,4 @@
-//! The one route table of the agent's API: data plane ([`crate::api`]), checkpoint replicas ([`crate::peer`]),
+//! The one route table of the agent's API: data plane ([`crate::api`]), checkpoint replicas ([`crate::replicas`]),
 //! the cluster ([`crate::cluster::routes`]), control ([`crate::control`]) and claims ([`crate::claims`]). Each
 //! route is a handler registered for an endpoint type of [`strata_api`], which also writes `/openapi.json`
 //! ([`strata_api::openapi`]); a test checks that the table serves every endpoint of the contract and nothing
@@ -16,7 +16,7 @@ use crate::http::{Route, route};
 pub fn table() -> Vec<Route> {
     let mut t = vec![route::<strata_api::data::OpenApi>(get(openapi))];
     t.extend(crate::api::routes());
-    t.extend(crate::peer::routes());
+    t.extend(crate::replicas::routes());
     t.extend(crate::cluster::routes::routes());
     t.extend(crate::control::routes());
     t.extend(crate::claims::routes());

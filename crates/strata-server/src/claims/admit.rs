@@ -7,7 +7,7 @@ use std::sync::Arc;
 use strata_catalog::Role;
 use strata_catalog::claims::{ClaimObject, ClaimRecord};
 use strata_catalog::lifecycle::Protection;
-use strata_claim::{ClaimSpec, DatasetStatus, JobUsage, Mode, Progress};
+use strata_claim::{ClaimSpec, ClaimState, DatasetStatus, JobUsage, Mode, Progress};
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta, Result};
 
 use crate::Agent;
@@ -176,7 +176,7 @@ pub(super) async fn admit(
         principal: principal.id.clone(),
         agent: super::agent_id(a),
         spec: json(&spec)?,
-        state: "pending".into(),
+        state: ClaimState::Pending,
         reason: String::new(),
         progress: json(&Progress::default())?,
         usage: json(&JobUsage::default())?,

@@ -290,7 +290,7 @@ async fn here(
     let spec = stored_spec(&c)?;
     if !attach {
         mounts::unmount_all(id, &spec);
-    } else if c.state != "ready" {
+    } else if c.state != ClaimState::Ready {
         let why = if c.reason.is_empty() {
             String::new()
         } else {
@@ -300,7 +300,7 @@ async fn here(
             ErrorKind::PreconditionFailed,
             format!(
                 "claim {id} is {}: its datasets are mounted once it is ready{why}",
-                c.state
+                c.state.as_str()
             ),
         )
         .into());
@@ -333,8 +333,7 @@ pub(crate) async fn status(a: &Agent, c: &ClaimRecord) -> Result<ClaimStatus> {
         Error::internal(format!("claim {}: stored {what}: {e}", c.id))
     };
     let spec: ClaimSpec = serde_json::from_str(&c.spec).map_err(|e| bad("spec", e))?;
-    let state = ClaimState::parse(&c.state)
-        .ok_or_else(|| Error::internal(format!("claim {}: state {:?}", c.id, c.state)))?;
+    let state = c.state;
     let scratch_path = c
         .scratch_id
         .as_ref()

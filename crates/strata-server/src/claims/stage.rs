@@ -30,13 +30,13 @@ pub(crate) fn spawn(a: &Arc<Agent>, id: &str) {
         tasks.insert(id.to_string(), token.clone());
     }
     let (a, id) = (a.clone(), id.to_string());
-    tokio::spawn(async move {
+    a.clone().spawn(async move {
         tokio::select! {
             r = run(&a, &id) => {
                 if let Err(e) = r {
                     tracing::warn!(claim = %id, error = %e, "staging stopped");
                     let reason = format!("staging stopped: {e}");
-                    let _ = a.catalog().set_claim_state(&id, "failed", &reason, "{}").await;
+                    let _ = a.catalog().set_claim_state(&id, ClaimState::Failed, &reason, "{}").await;
                 }
             }
             _ = token.cancelled() => {}
@@ -50,7 +50,7 @@ pub(crate) async fn resume(a: &Arc<Agent>) -> Result<usize> {
     let me = super::agent_id(a);
     let mut n = 0;
     for c in a.catalog().list_claims(None, false).await? {
-        if c.agent == me && matches!(c.state.as_str(), "pending" | "staging") {
+        if c.agent == me && matches!(c.state, ClaimState::Pending | ClaimState::Staging) {
             spawn(a, &c.id);
             n += 1;
         }
@@ -108,7 +108,10 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
     let start_bytes = start.bytes_done;
     let doc = super::admit::json(&start)?;
     let progress = Arc::new(Mutex::new(start));
-    if !cat.set_claim_state(id, "staging", "", &doc).await? {
+    if !cat
+        .set_claim_state(id, ClaimState::Staging, "", &doc)
+        .await?
+    {
         return Ok(()); // released (or failed) meanwhile
     }
     let deadline = tokio::time::Instant::now()
@@ -191,7 +194,7 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
                     });
                     super::admit::json(&*p)?
                 };
-                if !cat.set_claim_state(id, "staging", "", &doc).await? {
+                if !cat.set_claim_state(id, ClaimState::Staging, "", &doc).await? {
                     return Ok(()); // released meanwhile
                 }
             }
@@ -246,7 +249,7 @@ async fn run(a: &Arc<Agent>, id: &str) -> Result<()> {
     p.eta_secs = None;
     p.cached_bytes = (*cached.lock()).min(p.bytes_done);
     if !cat
-        .set_claim_state(id, state.as_str(), &reason, &super::admit::json(&p)?)
+        .set_claim_state(id, state, &reason, &super::admit::json(&p)?)
         .await?
     {
         // Released while it was being mounted: nothing may stay mounted.

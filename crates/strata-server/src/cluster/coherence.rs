@@ -44,8 +44,8 @@ use strata_types::{Error, ErrorKind};
 
 use super::Cluster;
 use crate::Agent;
+use crate::access::ClusterCall;
 use crate::http::ApiError;
-use crate::peer::ClusterCall;
 
 /// Most changes one announcement carries (a DeleteObjects request's keys).
 pub const MAX_CHANGES: usize = 1000;

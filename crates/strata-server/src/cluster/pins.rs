@@ -26,8 +26,8 @@ use strata_types::Error;
 
 use super::Cluster;
 use crate::Agent;
+use crate::access::ClusterCall;
 use crate::http::ApiError;
-use crate::peer::ClusterCall;
 
 /// How often an agent sends its pins to every member even when nothing changed.
 pub const SYNC: Duration = Duration::from_secs(10);

@@ -31,8 +31,8 @@ use super::client::{
 };
 use crate::Agent;
 use crate::access::Caller;
+use crate::access::ClusterCall;
 use crate::http::{ApiError, Route, route};
-use crate::peer::ClusterCall;
 use strata_api as api;
 
 /// How long a principal looked up for a peer read is trusted.

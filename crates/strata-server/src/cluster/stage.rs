@@ -29,8 +29,8 @@ use strata_client::wire::ErrorBody;
 use strata_types::{Error, ErrorKind, IoContext, ObjectMeta};
 
 use crate::Agent;
+use crate::access::ClusterCall;
 use crate::http::ApiError;
-use crate::peer::ClusterCall;
 
 /// The longest a staging member may say nothing (it sends progress every second) before it is taken for gone.
 pub const SILENCE: Duration = Duration::from_secs(30);
@@ -172,7 +172,7 @@ pub(super) async fn stage(
     let (backend, ctx, objects) = authorized(&agent, &call, &headers, req).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let cache = agent.cache().clone();
-    tokio::spawn(async move {
+    agent.spawn(async move {
         let latest = Mutex::new(StageProgress::default());
         let warm = cache.warm_owned(
             &ctx,

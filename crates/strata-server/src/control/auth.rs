@@ -40,15 +40,16 @@ pub async fn bootstrap_admin(
     Ok(())
 }
 
-/// The paths of the routes the table declares public ([`crate::http::Access::Public`]; none takes a parameter).
+/// The paths of the endpoints the contract declares public ([`crate::http::Access::Public`]; none takes a
+/// parameter).
 fn public_paths() -> &'static std::collections::HashSet<&'static str> {
     static PUBLIC: std::sync::OnceLock<std::collections::HashSet<&'static str>> =
         std::sync::OnceLock::new();
     PUBLIC.get_or_init(|| {
-        crate::routes::table()
+        strata_api::endpoints()
             .into_iter()
-            .filter(|(d, _)| d.rule == crate::http::Access::Public)
-            .map(|(d, _)| d.path)
+            .filter(|d| d.rule == crate::http::Access::Public)
+            .map(|d| d.path)
             .collect()
     })
 }
@@ -73,7 +74,7 @@ pub async fn require_token(
             .headers()
             .get(strata_client::CLUSTER_TEAM_HEADER)
             .map(|v| v.as_bytes().to_vec());
-        return match crate::peer::cluster_call(&agent, key.as_bytes(), team.as_deref()) {
+        return match crate::access::cluster_call(&agent, key.as_bytes(), team.as_deref()) {
             Ok(call) => {
                 req.extensions_mut().insert(call);
                 next.run(req).await

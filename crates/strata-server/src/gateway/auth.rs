@@ -4,40 +4,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
 use strata_types::{Error, Result};
 
-/// One access key and who it stands for.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AccessKey {
-    /// The access key id.
-    pub access_key: String,
-    /// The secret.
-    pub secret_key: String,
-    /// Principal name recorded in I/O events (default: the access key id).
-    #[serde(default)]
-    pub principal: Option<String>,
-    /// Team the principal acts for.
-    #[serde(default)]
-    pub team: Option<String>,
-    /// Job the key stands for (a key issued to one job): requests signed with it are attributed to this job
-    /// unless they send an `x-strata-job` header.
-    #[serde(default)]
-    pub job: Option<String>,
-}
-
-impl std::fmt::Debug for AccessKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AccessKey")
-            .field("access_key", &self.access_key)
-            .field("secret_key", &"<redacted>")
-            .field("principal", &self.principal)
-            .field("team", &self.team)
-            .field("job", &self.job)
-            .finish()
-    }
-}
+pub use crate::config::AccessKey;
 
 /// Where the keys came from (for the start-up log line).
 #[derive(Debug, Clone, PartialEq, Eq)]

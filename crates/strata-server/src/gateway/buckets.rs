@@ -97,7 +97,7 @@ const RESERVED_SCOPES: [&str; 4] = [
     crate::api::CACHE_SCOPE,
     "scratch",
     strata_ckpt::quota::SCOPE,
-    crate::peer::PEER_SCOPE,
+    crate::replicas::PEER_SCOPE,
 ];
 
 /// Whether `name` is a bucket name S3 allows: 3-63 of `a-z 0-9 . -`, starting and ending with a letter or

@@ -1,4 +1,5 @@
-//! The peer API: checkpoint shard replicas that other nodes' checkpointers (or agents) push to this agent.
+//! Checkpoint replicas and handed-over saves: the shard replicas other nodes' checkpointers (or agents) push to
+//! this agent, and the saves training processes hand over to it.
 //!
 //! Replicas are stored (`PUT .../{run}/{step}/{file}`: a shard, streamed to disk and verified against
 //! `x-strata-blake3` when given, a rank's record or a manifest, durably with fsync + rename), read back (the
@@ -39,7 +40,7 @@ use strata_types::{Error, ErrorKind, IoContext};
 use tokio::io::AsyncWriteExt;
 
 use crate::Agent;
-use crate::access::Caller;
+use crate::access::{Caller, ClusterCall};
 use crate::http::{ApiError, Route, route};
 use strata_api as api;
 
@@ -62,41 +63,6 @@ pub fn routes() -> Vec<Route> {
         r::<api::ckpt::Handoff>(axum::routing::post(handoff)),
         r::<api::ckpt::HandoffStatusOf>(get(handoff_status)),
     ]
-}
-
-/// A call of another agent of the cluster, authenticated by the cluster secret: it acts on the replicas of the
-/// team it names.
-#[derive(Debug, Clone)]
-pub struct ClusterCall {
-    /// The team the call acts for (`None`: the shared store of callers without a team).
-    pub team: Option<String>,
-}
-
-/// Check a call's cluster credential (the headers of [`strata_client::ClusterCredential`]).
-pub fn cluster_call(agent: &Agent, key: &[u8], team: Option<&[u8]>) -> Result<ClusterCall, Error> {
-    let Some(secret) = &agent.config().cluster_secret else {
-        return Err(Error::new(
-            ErrorKind::Unauthenticated,
-            "this agent has no cluster secret (STRATA_CLUSTER_SECRET), so it accepts no other agent's call",
-        ));
-    };
-    // Compared as hashes: the comparison takes the same time wherever the keys differ.
-    if blake3::hash(key) != blake3::hash(secret.as_bytes()) {
-        return Err(Error::new(
-            ErrorKind::Unauthenticated,
-            "the cluster key is not valid",
-        ));
-    }
-    let team = match team {
-        None => None,
-        Some(t) => {
-            let t = std::str::from_utf8(t)
-                .map_err(|_| Error::invalid_input("the team header is not UTF-8"))?;
-            strata_catalog::validate_team_name(t)?;
-            Some(t.to_string())
-        }
-    };
-    Ok(ClusterCall { team })
 }
 
 /// The replica store a call acts on, and who to record and charge for what it writes.
@@ -622,7 +588,7 @@ async fn handoff(
     agent.handoffs().set(&team, pending.clone());
     let running = agent.handoffs().running.clone();
     let (step, upload, rank) = (req.step, req.upload, req.rank);
-    tokio::spawn(async move {
+    agent.clone().spawn(async move {
         let Ok(_permit) = running.acquire_owned().await else {
             return;
         };

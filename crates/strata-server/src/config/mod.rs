@@ -1,6 +1,12 @@
 //! `strata serve` configuration: a TOML file, then environment/flags on top, then validation into a
 //! [`Resolved`] configuration with every default filled in and every path absolute.
 
+mod keys;
+mod sharing;
+
+pub use keys::AccessKey;
+pub use sharing::Sharing;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -152,7 +158,7 @@ pub struct GatewaySection {
     pub region: String,
     /// Access keys. `STRATA_ACCESS_KEY`/`STRATA_SECRET_KEY` add one; with none at all a key pair is generated
     /// into `<data_dir>/credentials.json`.
-    pub keys: Vec<crate::gateway::auth::AccessKey>,
+    pub keys: Vec<AccessKey>,
     /// Where CreateBucket makes buckets: `file:///dir` (a directory per bucket) or `s3://bucket/prefix` (a
     /// prefix per bucket). Unset: `<data_dir>/buckets` on embedded defaults (no backend configured), else
     /// CreateBucket is refused and the buckets are the configured backends; `""`: refused always.
@@ -360,7 +366,7 @@ pub struct Resolved {
     /// Where created buckets live (`[gateway] bucket_root`, without a trailing `/`) and its options.
     pub bucket_root: Option<(String, BackendOptions)>,
     /// Configured gateway keys (the root key of [`Overrides::root_key`] included).
-    pub s3_keys: Vec<crate::gateway::auth::AccessKey>,
+    pub s3_keys: Vec<AccessKey>,
     /// The administrator token from [`Overrides::admin_token`].
     pub admin_token: Option<String>,
     /// Catalog URL (resolved: SQLite in the data dir by default).
@@ -374,7 +380,7 @@ pub struct Resolved {
     /// The catalog key from [`Overrides::catalog_key`]; `None`: `<data_dir>/catalog.key`.
     pub catalog_key: Option<String>,
     /// The shared cache, when `[cluster] cache` is not `off`.
-    pub sharing: Option<crate::cluster::Sharing>,
+    pub sharing: Option<Sharing>,
     /// The mounter's socket (`[claims] mounter`), absolute.
     pub mounter: Option<PathBuf>,
     /// A membership source built outside the agent, which `cache = "kubernetes"` needs (`strata serve`
@@ -624,7 +630,7 @@ impl Config {
             .iter()
             .map(|p| normalize_peer(p))
             .collect::<Result<Vec<_>>>()?;
-        let sharing = crate::cluster::Sharing::resolve(
+        let sharing = Sharing::resolve(
             &self.cluster,
             &peers,
             api_listen,
@@ -638,7 +644,7 @@ impl Config {
                     "STRATA_ACCESS_KEY and STRATA_SECRET_KEY must not be empty",
                 ));
             }
-            s3_keys.push(crate::gateway::auth::AccessKey {
+            s3_keys.push(AccessKey {
                 access_key: ak.clone(),
                 secret_key: sk.clone(),
                 principal: Some("root".into()),
