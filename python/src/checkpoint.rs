@@ -92,8 +92,9 @@ type Loaded<'py> = (
     Bound<'py, pyo3::types::PyByteArray>,
 );
 
-/// Read a local shard straight into a new bytearray, hashing it on a second thread as it is read. `Ok(None)`
-/// when the file is missing or does not match its record (the caller tries the other tiers).
+/// Read a local shard straight into a new bytearray, hashed on a second thread as it is read
+/// ([`strata_ckpt::verify::read_into`]). `Ok(None)` when the file is missing or of another size (the caller
+/// tries the other tiers).
 #[allow(clippy::type_complexity)]
 pub(crate) fn read_verified<'py>(
     py: Python<'py>,
@@ -106,169 +107,30 @@ pub(crate) fn read_verified<'py>(
         Bound<'py, pyo3::types::PyByteArray>,
     )>,
 > {
-    use std::io::Read;
-    let Ok(mut f) = std::fs::File::open(path) else {
+    let Some(f) = strata_ckpt::verify::open(path, rec) else {
         return Ok(None);
     };
-    match f.metadata() {
-        Ok(md) if md.len() == rec.size => {}
-        _ => return Ok(None),
-    }
     let size = usize::try_from(rec.size).map_err(|_| StrataError::new_err("shard too large"))?;
-    let mut verdict: Option<Result<(Vec<_>, std::collections::BTreeMap<String, String>), String>> =
-        None;
+    let mut verdict = None;
     let buf = pyo3::types::PyByteArray::new_with(py, size, |b| {
-        let read = std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<&[u8]>(4);
-            let hasher = s.spawn(move || {
-                let mut h = blake3::Hasher::new();
-                for chunk in rx {
-                    h.update(chunk);
-                }
-                h.finalize().to_hex().to_string()
-            });
-            let mut result = Ok(());
-            for chunk in b.chunks_mut(8 << 20) {
-                if let Err(e) = f.read_exact(chunk) {
-                    result = Err(e.to_string());
-                    break;
-                }
-                let chunk: &[u8] = chunk;
-                if tx.send(chunk).is_err() {
-                    break;
-                }
-            }
-            drop(tx);
-            let sum = hasher.join().unwrap_or_default();
-            result.map(|()| sum)
-        });
-        verdict = Some(match read {
-            Err(e) => Err(e),
-            Ok(sum) if sum != rec.blake3 => Err("checksum mismatch".to_string()),
-            Ok(_) => strata_ckpt::format::parse(&rec.file, b)
-                .map(|(entries, md)| {
-                    (
-                        entries
-                            .into_iter()
-                            .map(|e| (e.name, e.dtype, e.shape, e.range.start, e.range.len()))
-                            .collect(),
-                        md,
-                    )
-                })
-                .map_err(|e| e.to_string()),
-        });
+        verdict = Some(strata_ckpt::verify::read_into(f, rec, b));
         Ok(())
     })?;
     match verdict {
-        Some(Ok((entries, md))) => Ok(Some((entries, md, buf))),
-        Some(Err(e)) => Err(StrataError::new_err(e)),
+        Some(Ok((entries, md))) => Ok(Some((tuples(entries), md, buf))),
+        Some(Err(e)) => Err(to_py(e)),
         None => Ok(None),
     }
 }
 
-/// What Python needs to map a verified local shard: tensors (name, dtype, shape, offset, length), metadata,
-/// and the file's identity (device, inode, size, mtime ns) to check that it maps the file that was hashed.
-type LocalPlan = (
-    Vec<(String, String, Vec<u64>, usize, usize)>,
-    std::collections::BTreeMap<String, String>,
-    (u64, u64, u64, i64),
-);
-
-/// Hash a local shard (reading on one thread, hashing on another) and parse its header. `Ok(None)` when it
-/// is missing, of another size or does not match its record.
-pub(crate) fn verify_local(
-    path: &std::path::Path,
-    rec: &strata_ckpt::ShardRecord,
-) -> Result<Option<LocalPlan>, Error> {
-    use std::io::Read;
-    use std::os::unix::fs::MetadataExt;
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return Ok(None);
-    };
-    let md = f
-        .metadata()
-        .map_err(|e| Error::from_io(e, path.display()))?;
-    if md.len() != rec.size {
-        return Ok(None);
-    }
-    const CHUNK: usize = 8 << 20;
-    let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(2);
-    let (free_tx, free_rx) = std::sync::mpsc::channel::<Vec<u8>>();
-    for _ in 0..3 {
-        let _ = free_tx.send(vec![0u8; CHUNK]);
-    }
-    let mut head: Vec<u8> = Vec::new();
-    let sum = std::thread::scope(|s| {
-        let hasher = s.spawn(move || {
-            let mut h = blake3::Hasher::new();
-            for (buf, n) in full_rx {
-                h.update(&buf[..n]);
-                let _ = free_tx.send(buf);
-            }
-            h.finalize().to_hex().to_string()
-        });
-        let mut first = true;
-        let read = (|| -> std::io::Result<()> {
-            loop {
-                let Ok(mut buf) = free_rx.recv() else {
-                    return Ok(());
-                };
-                let mut n = 0;
-                while n < CHUNK {
-                    let k = f.read(&mut buf[n..])?;
-                    if k == 0 {
-                        break;
-                    }
-                    n += k;
-                }
-                if first {
-                    head = buf[..n.min(1 << 20)].to_vec();
-                    first = false;
-                }
-                if n == 0 {
-                    return Ok(());
-                }
-                if full_tx.send((buf, n)).is_err() {
-                    return Ok(());
-                }
-                if n < CHUNK {
-                    return Ok(());
-                }
-            }
-        })();
-        drop(full_tx);
-        let sum = hasher.join().unwrap_or_default();
-        read.map(|()| sum)
-    })
-    .map_err(|e| Error::from_io(e, path.display()))?;
-    if sum != rec.blake3 {
-        return Ok(None);
-    }
-    // The header may be longer than the first MiB kept: read it whole then.
-    let hlen = head
-        .get(..8)
-        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-        .unwrap_or(0);
-    if 8 + hlen > head.len() as u64 && 8 + hlen <= rec.size {
-        use std::os::unix::fs::FileExt;
-        head = vec![0u8; (8 + hlen) as usize];
-        f.read_exact_at(&mut head, 0)
-            .map_err(|e| Error::from_io(e, path.display()))?;
-    }
-    let (entries, meta) = strata_ckpt::format::parse_header(&rec.file, &head, rec.size)?;
-    Ok(Some((
-        entries
-            .into_iter()
-            .map(|e| (e.name, e.dtype, e.shape, e.range.start, e.range.len()))
-            .collect(),
-        meta,
-        (
-            md.dev(),
-            md.ino(),
-            md.len(),
-            md.mtime() * 1_000_000_000 + md.mtime_nsec(),
-        ),
-    )))
+/// Tensors as Python takes them: (name, dtype, shape, offset, length).
+fn tuples(
+    entries: Vec<strata_ckpt::format::Entry>,
+) -> Vec<(String, String, Vec<u64>, usize, usize)> {
+    entries
+        .into_iter()
+        .map(|e| (e.name, e.dtype, e.shape, e.range.start, e.range.len()))
+        .collect()
 }
 
 /// A rank's checkpointer (native). `strata.Checkpointer` wraps it.
@@ -617,8 +479,17 @@ impl Checkpointer {
         let Some((path, rec)) = self.inner.local_shard(&m) else {
             return Ok(None);
         };
-        match py.detach(|| verify_local(&path, &rec)).map_err(to_py)? {
-            Some((entries, meta, ident)) => Ok(Some((m.step, path, entries, meta, ident))),
+        match py
+            .detach(|| strata_ckpt::verify::verify_local(&path, &rec))
+            .map_err(to_py)?
+        {
+            Some(v) => Ok(Some((
+                m.step,
+                path,
+                tuples(v.entries),
+                v.metadata,
+                v.identity,
+            ))),
             None => {
                 if path.exists() {
                     py_warn(

@@ -26,6 +26,7 @@ pub mod ops;
 pub mod quota;
 pub mod tier;
 mod unsent;
+pub mod verify;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -893,7 +894,7 @@ impl Checkpointer {
             .await?;
         let rec = ShardRecord::parse(&rec_text, &format!("record of step {step}"))?;
         let file = cfg.local.read_file(&self.ctx, run, step, &rec.file).await?;
-        if file.len() as u64 != rec.size || blake3::hash(&file).to_hex().as_str() != rec.blake3 {
+        if !rec.matches(&file) {
             return Err(Error::new(
                 ErrorKind::Corrupt,
                 format!(
@@ -1235,8 +1236,7 @@ impl Checkpointer {
                 .await
             {
                 Ok(bytes) => {
-                    let sum = blake3::hash(&bytes).to_hex().to_string();
-                    if sum != rec.blake3 || bytes.len() as u64 != rec.size {
+                    if !rec.matches(&bytes) {
                         tracing::warn!(tier = %tier.describe(), step = m.step, file = %rec.file, "checksum mismatch; trying the next tier");
                         why.push(format!("{}: checksum mismatch", tier.describe()));
                         continue;

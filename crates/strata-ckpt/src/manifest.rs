@@ -22,6 +22,11 @@ pub struct ShardRecord {
 }
 
 impl ShardRecord {
+    /// Whether `bytes` are the shard this records: its size and its blake3.
+    pub fn matches(&self, bytes: &[u8]) -> bool {
+        bytes.len() as u64 == self.size && blake3::hash(bytes).to_hex().as_str() == self.blake3
+    }
+
     /// Parse a rank's record; its `file` must be the rank's own shard name ([`shard_file`]), so that no record
     /// can point a reader at a path outside the checkpoint.
     pub fn parse(text: &[u8], what: &str) -> Result<Self> {

@@ -75,10 +75,7 @@ pub async fn verify(
         let mut any = false;
         for t in tiers {
             let status = match t.read_file(ctx, run, step, &rec.file).await {
-                Ok(b)
-                    if b.len() as u64 == rec.size
-                        && blake3::hash(&b).to_hex().as_str() == rec.blake3 =>
-                {
+                Ok(b) if rec.matches(&b) => {
                     any = true;
                     "ok".to_string()
                 }
@@ -120,9 +117,7 @@ pub async fn restore_into(
             )
         })?;
     for rec in &m.shards {
-        let good = |b: &bytes::Bytes| {
-            b.len() as u64 == rec.size && blake3::hash(b).to_hex().as_str() == rec.blake3
-        };
+        let good = |b: &bytes::Bytes| rec.matches(b);
         if let Ok(b) = to.read_file(ctx, run, step, &rec.file).await
             && good(&b)
         {
