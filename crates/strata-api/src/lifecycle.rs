@@ -19,6 +19,30 @@ pub enum PolicyKind {
     KeepLast,
 }
 
+impl PolicyKind {
+    /// Stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Ttl => "ttl",
+            PolicyKind::Stale => "stale",
+            PolicyKind::KeepLast => "keep_last",
+        }
+    }
+
+    /// Parse a stored name.
+    pub fn parse(s: &str) -> strata_types::Result<Self> {
+        match s {
+            "ttl" => Ok(PolicyKind::Ttl),
+            "stale" => Ok(PolicyKind::Stale),
+            "keep_last" => Ok(PolicyKind::KeepLast),
+            _ => Err(strata_types::Error::new(
+                strata_types::ErrorKind::InvalidInput,
+                format!("policy kind {s:?}: expected ttl, stale or keep_last"),
+            )),
+        }
+    }
+}
+
 /// A retention policy of one team on one backend.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

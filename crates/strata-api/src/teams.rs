@@ -15,6 +15,25 @@ pub enum PrincipalKind {
     S3Key,
 }
 
+impl PrincipalKind {
+    /// Stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrincipalKind::Token => "token",
+            PrincipalKind::S3Key => "s3_key",
+        }
+    }
+
+    /// The kind a stored name stands for (anything but `s3_key` is a token).
+    pub fn parse(s: &str) -> Self {
+        if s == "s3_key" {
+            PrincipalKind::S3Key
+        } else {
+            PrincipalKind::Token
+        }
+    }
+}
+
 /// One team membership.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Membership {

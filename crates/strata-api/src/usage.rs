@@ -20,6 +20,22 @@ pub enum UsageBy {
     Dataset,
 }
 
+impl UsageBy {
+    /// Parse `team|prefix|job|dataset`.
+    pub fn parse(s: &str) -> strata_types::Result<Self> {
+        match s {
+            "team" => Ok(UsageBy::Team),
+            "prefix" => Ok(UsageBy::Prefix),
+            "job" => Ok(UsageBy::Job),
+            "dataset" => Ok(UsageBy::Dataset),
+            _ => Err(strata_types::Error::new(
+                strata_types::ErrorKind::InvalidInput,
+                format!("usage grouping {s:?}: expected team, prefix, job or dataset"),
+            )),
+        }
+    }
+}
+
 /// Query of `GET /v1/usage`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

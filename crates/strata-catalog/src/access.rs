@@ -17,31 +17,7 @@ use crate::{Catalog, db_err, new_id, validate_team_name};
 
 pub use strata_api::Role;
 
-/// The kind of credential behind a principal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PrincipalKind {
-    /// A bearer token for the control API.
-    Token,
-    /// An S3 access key pair for the gateway.
-    S3Key,
-}
-
-impl PrincipalKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            PrincipalKind::Token => "token",
-            PrincipalKind::S3Key => "s3_key",
-        }
-    }
-    fn parse(s: &str) -> Self {
-        if s == "s3_key" {
-            PrincipalKind::S3Key
-        } else {
-            PrincipalKind::Token
-        }
-    }
-}
+pub use strata_api::teams::PrincipalKind;
 
 /// An authenticated identity and what it may do.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

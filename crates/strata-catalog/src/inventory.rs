@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, FromRow, Row};
-use strata_types::{Error, Result};
+use strata_types::Result;
 
 use crate::{Catalog, db_err, normalize_prefix};
 
@@ -77,34 +77,7 @@ pub struct ReconcileReport {
     pub released_reservations: u64,
 }
 
-/// How to group usage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UsageBy {
-    /// Owning team.
-    Team,
-    /// Owned prefix (backend + prefix).
-    Prefix,
-    /// Job id.
-    Job,
-    /// Dataset.
-    Dataset,
-}
-
-impl UsageBy {
-    /// Parse `team|prefix|job|dataset`.
-    pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "team" => Ok(UsageBy::Team),
-            "prefix" => Ok(UsageBy::Prefix),
-            "job" => Ok(UsageBy::Job),
-            "dataset" => Ok(UsageBy::Dataset),
-            _ => Err(Error::invalid_input(format!(
-                "usage grouping {s:?}: expected team, prefix, job or dataset"
-            ))),
-        }
-    }
-}
+pub use strata_api::usage::UsageBy;
 
 /// One line of a usage report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,38 +8,7 @@ use strata_types::{Error, ErrorKind, Result};
 
 use crate::{Catalog, db_err, new_id, normalize_prefix};
 
-/// What a retention policy does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PolicyKind {
-    /// Delete objects older than `age_secs` (by modification time).
-    Ttl,
-    /// Delete objects not read for `age_secs` (by the access times Strata recorded; modification time if
-    /// never read).
-    Stale,
-    /// Keep the last `keep_last` committed checkpoints of each run under the prefix; older steps go.
-    KeepLast,
-}
-
-impl PolicyKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            PolicyKind::Ttl => "ttl",
-            PolicyKind::Stale => "stale",
-            PolicyKind::KeepLast => "keep_last",
-        }
-    }
-    fn parse(s: &str) -> Result<Self> {
-        match s {
-            "ttl" => Ok(PolicyKind::Ttl),
-            "stale" => Ok(PolicyKind::Stale),
-            "keep_last" => Ok(PolicyKind::KeepLast),
-            _ => Err(Error::invalid_input(format!(
-                "policy kind {s:?}: expected ttl, stale or keep_last"
-            ))),
-        }
-    }
-}
+pub use strata_api::lifecycle::PolicyKind;
 
 /// A retention policy of one team on one backend.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -86,19 +86,7 @@ impl QuotaLimits {
     }
 }
 
-/// Where a team stands against one scope's limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum QuotaStatus {
-    /// Under every limit.
-    Ok,
-    /// Over a soft limit, within the grace period.
-    SoftGrace,
-    /// Over a soft limit past the grace period: writes refused.
-    GraceExpired,
-    /// At or over a hard limit: writes refused.
-    Hard,
-}
+pub use strata_api::quotas::QuotaStatus;
 
 /// Limits, counters and status of one team on one scope.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

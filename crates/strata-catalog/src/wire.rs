@@ -4,30 +4,10 @@
 
 use strata_api as api;
 
-use crate::access::{
-    AuditRecord, Credential, Membership, NewPrincipal, Principal, PrincipalKind, Team,
-};
-use crate::inventory::{OwnedPrefix, UsageBy, UsageLine};
-use crate::lifecycle::{Plan, PlanItem, Policy, PolicyKind, Protection, Scratch};
-use crate::quota::{QuotaLimits, QuotaState, QuotaStatus, Reservation};
-
-impl From<PrincipalKind> for api::teams::PrincipalKind {
-    fn from(k: PrincipalKind) -> Self {
-        match k {
-            PrincipalKind::Token => Self::Token,
-            PrincipalKind::S3Key => Self::S3Key,
-        }
-    }
-}
-
-impl From<api::teams::PrincipalKind> for PrincipalKind {
-    fn from(k: api::teams::PrincipalKind) -> Self {
-        match k {
-            api::teams::PrincipalKind::Token => Self::Token,
-            api::teams::PrincipalKind::S3Key => Self::S3Key,
-        }
-    }
-}
+use crate::access::{AuditRecord, Credential, Membership, NewPrincipal, Principal, Team};
+use crate::inventory::{OwnedPrefix, UsageLine};
+use crate::lifecycle::{Plan, PlanItem, Policy, Protection, Scratch};
+use crate::quota::{QuotaLimits, QuotaState, Reservation};
 
 impl From<Membership> for api::teams::Membership {
     fn from(m: Membership) -> Self {
@@ -43,7 +23,7 @@ impl From<Principal> for api::teams::Principal {
         Self {
             id: p.id,
             name: p.name,
-            kind: p.kind.into(),
+            kind: p.kind,
             is_admin: p.is_admin,
             team: p.team,
             access_key: p.access_key,
@@ -78,7 +58,7 @@ impl From<api::teams::NewToken> for NewPrincipal {
     fn from(t: api::teams::NewToken) -> Self {
         Self {
             name: t.name,
-            kind: t.kind.into(),
+            kind: t.kind,
             team: t.team,
             role: t.role,
             admin: t.admin,
@@ -124,17 +104,6 @@ impl From<api::quotas::QuotaLimits> for QuotaLimits {
     }
 }
 
-impl From<QuotaStatus> for api::quotas::QuotaStatus {
-    fn from(s: QuotaStatus) -> Self {
-        match s {
-            QuotaStatus::Ok => Self::Ok,
-            QuotaStatus::SoftGrace => Self::SoftGrace,
-            QuotaStatus::GraceExpired => Self::GraceExpired,
-            QuotaStatus::Hard => Self::Hard,
-        }
-    }
-}
-
 impl From<QuotaState> for api::quotas::QuotaState {
     fn from(q: QuotaState) -> Self {
         Self {
@@ -146,7 +115,7 @@ impl From<QuotaState> for api::quotas::QuotaState {
             reserved_bytes: q.reserved_bytes,
             reserved_objects: q.reserved_objects,
             soft_since: q.soft_since,
-            status: q.status.into(),
+            status: q.status,
             grace_ends_at: q.grace_ends_at,
         }
     }
@@ -161,17 +130,6 @@ impl From<Reservation> for api::quotas::Reservation {
             parent: r.parent,
             bytes: r.bytes,
             objects: r.objects,
-        }
-    }
-}
-
-impl From<api::usage::UsageBy> for UsageBy {
-    fn from(b: api::usage::UsageBy) -> Self {
-        match b {
-            api::usage::UsageBy::Team => Self::Team,
-            api::usage::UsageBy::Prefix => Self::Prefix,
-            api::usage::UsageBy::Job => Self::Job,
-            api::usage::UsageBy::Dataset => Self::Dataset,
         }
     }
 }
@@ -197,33 +155,13 @@ impl From<OwnedPrefix> for api::usage::OwnedPrefix {
     }
 }
 
-impl From<PolicyKind> for api::lifecycle::PolicyKind {
-    fn from(k: PolicyKind) -> Self {
-        match k {
-            PolicyKind::Ttl => Self::Ttl,
-            PolicyKind::Stale => Self::Stale,
-            PolicyKind::KeepLast => Self::KeepLast,
-        }
-    }
-}
-
-impl From<api::lifecycle::PolicyKind> for PolicyKind {
-    fn from(k: api::lifecycle::PolicyKind) -> Self {
-        match k {
-            api::lifecycle::PolicyKind::Ttl => Self::Ttl,
-            api::lifecycle::PolicyKind::Stale => Self::Stale,
-            api::lifecycle::PolicyKind::KeepLast => Self::KeepLast,
-        }
-    }
-}
-
 impl From<Policy> for api::lifecycle::Policy {
     fn from(p: Policy) -> Self {
         Self {
             id: p.id,
             team: p.team,
             backend: p.backend,
-            kind: p.kind.into(),
+            kind: p.kind,
             prefix: p.prefix,
             label: p.label,
             age_secs: p.age_secs,
@@ -239,7 +177,7 @@ impl From<api::lifecycle::Policy> for Policy {
             id: p.id,
             team: p.team,
             backend: p.backend,
-            kind: p.kind.into(),
+            kind: p.kind,
             prefix: p.prefix,
             label: p.label,
             age_secs: p.age_secs,

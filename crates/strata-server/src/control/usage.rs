@@ -8,7 +8,7 @@ pub(super) async fn usage(
     Extension(p): Authed,
     Query(q): Query<u::UsageQuery>,
 ) -> ApiResult<Reply<u::GetUsage>> {
-    let by: UsageBy = q.by.unwrap_or_default().into();
+    let by: UsageBy = q.by.unwrap_or_default();
     reply::<u::GetUsage>(wire::all(
         a.catalog().usage(by, p.visible_teams().as_deref()).await?,
     ))
