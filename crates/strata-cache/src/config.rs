@@ -33,9 +33,9 @@ pub struct CacheConfig {
     /// Largest single backend request when filling consecutive blocks (warm-up): fewer, larger requests.
     /// Default 32 MiB; at least one block, at most the in-flight budget.
     pub max_request_size: ByteSize,
-    /// How many blocks of one read are awaited at once while it is assembled. The cold ones were already
-    /// started as runs of consecutive blocks (one backend request each, up to `max_request_size`), so this
-    /// bounds assembly, not requests to the backend. Default 8.
+    /// Accepted (1 to 256) for older configuration files, and without effect: every read streams its
+    /// blocks in order ([`crate::BlockCache::get`]), and cold blocks are fetched as runs of consecutive
+    /// blocks, one backend request each, up to `max_request_size`. Default 8.
     pub read_parallelism: usize,
     /// How long object metadata (size, ETag) looked up at the backend is trusted, in milliseconds. Default
     /// [`DEFAULT_METADATA_TTL_MS`] (60 s; the agent's `[cache] metadata_ttl_ms` uses the same); 0 looks the

@@ -820,12 +820,7 @@ mod tests {
     use strata_types::ObjectId;
 
     fn pool() -> Arc<BlockPool> {
-        BlockPool::new(
-            1 << 20,
-            Arc::new(tokio::sync::Semaphore::new(1 << 12)),
-            1024,
-            1 << 12,
-        )
+        BlockPool::new(1 << 20, crate::budget::Budget::new(1 << 22))
     }
 
     fn key(i: u64) -> BlockKey {

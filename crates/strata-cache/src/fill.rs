@@ -1,86 +1,61 @@
 //! Fills: single-flight reads of blocks and runs of blocks from the backend (each block handed out as it
 //! arrives), their admission into the tiers, and the disk writers they feed.
 
-use crate::prelude::*;
-use crate::state::*;
+use crate::budget::Share;
+use crate::disk::DiskTier;
+use crate::policy::Digest;
+use crate::policy::DigestMap;
+use crate::state::BlockCache;
+use crate::state::Inner;
+use crate::state::ObjState;
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::future::Shared;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use strata_types::BlockKey;
+use strata_types::Error;
+use strata_types::ErrorKind;
+use strata_types::IoContext;
+use strata_types::Op;
+use strata_types::Result;
+use tokio::sync::oneshot;
+
+pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
+
+/// A response body from a backend.
+pub(crate) type ByteStream = futures::stream::BoxStream<'static, Result<Bytes>>;
+
+/// How a fill treats admission and the disk queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FillMode {
+    /// A reader's fill (demand, prefetch, readahead, an open's first bytes): the caller holds the budget, if
+    /// any; normal admission; lossy disk write.
+    Readahead,
+    /// Explicit warm-up: wait for budget; forced disk admission; wait for the disk write.
+    Warm,
+    /// A block another agent asked for ([`crate::peer`]): as `Readahead`, but read from the origin only,
+    /// never asked of a peer in turn.
+    Peer,
+}
+
+/// A team and a job (`""`: no team).
+pub(crate) type TeamJob = (Arc<str>, Arc<str>);
+
+/// Fills in flight: each block's shared fetch (single-flight: a miss of a block in flight joins it), and the
+/// count of fills per (team, job). Its fields are this module's alone.
+#[derive(Default)]
+pub(crate) struct Flights {
+    blocks: Mutex<DigestMap<SharedFetch>>,
+    jobs: Mutex<HashMap<TeamJob, usize>>,
+}
 
 impl BlockCache {
-    /// Queue a block for the disk tier. For warm-ups this waits for room in the queue and returns a receiver
-    /// that fires once the block is on disk; otherwise a full queue drops the block (counted).
-    pub(crate) async fn store_disk(
-        &self,
-        key: &BlockKey,
-        d: Digest,
-        data: &Bytes,
-        mode: FillMode,
-    ) -> Option<oneshot::Receiver<()>> {
-        let Some(disk) = &self.inner.disk else {
-            return None;
-        };
-        // A warm-up waits for its write (and is admitted whatever the policy says); a block this agent owns
-        // in a cluster is admitted too (see [`Self::admit_forced`]), written as any fill's.
-        let force = mode == FillMode::Warm;
-        let a = disk.reserve(
-            key,
-            d,
-            data.len() as u64,
-            self.is_pinned(key),
-            self.admit_forced(key, mode),
-        );
-        if !a.admitted {
-            return None;
-        }
-        let tx = self.inner.disk_tx.lock().clone();
-        let Some(tx) = tx else {
-            disk.drop_entry(&d);
-            return None;
-        };
-        let (done_tx, done_rx) = oneshot::channel();
-        let mut job = DiskJob {
-            key: key.clone(),
-            digest: d,
-            data: data.clone(),
-            done: force.then_some(done_tx),
-            direct: !force,
-            _held: None,
-        };
-        if force {
-            self.inner.queued.lock().insert(d, data.clone());
-            if tx.send(job).await.is_err() {
-                self.inner.queued.lock().remove(&d);
-                disk.drop_entry(&d);
-                return None;
-            }
-            return Some(done_rx);
-        }
-        // A queued block the RAM tier did not admit, or has evicted since, is memory outside the RAM tier: a
-        // few may queue freely, more only with budget to hold (a fill faster than the disk writes is still
-        // cached whole, within the memory bound, until the budget is needed for reading).
-        let queued = tx.max_capacity() - tx.capacity();
-        if queued >= LOSSY_QUEUE_MAX {
-            let n = units(data.len() as u64);
-            job._held = self
-                .inner
-                .spill
-                .clone()
-                .try_acquire_many_owned(n)
-                .and_then(|s| Ok((s, self.inner.budget.clone().try_acquire_many_owned(n)?)))
-                .ok();
-        }
-        let queued_ok = queued < LOSSY_QUEUE_MAX || job._held.is_some();
-        // In the queued map before the writer can take it (it removes the entry once written).
-        self.inner.queued.lock().insert(d, data.clone());
-        if !queued_ok || tx.try_send(job).is_err() {
-            self.inner.queued.lock().remove(&d);
-            disk.drop_entry(&d);
-            self.inner
-                .counters
-                .writes_dropped
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        None
-    }
-
     /// Fetch a block from the backend, or join the fetch already in flight. The fetch runs as its own task, so
     /// a caller that gives up does not cancel it for the others.
     pub(crate) fn fetch(
@@ -89,7 +64,7 @@ impl BlockCache {
         obj: &Arc<ObjState>,
         index: u64,
         mode: FillMode,
-        permit: Option<OwnedSemaphorePermit>,
+        permit: Option<Share>,
     ) -> SharedFetch {
         let mut v = self.fetch_run(ctx, obj, index, 1, mode, permit, None);
         v.pop().unwrap_or_else(|| {
@@ -112,7 +87,7 @@ impl BlockCache {
         first: u64,
         count: u64,
         mode: FillMode,
-        permit: Option<OwnedSemaphorePermit>,
+        permit: Option<Share>,
         given: Option<ByteStream>,
     ) -> Vec<SharedFetch> {
         let keys: Vec<(BlockKey, Digest)> = (first..first + count)
@@ -122,13 +97,14 @@ impl BlockCache {
                 (k, d)
             })
             .collect();
-        let mut inflight = self.inner.inflight.lock();
+        let mut inflight = self.inner.flights.blocks.lock();
         if count > 1 {
-            let ram = self.inner.ram.lock();
-            let busy = keys
-                .iter()
-                .any(|(_, d)| inflight.contains_key(d) || ram.map.contains_key(d));
-            drop(ram);
+            let busy = keys.iter().any(|(_, d)| inflight.contains_key(d))
+                || self
+                    .inner
+                    .tiers
+                    .ram()
+                    .contains_any(keys.iter().map(|(_, d)| d));
             if busy {
                 drop(inflight);
                 drop(permit);
@@ -142,14 +118,7 @@ impl BlockCache {
                 return vec![f.clone()];
             }
             // The fill may have finished between our lookup and taking this lock.
-            let done = self
-                .inner
-                .ram
-                .lock()
-                .map
-                .get(d)
-                .map(|(_, b)| b.clone())
-                .or_else(|| self.inner.queued.lock().get(d).cloned());
+            let done = self.inner.tiers.in_memory(d);
             if let Some(b) = done {
                 return vec![futures::future::ready(Ok(b)).boxed().shared()];
             }
@@ -214,7 +183,7 @@ impl BlockCache {
         obj: &ObjState,
         keys: &[(BlockKey, Digest)],
         mode: FillMode,
-        permit: Option<OwnedSemaphorePermit>,
+        permit: Option<Share>,
         done: &mut [Option<oneshot::Sender<Result<Bytes>>>],
         given: &mut Option<ByteStream>,
     ) -> Result<()> {
@@ -231,7 +200,7 @@ impl BlockCache {
             (Some(p), _) => Some(p),
             (None, FillMode::Readahead | FillMode::Peer) => None,
             (None, FillMode::Warm) => Some(
-                self.acquire_budget(units(end - start))
+                self.acquire_budget(end - start)
                     .await
                     .ok_or_else(|| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?,
             ),
@@ -270,10 +239,7 @@ impl BlockCache {
                     c.stale.fetch_add(1, Ordering::Relaxed);
                     // The cached metadata names a version that is gone: the next open asks the backend, so a
                     // changed object is a new version at once, not an error until the TTL runs out.
-                    self.inner
-                        .meta
-                        .lock()
-                        .invalidate(obj.backend.id(), Invalidation::Key(obj.meta.key.clone()));
+                    self.invalidate(&obj.backend, &obj.meta.key);
                     return Err(e.context(format!(
                         "{} changed at the backend while being read; reopen it to read the new version",
                         obj.meta.key
@@ -403,7 +369,7 @@ impl BlockCache {
         let mut cur = pool.take(keys.get(out).map_or(0, |_| block_len(out)));
         // A warm-up's block goes to its file a piece at a time as it arrives, while the piece is in the CPU's
         // cache (see `HotWrite`).
-        let hot_disk = match (&self.inner.disk, mode) {
+        let hot_disk = match (self.inner.tiers.disk(), mode) {
             (Some(disk), FillMode::Warm) => Some(disk.clone()),
             _ => None,
         };
@@ -465,7 +431,7 @@ impl BlockCache {
                             // Forced in RAM too while its disk write is queued (a warm-up: only
                             // without a disk tier, which it waits for).
                             self.admit_forced(key, mode)
-                                && (mode != FillMode::Warm || self.inner.disk.is_none()),
+                                && (mode != FillMode::Warm || !self.inner.tiers.has_disk()),
                         );
                         let on_disk = match hot.take() {
                             Some(h) => h.finish(),
@@ -489,7 +455,7 @@ impl BlockCache {
                         *complete = out;
                         // A warm-up reports a block only once it is on disk: at once when written as it
                         // arrived, else once its queued write is done (below).
-                        if mode == FillMode::Warm && !on_disk && self.inner.disk.is_some() {
+                        if mode == FillMode::Warm && !on_disk && self.inner.tiers.has_disk() {
                             warm_blocks.push((i, block));
                             if warm_blocks.len() as u64 >= self.run_blocks() {
                                 report_written(&mut written, &mut warm_blocks, done).await;
@@ -560,12 +526,7 @@ impl BlockCache {
     ) -> Result<Bytes> {
         let bs = self.inner.cfg.block_size.bytes();
         let len = ((index + 1) * bs).min(obj.meta.size) - index * bs;
-        let permit = self
-            .inner
-            .budget
-            .clone()
-            .try_acquire_many_owned(units(len))
-            .ok();
+        let permit = self.inner.budget.try_take(len);
         let r = self.fetch(ctx, obj, index, mode, permit).await;
         if let Ok(b) = &r {
             self.inner
@@ -694,7 +655,7 @@ impl JobFill {
             ctx.team.clone().unwrap_or_else(|| Arc::from("")),
             ctx.job.clone()?,
         );
-        *inner.job_fills.lock().entry(key.clone()).or_default() += 1;
+        *inner.flights.jobs.lock().entry(key.clone()).or_default() += 1;
         Some(Self {
             inner: inner.clone(),
             key,
@@ -704,7 +665,7 @@ impl JobFill {
 
 impl Drop for JobFill {
     fn drop(&mut self) {
-        let mut m = self.inner.job_fills.lock();
+        let mut m = self.inner.flights.jobs.lock();
         if let Some(n) = m.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
@@ -719,7 +680,8 @@ impl BlockCache {
     /// ([`CacheStats::by_job`]) when they end (a job's final accounting waits for them).
     pub fn job_fills(&self, team: &str, job: &str) -> usize {
         self.inner
-            .job_fills
+            .flights
+            .jobs
             .lock()
             .get(&(Arc::from(team), Arc::from(job)))
             .copied()
@@ -729,7 +691,7 @@ impl BlockCache {
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        let mut inflight = self.cache.inner.inflight.lock();
+        let mut inflight = self.cache.inner.flights.blocks.lock();
         for d in &self.digests {
             inflight.remove(d);
         }

@@ -21,18 +21,20 @@
 //!   carries its share of the in-flight budget, which the body keeps until the consumer asks for the next
 //!   chunk: bytes on their way to a slow client stay inside the budget.
 
+use crate::budget::Share;
+use crate::reader::CachedObject;
+use Failure::Fill;
+use bytes::Bytes;
+use futures::Stream;
 use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-
-use bytes::Bytes;
-use futures::Stream;
 use strata_object::Backend;
-use strata_types::{Error, ErrorKind, IoContext, ObjectMeta, Result};
 use tokio::sync::mpsc;
 
-use crate::reader::{BudgetShare, CachedObject};
+use strata_types::{Error, ErrorKind, IoContext, ObjectMeta, Result};
+
 use crate::state::{BlockCache, ObjState};
 
 /// The bytes a read asks for, as an HTTP `Range` names them.
@@ -283,13 +285,13 @@ impl GetResult {
 }
 
 /// A block on its way out, with its share of the in-flight budget when it holds one.
-type Outgoing = (Result<Bytes>, Option<BudgetShare>);
+type Outgoing = (Result<Bytes>, Option<Share>);
 
 /// The bytes of a [`GetResult`], block by block. `Send + Sync + 'static`, as HTTP servers need. It keeps the
 /// budget share of the block it handed out last until it is asked for the next one.
 pub struct GetBody {
     inner: BodyInner,
-    held: Option<BudgetShare>,
+    held: Option<Share>,
 }
 
 enum BodyInner {
@@ -517,7 +519,6 @@ enum Failure {
     Before(Error),
     Fill(Error),
 }
-use Failure::Fill;
 
 impl Failure {
     fn into_error(self) -> Error {

@@ -22,7 +22,8 @@
 //! - **Single-flight**: concurrent misses of one block share one backend read (a spawned task whose result is
 //!   shared, so a reader that gives up does not cancel it for the others): 32 readers of a cold object cost
 //!   one origin GET per block.
-//! - **Budget**: bytes being fetched are bounded by a global semaphore counted in KiB (`inflight_budget`).
+//! - **Budget** (`budget.rs`): bytes being fetched are bounded by one budget (`inflight_budget`), held only
+//!   as shares of it.
 //!   Prefetch runs, readahead and warm-ups are bounded strictly; a reader's own miss takes budget when it is
 //!   free but never waits for it (it may hold budget for blocks it prefetched, and readers waiting on each
 //!   other's budget would deadlock), so demand reads exceed the budget by at most one block per reader.
@@ -98,6 +99,7 @@
 //!
 //! Every background task (fills, disk writers, refreshes, readahead) is tracked and stops on
 //! [`BlockCache::shutdown`].
+mod budget;
 pub mod clock;
 mod config;
 pub mod disk;
@@ -107,7 +109,6 @@ mod meta;
 mod peer;
 pub mod policy;
 mod pool;
-mod prelude;
 mod reader;
 mod stage;
 mod state;
@@ -121,19 +122,33 @@ mod warm;
 #[cfg(test)]
 extern crate self as strata_cache;
 
-use crate::prelude::*;
-use crate::state::*;
-
+use crate::budget::Budget;
+use crate::fill::Flights;
+use crate::meta::MetaCache;
+use crate::pool::BlockPool;
+use crate::state::Inner;
+use crate::stats::Counters;
+use crate::tier::Tiers;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
     CacheConfig, DEFAULT_METADATA_TTL_MS, DEFAULT_PREFETCH_HOLD_MS, DiskConfig,
     LOCAL_METADATA_TTL_MAX_MS,
 };
 pub use get::{ByteRange, ETagMatch, GetBody, GetOptions, GetResult, plain_etag};
+pub use meta::Invalidation;
+use parking_lot::Mutex;
 pub use peer::{PeerBlock, PeerSource};
 pub use policy::PolicyKind;
-pub use state::{BlockCache, Invalidation, PinSpec};
+pub use state::BlockCache;
 pub use stats::{CacheStats, DiskFaults, JobIo, TierStats};
+use std::path::PathBuf;
+use std::sync::Arc;
+use strata_telemetry::Telemetry;
+use strata_types::BlockKey;
+use strata_types::Result;
+pub use tier::pins::PinSpec;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 pub use warm::{Held, PinReport, WarmProgress};
 
 impl BlockCache {
@@ -151,99 +166,24 @@ impl BlockCache {
     ) -> Result<Self> {
         cfg.validate()?;
         let bs = cfg.block_size.bytes();
-        let pin_share = cfg.pinned_max_percent as u64;
-        let disk = match &cfg.disk {
-            Some(d) => Some(Arc::new(DiskTier::open(
-                &d.dir,
-                d.capacity.bytes(),
-                percent(d.capacity.bytes(), pin_share),
-                cfg.policy,
-                bs,
-            )?)),
-            None => None,
-        };
-        let ram_pin_cap = if disk.is_some() {
-            0
-        } else {
-            percent(cfg.ram_capacity.bytes(), pin_share)
-        };
-        let ram = RamTier {
-            policy: Policy::new(
-                cfg.policy,
-                cfg.ram_capacity.bytes(),
-                ram_pin_cap,
-                (cfg.ram_capacity.bytes() / bs).max(16) as usize,
-            ),
-            map: DigestMap::default(),
-        };
-        let budget_units = cfg.inflight_budget.bytes() / UNIT;
-        let pins_path = cfg.disk.as_ref().map(|d| d.dir.join("pins.json"));
-        let pins: Vec<PinSpec> = match &pins_path {
-            Some(p) if p.exists() => std::fs::read(p)
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-                .unwrap_or_else(|| {
-                    tracing::warn!(path = %p.display(), "unreadable pins file ignored");
-                    Vec::new()
-                }),
-            _ => Vec::new(),
-        };
-        let (tx, rx) = mpsc::channel::<DiskJob>(cfg.disk_write_queue);
-        let budget = Arc::new(Semaphore::new(budget_units as usize));
+        let tasks = TaskTracker::new();
+        let budget = Budget::new(cfg.inflight_budget.bytes());
+        let tiers = Tiers::open(&cfg, &budget, &tasks)?;
         let inner = Arc::new(Inner {
-            pool: BlockPool::new(bs as usize, budget.clone(), UNIT, budget_units),
+            pool: BlockPool::new(bs as usize, budget.clone()),
             budget,
-            budget_units,
-            spill: Arc::new(Semaphore::new((budget_units / 2) as usize)),
+            tiers,
             cfg,
             telemetry,
-            ram: Mutex::new(ram),
-            disk,
-            inflight: Mutex::new(DigestMap::default()),
-            pins: RwLock::new(pins.clone()),
-            pins_path,
+            flights: Flights::default(),
             counters: Counters::default(),
-            disk_tx: Mutex::new(None),
-            queued: Mutex::new(HashMap::new()),
-            job_fills: Mutex::new(HashMap::new()),
-            tasks: TaskTracker::new(),
+            tasks,
             cancel: CancellationToken::new(),
-            meta: Mutex::new(MetaMap::new(clock.clone())),
-            clock,
-            heads: Mutex::new(FastMap::default()),
-            refreshes: Arc::new(Semaphore::new(META_REFRESH_MAX)),
+            meta: MetaCache::new(clock),
             staged: Mutex::new(Default::default()),
             by_job: Mutex::new(Default::default()),
             peers: std::sync::OnceLock::new(),
         });
-        if let Some(disk) = &inner.disk {
-            for p in &pins {
-                disk.pin_matching(|k| p.matches(k));
-            }
-            *inner.disk_tx.lock() = Some(tx);
-            let rx = Arc::new(tokio::sync::Mutex::new(rx));
-            for _ in 0..2 {
-                let (rx, disk, me) = (rx.clone(), disk.clone(), Arc::downgrade(&inner));
-                inner.tasks.spawn(async move {
-                    loop {
-                        let job = rx.lock().await.recv().await;
-                        let Some(job) = job else { break };
-                        let disk = disk.clone();
-                        let d = job.digest;
-                        let _ = tokio::task::spawn_blocking(move || {
-                            let _ = disk.write(&job.key, &job.digest, &job.data, job.direct);
-                            if let Some(done) = job.done {
-                                let _ = done.send(());
-                            }
-                        })
-                        .await;
-                        if let Some(inner) = me.upgrade() {
-                            inner.queued.lock().remove(&d);
-                        }
-                    }
-                });
-            }
-        }
         let cache = Self { inner };
         cache.start_stage_sweeper();
         Ok(cache)
@@ -263,11 +203,11 @@ impl BlockCache {
     #[cfg(test)]
     pub(crate) async fn read(
         &self,
-        ctx: &IoContext,
-        backend: &Backend,
+        ctx: &strata_types::IoContext,
+        backend: &strata_object::Backend,
         key: &str,
-        range: Range<u64>,
-    ) -> Result<Bytes> {
+        range: std::ops::Range<u64>,
+    ) -> Result<bytes::Bytes> {
         self.open_object(ctx, backend, key).await?.read(range).await
     }
 
@@ -275,13 +215,14 @@ impl BlockCache {
     /// returns when every task has ended. The disk tier is consistent afterwards (every block file complete).
     pub async fn shutdown(&self) {
         self.inner.cancel.cancel();
-        self.inner.disk_tx.lock().take();
+        self.inner.budget.close();
+        self.inner.tiers.stop_writes();
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
     }
 
     /// Path of a block's file on the disk tier (for tools and fault-injection tests).
     pub fn disk_path_of(&self, key: &BlockKey) -> Option<PathBuf> {
-        self.inner.disk.as_ref().map(|d| d.path_of(&key.digest()))
+        self.inner.tiers.disk().map(|d| d.path_of(&key.digest()))
     }
 }

@@ -25,8 +25,28 @@
 //! owner's does); writes reach every member's metadata cache before they are acknowledged (the server's
 //! `cluster::coherence`), the owner's included.
 
-use crate::prelude::*;
-use crate::state::*;
+use crate::fill::FillMode;
+use crate::policy::Digest;
+use crate::state::BlockCache;
+use crate::state::ObjState;
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use std::time::SystemTime;
+use strata_object::Backend;
+use strata_types::BlockKey;
+use strata_types::Error;
+use strata_types::IoContext;
+use strata_types::IoEvent;
+use strata_types::ObjectMeta;
+use strata_types::Op;
+use strata_types::Outcome;
+use strata_types::Result;
+use strata_types::Tier;
+use tokio::sync::oneshot;
 
 /// A block of one object version asked of the cluster.
 #[derive(Debug, Clone, Copy)]
@@ -213,7 +233,7 @@ impl BlockCache {
         // pinned one goes to disk as any fill's (every member keeps every pin).
         let keep = self.admit_forced(key, mode);
         let to_disk = keep || self.is_pinned(key);
-        self.insert_ram(key, *d, &b, keep && self.inner.disk.is_none());
+        self.insert_ram(key, *d, &b, keep && !self.inner.tiers.has_disk());
         if to_disk && let Some(written) = self.store_disk(key, *d, &b, mode).await {
             let _ = written.await;
         }

@@ -21,16 +21,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::sync::Semaphore;
+
+use crate::budget::Budget;
 
 /// Reusable buffers of exactly one block size.
 #[derive(Debug)]
 pub(crate) struct BlockPool {
     len: usize,
     free: Mutex<Vec<Vec<u8>>>,
-    budget: Arc<Semaphore>,
-    /// Bytes per budget permit.
-    unit: u64,
+    budget: Budget,
     /// Most buffers kept, whatever the budget: half of it.
     max_kept: usize,
     pub(crate) reused: AtomicU64,
@@ -39,19 +38,13 @@ pub(crate) struct BlockPool {
 }
 
 impl BlockPool {
-    /// A pool of `len`-byte buffers bounded by `budget` (permits of `unit` bytes, `budget_units` in all).
-    pub(crate) fn new(
-        len: usize,
-        budget: Arc<Semaphore>,
-        unit: u64,
-        budget_units: u64,
-    ) -> Arc<Self> {
-        let max_kept = (budget_units * unit / 2 / len.max(1) as u64) as usize;
+    /// A pool of `len`-byte buffers bounded by `budget`.
+    pub(crate) fn new(len: usize, budget: Budget) -> Arc<Self> {
+        let max_kept = (budget.total_bytes() / 2 / len.max(1) as u64) as usize;
         Arc::new(Self {
             len,
             free: Mutex::new(Vec::new()),
             budget,
-            unit,
             max_kept,
             reused: AtomicU64::new(0),
             allocated: AtomicU64::new(0),
@@ -92,7 +85,7 @@ impl BlockPool {
     }
 
     fn give_back(&self, buf: Vec<u8>) {
-        let spare = self.budget.available_permits() as u64 * self.unit / self.len.max(1) as u64;
+        let spare = self.budget.free_bytes() / self.len.max(1) as u64;
         let room = (spare as usize).min(self.max_kept);
         let mut free = self.free.lock();
         if free.len() < room {
@@ -181,12 +174,9 @@ impl Drop for Pooled {
 mod tests {
     use super::*;
 
-    fn pool(len: usize, budget_bytes: u64) -> (Arc<BlockPool>, Arc<Semaphore>) {
-        let sem = Arc::new(Semaphore::new((budget_bytes / 1024) as usize));
-        (
-            BlockPool::new(len, sem.clone(), 1024, budget_bytes / 1024),
-            sem,
-        )
+    fn pool(len: usize, budget_bytes: u64) -> (Arc<BlockPool>, Budget) {
+        let budget = Budget::new(budget_bytes);
+        (BlockPool::new(len, budget.clone()), budget)
     }
 
     #[test]
@@ -236,7 +226,7 @@ mod tests {
         assert_eq!(p.kept(), 4);
         assert_eq!(p.released.load(Ordering::Relaxed), 4);
         // With 7 of 8 blocks of budget in use, one fits.
-        let held = sem.clone().try_acquire_many_owned(7 * 64).unwrap();
+        let held = sem.try_take(7 * 64 * 1024).unwrap();
         let bufs: Vec<Bytes> = (0..6).map(|_| p.take(64 * 1024).freeze()).collect();
         assert_eq!(p.kept(), 0);
         drop(bufs);

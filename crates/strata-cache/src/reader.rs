@@ -1,8 +1,27 @@
 //! Readers of one object version: [`CachedObject`] (ranged reads, readahead, prefetch runs held with their
-//! budget shares, the hot path of one RAM-held block) and [`BudgetShare`].
+//! budget shares, the hot path of one RAM-held block).
+//!
+//! A block handed out with a [`Share`] of the in-flight budget (fetched ahead for its reader, staged by a
+//! hint, or read from the disk tier: [`CachedObject::read_block`]) keeps it until the bytes have left (a
+//! response body drops it when the connection asks for the next chunk), so that bytes on their way out stay
+//! inside the budget.
 
-use crate::prelude::*;
-use crate::state::*;
+use crate::budget::Share;
+use crate::fill::{FillMode, SharedFetch};
+use crate::state::BlockCache;
+use crate::state::ObjState;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use strata_types::Error;
+use strata_types::ErrorKind;
+use strata_types::IoContext;
+use strata_types::ObjectMeta;
+use strata_types::Result;
 
 #[derive(Default)]
 pub(crate) struct Readahead {
@@ -11,7 +30,7 @@ pub(crate) struct Readahead {
     pub(crate) window: u32,
     /// Blocks fetched ahead for this reader. Readahead holds budget with them; runs started by
     /// [`CachedObject::prefetch`] took theirs while fetching.
-    pub(crate) prefetched: HashMap<u64, (SharedFetch, Option<OwnedSemaphorePermit>)>,
+    pub(crate) prefetched: HashMap<u64, (SharedFetch, Option<Share>)>,
 }
 
 /// A reader of one version of one object through the cache. Reads are verified against that version: if the
@@ -23,13 +42,6 @@ pub(crate) struct CachedObject {
     pub(crate) ctx: IoContext,
     pub(crate) ra: Mutex<Readahead>,
 }
-
-/// A block's share of the in-flight budget, handed out with bytes that were fetched ahead for their reader or
-/// read from the disk tier ([`CachedObject::read_block`]): hold it until the bytes have left (a response body
-/// drops it when the connection asks for the next chunk), so that bytes on their way out stay inside the
-/// budget.
-#[derive(Debug)]
-pub(crate) struct BudgetShare(#[allow(dead_code)] OwnedSemaphorePermit);
 
 impl std::fmt::Debug for CachedObject {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -52,12 +64,9 @@ impl CachedObject {
     }
 
     /// Bytes `range`, which must lie inside one block, with the block's share of the in-flight budget when it
-    /// was fetched ahead for this reader or read from the disk tier (see [`BudgetShare`]). For senders that
+    /// was fetched ahead for this reader or read from the disk tier (see the module's docs). For senders that
     /// stream block by block.
-    pub(crate) async fn read_block(
-        &self,
-        range: Range<u64>,
-    ) -> Result<(Bytes, Option<BudgetShare>)> {
+    pub(crate) async fn read_block(&self, range: Range<u64>) -> Result<(Bytes, Option<Share>)> {
         let size = self.obj.meta.size;
         let bs = self.cache.inner.cfg.block_size.bytes();
         let end = range.end.min(size);
@@ -88,7 +97,7 @@ impl CachedObject {
             Some((fut, permit)) => match fut.await {
                 Ok(b) => {
                     filled(&b);
-                    (b, permit.map(BudgetShare))
+                    (b, permit)
                 }
                 Err(_) => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
             },
@@ -97,7 +106,7 @@ impl CachedObject {
                 Some((fill, permit)) => match fill.await {
                     Ok(b) => {
                         filled(&b);
-                        (b, permit.map(BudgetShare))
+                        (b, permit)
                     }
                     Err(_) => (self.cache.block(&self.ctx, &self.obj, i).await?, None),
                 },
@@ -124,20 +133,18 @@ impl CachedObject {
     /// tier holds it: a sender's blocks read from disk are then inside the budget until sent, as fetched ones
     /// are, however many large hot reads run at once. Waited for when this reader holds no budget of its own
     /// (as in [`Self::prefetch`]: a reader never waits while holding some), else taken only if free.
-    pub(crate) async fn disk_read_share(&self, i: u64) -> Option<BudgetShare> {
+    pub(crate) async fn disk_read_share(&self, i: u64) -> Option<Share> {
         if !self.cache.disk_only(&self.obj.digest(i)) {
             return None;
         }
         let bs = self.cache.inner.cfg.block_size.bytes();
         let len = ((i + 1) * bs).min(self.obj.meta.size) - i * bs;
-        let budget = self.cache.inner.budget.clone();
         let holds_budget = self.ra.lock().prefetched.values().any(|(_, p)| p.is_some());
-        let permit = if holds_budget {
-            budget.try_acquire_many_owned(units(len)).ok()
+        if holds_budget {
+            self.cache.inner.budget.try_take(len)
         } else {
-            self.cache.acquire_budget(units(len)).await
-        };
-        permit.map(BudgetShare)
+            self.cache.acquire_budget(len).await
+        }
     }
 
     /// Note a read of this version at `at` (seconds): true if none was noted in the `resolution` seconds
@@ -197,7 +204,9 @@ impl CachedObject {
             self.prefetch(range.start..end, false).await;
         }
         self.schedule_readahead(first, last, end);
-        let par = self.cache.inner.cfg.read_parallelism;
+        // The tests' whole-range read awaits a few blocks at a time (the cold ones are already started).
+        let par = 8;
+        use futures::{StreamExt, TryStreamExt};
         let blocks: Vec<Bytes> = futures::stream::iter(first..=last)
             .map(|i| self.block(i))
             .buffered(par)
@@ -221,7 +230,7 @@ impl CachedObject {
         if blocks.len() == 1 {
             return slice_of(first, &blocks[0]);
         }
-        let mut out = BytesMut::with_capacity((end - range.start) as usize);
+        let mut out = bytes::BytesMut::with_capacity((end - range.start) as usize);
         for (n, b) in blocks.iter().enumerate() {
             out.extend_from_slice(&slice_of(first + n as u64, b)?);
         }
@@ -258,13 +267,12 @@ impl CachedObject {
         let block_len = |i: u64| ((i + 1) * bs).min(size) - i * bs;
         for (n, (start, count)) in runs.into_iter().enumerate() {
             let len: u64 = (start..start + count).map(block_len).sum();
-            let budget = self.cache.inner.budget.clone();
             // Wait only while holding no budget: a reader that holds some never waits for more.
             let holds_budget = self.ra.lock().prefetched.values().any(|(_, p)| p.is_some());
             let permit = if wait && n == 0 && !holds_budget {
-                self.cache.acquire_budget(units(len)).await
+                self.cache.acquire_budget(len).await
             } else {
-                budget.try_acquire_many_owned(units(len)).ok()
+                self.cache.inner.budget.try_take(len)
             };
             let Some(permit) = permit else {
                 self.cache
@@ -284,17 +292,9 @@ impl CachedObject {
                 None,
             );
             // Each block carries its share of the budget until it is read.
-            let mut permit = Some(permit);
+            let shares = permit.into_blocks((start..start + count).map(block_len));
             let mut ra = self.ra.lock();
-            for (k, f) in futs.into_iter().enumerate() {
-                let i = start + k as u64;
-                let share = if k as u64 + 1 == count {
-                    permit.take()
-                } else {
-                    permit
-                        .as_mut()
-                        .and_then(|p| p.split(units(block_len(i)) as usize))
-                };
+            for ((i, f), share) in (start..).zip(futs).zip(shares) {
                 ra.prefetched.insert(i, (f, share));
             }
         }
@@ -346,13 +346,7 @@ impl CachedObject {
                 continue;
             }
             let len = (self.obj.meta.size - i * bs).min(bs);
-            let Ok(permit) = self
-                .cache
-                .inner
-                .budget
-                .clone()
-                .try_acquire_many_owned(units(len))
-            else {
+            let Some(permit) = self.cache.inner.budget.try_take(len) else {
                 self.cache
                     .inner
                     .counters

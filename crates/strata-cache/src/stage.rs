@@ -15,29 +15,38 @@
 //! Expired entries are dropped by a sweeper task once a second (a scan of at most half the budget's worth of
 //! entries; it stops with the cache) and by the next hint.
 
-use crate::prelude::*;
-use crate::state::*;
+use crate::budget::Share;
+use crate::fill::{FillMode, SharedFetch};
+use crate::policy::Digest;
+use crate::policy::DigestMap;
+use crate::state::BlockCache;
+use crate::state::ObjState;
+use futures::FutureExt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use strata_types::IoContext;
 
 /// The staged blocks.
 #[derive(Default)]
 pub(crate) struct Staged {
     map: DigestMap<StagedBlock>,
-    /// Budget units held by staged blocks.
-    units: u64,
+    /// Budget bytes held by staged blocks.
+    held: u64,
     last_sweep: Option<Instant>,
 }
 
 struct StagedBlock {
     fill: SharedFetch,
-    share: Option<OwnedSemaphorePermit>,
-    units: u64,
+    share: Option<Share>,
     at: Instant,
 }
 
 impl Staged {
     fn remove(&mut self, d: &Digest) -> Option<StagedBlock> {
         let b = self.map.remove(d)?;
-        self.units -= b.units;
+        self.held -= b.held();
         Some(b)
     }
 
@@ -54,11 +63,17 @@ impl Staged {
         self.map.retain(|_, b| {
             let keep = now.duration_since(b.at) < hold;
             if !keep {
-                freed += b.units;
+                freed += b.held();
             }
             keep
         });
-        self.units -= freed;
+        self.held -= freed;
+    }
+}
+
+impl StagedBlock {
+    fn held(&self) -> u64 {
+        self.share.as_ref().map_or(0, Share::bytes)
     }
 }
 
@@ -87,34 +102,23 @@ impl BlockCache {
         let block_len = |i: u64| ((i + 1) * bs).min(size) - i * bs;
         for (start, count) in runs {
             let len: u64 = (start..start + count).map(block_len).sum();
-            let Ok(permit) = self.inner.budget.clone().try_acquire_many_owned(units(len)) else {
+            let Some(share) = self.inner.budget.try_take(len) else {
                 self.skipped_readahead();
                 return;
             };
             let fills = self.fetch_run(ctx, obj, start, count, FillMode::Readahead, None, None);
-            let mut permit = Some(permit);
+            let shares = share.into_blocks((start..start + count).map(block_len));
             let now = Instant::now();
             let mut st = self.inner.staged.lock();
-            for (k, fill) in fills.into_iter().enumerate() {
-                let i = start + k as u64;
-                let n = units(block_len(i));
-                let share = if k as u64 + 1 == count {
-                    permit.take()
-                } else {
-                    permit.as_mut().and_then(|p| p.split(n as usize))
+            for ((i, fill), share) in (start..).zip(fills).zip(shares) {
+                let b = StagedBlock {
+                    fill,
+                    share,
+                    at: now,
                 };
-                let held = share.as_ref().map_or(0, |p| p.num_permits() as u64);
-                st.units += held;
-                if let Some(old) = st.map.insert(
-                    obj.digest(i),
-                    StagedBlock {
-                        fill,
-                        share,
-                        units: held,
-                        at: now,
-                    },
-                ) {
-                    st.units -= old.units;
+                st.held += b.held();
+                if let Some(old) = st.map.insert(obj.digest(i), b) {
+                    st.held -= old.held();
                 }
             }
         }
@@ -122,10 +126,7 @@ impl BlockCache {
 
     /// The staged fill of block `d` with its budget share, if a hint staged it: the first read of a staged
     /// block takes it (and its share: a sender keeps it until the bytes have left).
-    pub(crate) fn take_staged(
-        &self,
-        d: &Digest,
-    ) -> Option<(SharedFetch, Option<OwnedSemaphorePermit>)> {
+    pub(crate) fn take_staged(&self, d: &Digest) -> Option<(SharedFetch, Option<Share>)> {
         let mut st = self.inner.staged.lock();
         if st.map.is_empty() {
             return None;
@@ -153,43 +154,30 @@ impl BlockCache {
         !st.map.is_empty() && st.map.contains_key(d)
     }
 
-    /// `n` units of the in-flight budget for a reader that may wait for them (fills that must run, a sender's
-    /// disk reads). Hints yield to demand: while the budget is short, staged blocks whose fills have landed
-    /// give theirs back, oldest first (the bytes stay in whatever tier admitted them); staged blocks still
-    /// arriving are reclaimed once they land. `None` once the cache shuts down.
-    pub(crate) async fn acquire_budget(&self, n: u32) -> Option<OwnedSemaphorePermit> {
-        let budget = &self.inner.budget;
-        loop {
-            if let Ok(p) = budget.clone().try_acquire_many_owned(n) {
-                return Some(p);
-            }
-            let arriving = self.reclaim_staged(n);
-            if let Ok(p) = budget.clone().try_acquire_many_owned(n) {
-                return Some(p);
-            }
-            if !arriving {
-                return budget.clone().acquire_many_owned(n).await.ok();
-            }
-            tokio::select! {
-                p = budget.clone().acquire_many_owned(n) => return p.ok(),
-                _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
-            }
-        }
+    /// A share of `bytes` of the in-flight budget for a reader that may wait for it (fills that must run, a
+    /// sender's disk reads). Hints yield to demand: while the budget is short, staged blocks whose fills have
+    /// landed give theirs back, oldest first (the bytes stay in whatever tier admitted them); staged blocks
+    /// still arriving are reclaimed once they land. `None` once the cache shuts down.
+    pub(crate) async fn acquire_budget(&self, bytes: u64) -> Option<Share> {
+        self.inner
+            .budget
+            .take(bytes, |want| self.reclaim_staged(want))
+            .await
     }
 
-    /// Give back the budget of landed staged blocks, oldest first, until `n` units are free; whether staged
+    /// Give back the budget of landed staged blocks, oldest first, until `want` bytes are free; whether staged
     /// blocks still arriving remain.
-    fn reclaim_staged(&self, n: u32) -> bool {
+    fn reclaim_staged(&self, want: u64) -> bool {
         let mut st = self.inner.staged.lock();
         let mut landed: Vec<(Instant, Digest)> = st
             .map
             .iter()
-            .filter(|(_, b)| b.units > 0 && landed(&b.fill))
+            .filter(|(_, b)| b.share.is_some() && landed(&b.fill))
             .map(|(d, b)| (b.at, *d))
             .collect();
         landed.sort_unstable_by_key(|(at, _)| *at);
         for (_, d) in landed {
-            if self.inner.budget.available_permits() >= n as usize {
+            if self.inner.budget.has_free(want) {
                 break;
             }
             drop(st.remove(&d));
@@ -200,13 +188,13 @@ impl BlockCache {
         }
         st.map
             .values()
-            .any(|b| b.fill.peek().is_none() && b.units > 0)
+            .any(|b| b.fill.peek().is_none() && b.share.is_some())
     }
 
     /// Staged blocks and the budget they hold (bytes), for statistics.
     pub(crate) fn staged_stats(&self) -> (u64, u64) {
         let st = self.inner.staged.lock();
-        (st.map.len() as u64, st.units * UNIT)
+        (st.map.len() as u64, st.held)
     }
 
     /// Drop expired staged blocks every second (or every hold, if shorter) until the cache shuts down.

@@ -1,9 +1,48 @@
 //! Statistics: the snapshot served as `GET /v1/cache` ([`CacheStats`]) and how it is taken.
 
-use crate::prelude::*;
-use crate::state::*;
-
+use crate::state::BlockCache;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 pub use strata_api::cache::{CacheStats, DiskFaults, JobIo, PinInfo, TierStats};
+use strata_types::IoContext;
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) ram_hits: AtomicU64,
+    pub(crate) disk_hits: AtomicU64,
+    pub(crate) misses: AtomicU64,
+    /// Bytes of reads served from a tier, and of reads whose block had to be filled.
+    pub(crate) hit_bytes: AtomicU64,
+    pub(crate) miss_bytes: AtomicU64,
+    pub(crate) ram_evictions: AtomicU64,
+    pub(crate) ram_rejected: AtomicU64,
+    pub(crate) fills: AtomicU64,
+    pub(crate) fill_requests: AtomicU64,
+    pub(crate) fill_bytes: AtomicU64,
+    pub(crate) joins: AtomicU64,
+    pub(crate) readahead: AtomicU64,
+    pub(crate) readahead_skipped: AtomicU64,
+    pub(crate) hints_reclaimed: AtomicU64,
+    pub(crate) hints_read: AtomicU64,
+    pub(crate) stale: AtomicU64,
+    /// Reads that found the object changed before sending anything and were served the new version.
+    pub(crate) stale_retried: AtomicU64,
+    pub(crate) fill_errors: AtomicU64,
+    pub(crate) writes_dropped: AtomicU64,
+    pub(crate) meta_refreshes: AtomicU64,
+    /// HEADs sent to backends; opens answered by a peer; metadata served to peers.
+    pub(crate) meta_heads: AtomicU64,
+    pub(crate) meta_from_peers: AtomicU64,
+    pub(crate) meta_served: AtomicU64,
+    pub(crate) meta_refresh_lists: AtomicU64,
+    /// Blocks (and their bytes) that peers served to this agent's fills, and that this agent served to peers.
+    pub(crate) peer_blocks: AtomicU64,
+    pub(crate) peer_bytes: AtomicU64,
+    pub(crate) peer_served: AtomicU64,
+    pub(crate) peer_served_bytes: AtomicU64,
+}
 
 /// Jobs and datasets tracked (past it, the least busy half is dropped).
 const MAX_JOBS: usize = 1024;
@@ -76,15 +115,7 @@ impl BlockCache {
     pub fn stats(&self) -> CacheStats {
         let c = &self.inner.counters;
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (ram_cap, ram_used, ram_pinned, ram_blocks) = {
-            let r = self.inner.ram.lock();
-            (
-                r.policy.capacity(),
-                r.policy.used(),
-                r.policy.pinned_bytes(),
-                r.policy.len() as u64,
-            )
-        };
+        let (ram_cap, ram_used, ram_pinned, ram_blocks) = self.inner.tiers.ram().usage();
         let ram = TierStats {
             capacity_bytes: ram_cap,
             used_bytes: ram_used,
@@ -98,7 +129,7 @@ impl BlockCache {
             writes_dropped: ld(&c.writes_dropped),
             ..Default::default()
         };
-        let disk = self.inner.disk.as_ref().map(|t| {
+        let disk = self.inner.tiers.disk().map(|t| {
             let (cap, used, pinned, blocks) = t.usage();
             let dc = &t.counters;
             faults.checksum_failures = ld(&dc.checksum_failures);
@@ -119,7 +150,7 @@ impl BlockCache {
         });
         let hits = ram.hits + disk.as_ref().map_or(0, |d| d.hits);
         let misses = ld(&c.misses);
-        let avail = self.inner.budget.available_permits() as u64;
+        let budget = &self.inner.budget;
         let (staged_blocks, staged_bytes) = self.staged_stats();
         CacheStats {
             block_size: self.inner.cfg.block_size.bytes(),
@@ -164,21 +195,22 @@ impl BlockCache {
             metadata_served_to_peers: ld(&c.meta_served),
             metadata_refreshes: ld(&c.meta_refreshes),
             metadata_refresh_lists: ld(&c.meta_refresh_lists),
-            inflight_budget_bytes: self.inner.budget_units * UNIT,
-            inflight_bytes: self.inner.budget_units.saturating_sub(avail) * UNIT,
+            inflight_budget_bytes: budget.total_bytes(),
+            inflight_bytes: budget.total_bytes().saturating_sub(budget.free_bytes()),
             pool_reused_blocks: ld(&self.inner.pool.reused),
             pool_allocated_blocks: ld(&self.inner.pool.allocated),
             pool_released_blocks: ld(&self.inner.pool.released),
             pool_kept_bytes: self.inner.pool.kept() as u64 * self.inner.cfg.block_size.bytes(),
             pins: self
                 .inner
-                .pins
-                .read()
-                .iter()
+                .tiers
+                .pins()
+                .all()
+                .into_iter()
                 .map(|p| PinInfo {
-                    backend: p.backend.clone(),
-                    prefix: p.prefix.clone(),
-                    from: p.from.clone(),
+                    backend: p.backend,
+                    prefix: p.prefix,
+                    from: p.from,
                 })
                 .collect(),
             by_job: self.inner.by_job.lock().snapshot(),

@@ -1,13 +1,23 @@
 //! Warm-up of a prefix into the disk tier, and pins (prefixes never evicted, capped, kept across restarts).
 
-use crate::prelude::*;
-use crate::state::*;
-
 /// A warm-up's requests are up to this many times `max_request_size` long (see
 /// `BlockCache::warm_run_blocks`).
 const WARM_REQUESTS_PER_RUN: u64 = 4;
 
+use crate::PinSpec;
+use crate::fill::FillMode;
+use crate::state::BlockCache;
+use crate::state::ObjState;
+use futures::StreamExt;
+use std::sync::Arc;
 pub use strata_api::cache::{Held, PinReport, WarmProgress};
+use strata_object::Backend;
+use strata_types::BlockKey;
+use strata_types::Error;
+use strata_types::ErrorKind;
+use strata_types::IoContext;
+use strata_types::ObjectMeta;
+use strata_types::Result;
 
 impl BlockCache {
     /// Prefetch every object under `prefix` into the cache, `concurrency` blocks at a time (at least 1).
@@ -261,40 +271,13 @@ impl BlockCache {
             prefix: prefix.to_string(),
             from: None,
         };
-        {
-            let mut pins = self.inner.pins.write();
-            if !pins.contains(&spec) {
-                pins.push(spec.clone());
-            }
-        }
-        self.save_pins()?;
-        let (pinned, refused) = self.pin_blocks(&spec);
+        let tiers = &self.inner.tiers;
+        tiers.pins().add(&spec)?;
+        let (pinned, refused) = tiers.pin_blocks(&spec);
         Ok(PinReport {
             pinned_blocks: pinned,
             refused_blocks: refused,
         })
-    }
-
-    /// Pin the blocks held that `spec` covers: (pinned, refused by the pinned-bytes cap).
-    fn pin_blocks(&self, spec: &PinSpec) -> (u64, u64) {
-        match &self.inner.disk {
-            Some(disk) => disk.pin_matching(|k| spec.matches(k)),
-            None => {
-                let mut ram = self.inner.ram.lock();
-                let ram = &mut *ram;
-                let (mut ok, mut refused) = (0, 0);
-                for (d, (k, _)) in ram.map.iter() {
-                    if spec.matches(k) {
-                        if ram.policy.pin(d) {
-                            ok += 1;
-                        } else {
-                            refused += 1;
-                        }
-                    }
-                }
-                (ok, refused)
-            }
-        }
     }
 
     /// Remove a pin. Returns whether it existed. Blocks still covered by another pin stay pinned.
@@ -304,40 +287,20 @@ impl BlockCache {
             prefix: prefix.to_string(),
             from: None,
         };
-        let existed = {
-            let mut pins = self.inner.pins.write();
-            let before = pins.len();
-            pins.retain(|p| *p != spec);
-            before != pins.len()
-        };
-        self.save_pins()?;
-        self.unpin_blocks(&[spec]);
+        let tiers = &self.inner.tiers;
+        let existed = tiers.pins().remove(&spec)?;
+        tiers.unpin_blocks(&[spec]);
         Ok(existed)
     }
 
     /// This agent's own pins (not those kept for other members).
     pub fn own_pins(&self) -> Vec<PinSpec> {
-        self.inner
-            .pins
-            .read()
-            .iter()
-            .filter(|p| p.from.is_none())
-            .cloned()
-            .collect()
+        self.inner.tiers.pins().own()
     }
 
     /// The members whose pins are kept here.
     pub fn pinning_members(&self) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .inner
-            .pins
-            .read()
-            .iter()
-            .filter_map(|p| p.from.clone())
-            .collect();
-        v.sort();
-        v.dedup();
-        v
+        self.inner.tiers.pins().members()
     }
 
     /// Make `pins` (backend, prefix) the pins member `member` holds, here: in a cluster a pin is kept by
@@ -353,63 +316,17 @@ impl BlockCache {
                 from: Some(member.to_string()),
             })
             .collect();
-        let (added, removed) = {
-            let mut all = self.inner.pins.write();
-            let removed: Vec<PinSpec> = all
-                .iter()
-                .filter(|p| p.from.as_deref() == Some(member) && !want.contains(p))
-                .cloned()
-                .collect();
-            let added: Vec<PinSpec> = want.iter().filter(|p| !all.contains(p)).cloned().collect();
-            if added.is_empty() && removed.is_empty() {
-                return Ok(PinReport::default());
-            }
-            all.retain(|p| !removed.contains(p));
-            all.extend(added.iter().cloned());
-            (added, removed)
+        let tiers = &self.inner.tiers;
+        let Some(change) = tiers.pins().set_member(member, &want)? else {
+            return Ok(PinReport::default());
         };
-        self.save_pins()?;
-        self.unpin_blocks(&removed);
+        tiers.unpin_blocks(&change.removed);
         let mut report = PinReport::default();
-        for spec in &added {
-            let (ok, refused) = self.pin_blocks(spec);
+        for spec in &change.added {
+            let (ok, refused) = tiers.pin_blocks(spec);
             report.pinned_blocks += ok;
             report.refused_blocks += refused;
         }
         Ok(report)
-    }
-
-    /// Unpin the blocks `gone` covered that no remaining pin covers.
-    fn unpin_blocks(&self, gone: &[PinSpec]) {
-        if gone.is_empty() {
-            return;
-        }
-        let rest = self.inner.pins.read().clone();
-        let release =
-            |k: &BlockKey| gone.iter().any(|s| s.matches(k)) && !rest.iter().any(|p| p.matches(k));
-        match &self.inner.disk {
-            Some(disk) => disk.unpin_matching(release),
-            None => {
-                let mut ram = self.inner.ram.lock();
-                let ram = &mut *ram;
-                for (d, (k, _)) in ram.map.iter() {
-                    if release(k) {
-                        ram.policy.unpin(d);
-                    }
-                }
-            }
-        }
-    }
-
-    pub(crate) fn save_pins(&self) -> Result<()> {
-        let Some(path) = &self.inner.pins_path else {
-            return Ok(());
-        };
-        let body = serde_json::to_vec_pretty(&*self.inner.pins.read())
-            .map_err(|e| Error::internal(format!("encoding pins: {e}")))?;
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, body)
-            .and_then(|_| std::fs::rename(&tmp, path))
-            .map_err(|e| Error::from_io(e, format!("saving {}", path.display())))
     }
 }

@@ -24,7 +24,7 @@ async fn a_warm_up_returns_once_the_blocks_another_fill_is_writing_are_in_place(
         config(Some(dir.path()), 64, 4, 64, PolicyKind::Tinylfu),
         Telemetry::new(),
     );
-    let disk = cache.inner.disk.clone().unwrap();
+    let disk = cache.inner.tiers.disk().cloned().unwrap();
     let obj = ObjState::new(&backend, meta.clone());
     let block = |i: u64| {
         let key = BlockKey::new(obj.id.clone(), i);

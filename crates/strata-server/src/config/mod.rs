@@ -250,7 +250,8 @@ pub struct CacheSection {
     pub inflight_budget: ByteSize,
     /// Largest backend request when filling consecutive blocks (warm-up). Default 32MiB.
     pub max_request_size: ByteSize,
-    /// Accepted for compatibility, no longer used (cold ranges are fetched as runs). Default 8.
+    /// Accepted (1 to 256) for older configuration files, and without effect: reads stream their blocks in
+    /// order, and cold blocks are fetched as runs (`max_request_size`). Default 8.
     pub read_parallelism: usize,
     /// Disk write queue length in blocks. Default 32.
     pub disk_write_queue: usize,

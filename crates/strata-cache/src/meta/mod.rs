@@ -2,14 +2,85 @@
 //! revalidation of expired entries by a listing window), opens that learn the version from a GET of the
 //! object's start, and invalidation by writers.
 
-use crate::prelude::*;
-use crate::reader::*;
-use crate::state::*;
+mod map;
+
+use crate::config::LOCAL_METADATA_TTL_MAX_MS;
+use crate::fill::FillMode;
+use crate::meta::map::FastMap;
+use crate::meta::map::HEADS_MAX;
+use crate::meta::map::HeadFlight;
+use crate::meta::map::META_LIST_MIN;
+use crate::meta::map::META_LIST_PER_ENTRY;
+use crate::meta::map::META_LIST_WINDOW;
+use crate::meta::map::META_REFRESH_MAX;
+use crate::meta::map::MetaEntry;
+use crate::meta::map::MetaMap;
+use crate::meta::map::dir_of;
+use crate::meta::map::dir_span;
+use crate::meta::map::listing_confirms;
+use crate::meta::map::same_version;
+use crate::reader::CachedObject;
+use crate::reader::Readahead;
+use crate::state::BlockCache;
+use crate::state::ObjState;
+use futures::FutureExt;
+pub use map::Invalidation;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use strata_object::Backend;
+use strata_types::Error;
+use strata_types::ErrorKind;
+use strata_types::IoContext;
+use strata_types::ObjectMeta;
+use strata_types::Result;
+
+/// The metadata cache: the map, the HEADs in flight (joined by opens of the same key), the bound on
+/// background refreshes, and the clock every instant of it is read from. Its fields are this module's alone.
+pub(crate) struct MetaCache {
+    map: Mutex<MetaMap>,
+    /// HEADs in flight, by backend id and key.
+    heads: Mutex<FastMap<(Arc<str>, String), HeadFlight>>,
+    /// Background refreshes running ([`RefreshSlot`]).
+    refreshes: Arc<std::sync::atomic::AtomicUsize>,
+    clock: Arc<dyn crate::Clock>,
+}
+
+/// A background refresh running, counted against [`META_REFRESH_MAX`] until dropped.
+pub(crate) struct RefreshSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for RefreshSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl MetaCache {
+    /// A slot for one more background refresh, if fewer than [`META_REFRESH_MAX`] run.
+    fn refresh_slot(&self) -> Option<RefreshSlot> {
+        self.refreshes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < META_REFRESH_MAX).then_some(n + 1)
+            })
+            .ok()?;
+        Some(RefreshSlot(self.refreshes.clone()))
+    }
+
+    pub(crate) fn new(clock: Arc<dyn crate::Clock>) -> Self {
+        Self {
+            map: Mutex::new(MetaMap::new(clock.clone())),
+            heads: Mutex::new(FastMap::default()),
+            refreshes: Arc::default(),
+            clock,
+        }
+    }
+}
 
 impl BlockCache {
     /// Now, on the metadata cache's clock ([`crate::clock`]).
     pub(crate) fn now(&self) -> Instant {
-        self.inner.clock.now()
+        self.inner.meta.clock.now()
     }
 
     /// How long ago `at` was, on that clock.
@@ -91,7 +162,7 @@ impl BlockCache {
         let at = (backend.id().clone(), key.to_string());
         let fut = {
             let since = self.meta_generation();
-            let mut heads = self.inner.heads.lock();
+            let mut heads = self.inner.meta.heads.lock();
             let joined = heads
                 .get(&at)
                 .filter(|f| {
@@ -100,6 +171,7 @@ impl BlockCache {
                         && self
                             .inner
                             .meta
+                            .map
                             .lock()
                             .admits(backend.id(), key, f.since, f.started)
                 })
@@ -132,7 +204,7 @@ impl BlockCache {
         };
         let (fut, started) = fut;
         let r = fut.clone().await;
-        let mut heads = self.inner.heads.lock();
+        let mut heads = self.inner.meta.heads.lock();
         if heads.get(&at).is_some_and(|f| f.fut.ptr_eq(&fut)) {
             heads.remove(&at);
         }
@@ -155,7 +227,7 @@ impl BlockCache {
             .fetch_add(1, Ordering::Relaxed);
         let ttl = self.metadata_ttl(backend);
         if !ttl.is_zero() {
-            let m = self.inner.meta.lock();
+            let m = self.inner.meta.map.lock();
             if !m.lapsed()
                 && let Some(e) = m
                     .by_backend
@@ -199,7 +271,7 @@ impl BlockCache {
         // Twice at most: the listing joined may have been a window that ends before this key.
         for _ in 0..2 {
             let mut wait = {
-                let mut m = self.inner.meta.lock();
+                let mut m = self.inner.meta.map.lock();
                 let bm = m.by_backend.get_mut(&**backend.id())?;
                 let e = bm.entries.get(key)?;
                 let dir = dir_of(key);
@@ -212,7 +284,7 @@ impl BlockCache {
                 match bm.listing.get(dir) {
                     Some(rx) => rx.clone(),
                     None => {
-                        let permit = self.inner.refreshes.clone().try_acquire_owned().ok()?;
+                        let permit = self.inner.meta.refresh_slot()?;
                         let (done, rx) = tokio::sync::watch::channel(());
                         bm.listing.insert(dir.to_string(), rx.clone());
                         drop(m);
@@ -278,8 +350,8 @@ impl BlockCache {
             .saturating_mul(bs)
             .saturating_add(ahead)
             .min(cap);
-        let permit = self
-            .acquire_budget(units(len))
+        let share = self
+            .acquire_budget(len)
             .await
             .ok_or_else(|| Error::new(ErrorKind::Cancelled, "cache is shutting down"))?;
         let since = self.meta_generation();
@@ -301,11 +373,9 @@ impl BlockCache {
         // as it has arrived; the budget taken for bytes the object does not have goes back now.
         let end = len.min(size);
         let nblocks = end.div_ceil(bs);
-        let mut permit = Some(permit);
-        if end < len
-            && let Some(p) = permit.as_mut()
-        {
-            drop(p.split(units(len - end) as usize));
+        let mut share = share;
+        if end < len {
+            drop(share.split_off(len - end));
         }
         if nblocks == 0 {
             return Ok(obj);
@@ -319,15 +389,9 @@ impl BlockCache {
             None,
             Some(stream),
         );
+        let shares = share.into_blocks((0..nblocks).map(|i| ((i + 1) * bs).min(size) - i * bs));
         let mut ra = obj.ra.lock();
-        for (k, f) in futs.into_iter().enumerate() {
-            let i = k as u64;
-            let share = if i + 1 == nblocks {
-                permit.take()
-            } else {
-                let blen = ((i + 1) * bs).min(size) - i * bs;
-                permit.as_mut().and_then(|p| p.split(units(blen) as usize))
-            };
+        for (i, (f, share)) in (0u64..).zip(futs.into_iter().zip(shares)) {
             ra.prefetched.insert(i, (f, share));
         }
         drop(ra);
@@ -363,7 +427,7 @@ impl BlockCache {
         if ttl.is_zero() {
             return None;
         }
-        let mut m = self.inner.meta.lock();
+        let mut m = self.inner.meta.map.lock();
         if m.lapsed() {
             if m.len > 0 {
                 m.drop_all();
@@ -396,7 +460,7 @@ impl BlockCache {
             // The listing in flight renews this entry too.
             return Some(obj);
         }
-        let Ok(permit) = self.inner.refreshes.clone().try_acquire_owned() else {
+        let Some(permit) = self.inner.meta.refresh_slot() else {
             return Some(obj);
         };
         if by_listing {
@@ -433,7 +497,7 @@ impl BlockCache {
         backend: Backend,
         key: String,
         from: (Instant, u64),
-        permit: tokio::sync::OwnedSemaphorePermit,
+        permit: RefreshSlot,
     ) {
         let cache = self.clone();
         self.inner.tasks.spawn(async move {
@@ -448,7 +512,7 @@ impl BlockCache {
                 .meta_refreshes
                 .fetch_add(1, Ordering::Relaxed);
             let (from, since) = from;
-            let mut m = inner.meta.lock();
+            let mut m = inner.meta.map.lock();
             let current = match &got {
                 Ok((_, confirmed)) => m.admits(backend.id(), &key, since, *confirmed),
                 Err(_) => true,
@@ -483,10 +547,7 @@ impl BlockCache {
         key: String,
         from: Option<String>,
         limit: usize,
-        held: (
-            tokio::sync::OwnedSemaphorePermit,
-            tokio::sync::watch::Sender<()>,
-        ),
+        held: (RefreshSlot, tokio::sync::watch::Sender<()>),
     ) {
         let inner = self.inner.clone();
         self.inner.tasks.spawn(async move {
@@ -497,12 +558,12 @@ impl BlockCache {
                 Some(f) if f > after => f,
                 _ => after,
             };
-            let started = inner.clock.now();
+            let started = inner.meta.clock.now();
             let got = tokio::select! {
                 _ = inner.cancel.cancelled() => return,
                 r = backend.list_span(&ctx, after, end.as_deref(), limit) => r,
             };
-            let mut m = inner.meta.lock();
+            let mut m = inner.meta.map.lock();
             let Some(bm) = m.by_backend.get_mut(&**backend.id()) else {
                 return;
             };
@@ -555,13 +616,13 @@ impl BlockCache {
 
     /// Whether metadata of `key` was learned before, fresh or not.
     pub(crate) fn known_meta(&self, backend: &Backend, key: &str) -> bool {
-        self.inner.cfg.metadata_ttl_ms > 0 && self.inner.meta.lock().contains(backend.id(), key)
+        self.inner.cfg.metadata_ttl_ms > 0 && self.inner.meta.map.lock().contains(backend.id(), key)
     }
 
     /// The metadata map's generation now: pass it to [`Self::remember`] with the answer of a lookup started
     /// after this call.
     pub(crate) fn meta_generation(&self) -> u64 {
-        self.inner.meta.lock().generation
+        self.inner.meta.map.lock().generation
     }
 
     /// Remember `obj`'s version, learned by a lookup that started at generation `since` and confirmed at
@@ -574,7 +635,7 @@ impl BlockCache {
         {
             return;
         }
-        let mut m = self.inner.meta.lock();
+        let mut m = self.inner.meta.map.lock();
         let ok = m.admits(obj.backend.id(), &obj.meta.key, since, confirmed);
         if ok {
             m.insert(
@@ -594,12 +655,12 @@ impl BlockCache {
     /// [`Self::invalidate`] by the backend's canonical id, for a key or every key under a prefix: what
     /// another agent of the cluster wrote or deleted.
     pub fn invalidate_in(&self, backend_id: &str, what: Invalidation) {
-        self.inner.meta.lock().invalidate(backend_id, what);
+        self.inner.meta.map.lock().invalidate(backend_id, what);
     }
 
     /// Forget every version known, of every backend.
     pub fn invalidate_all(&self) {
-        self.inner.meta.lock().drop_all();
+        self.inner.meta.map.lock().drop_all();
     }
 
     /// Trust metadata only until `until` (`None`: for its TTL, as without a cluster). Past it, opens ask the
@@ -607,7 +668,7 @@ impl BlockCache {
     /// nothing learned before a lapse is used after it. The cluster renews the lease while it is in contact
     /// with every member (`strata-server`'s `cluster::coherence`).
     pub fn set_metadata_lease(&self, until: Option<Instant>) {
-        let mut m = self.inner.meta.lock();
+        let mut m = self.inner.meta.map.lock();
         if m.lapsed() {
             m.drop_all();
         }
@@ -616,7 +677,7 @@ impl BlockCache {
 
     /// Whether metadata is trusted now (the lease holds, or there is none).
     pub fn metadata_trusted(&self) -> bool {
-        !self.inner.meta.lock().lapsed()
+        !self.inner.meta.map.lock().lapsed()
     }
 
     /// A reader for an object whose metadata the caller already has (from a listing, say).
