@@ -103,6 +103,83 @@ pub struct Protection {
     pub created_at: i64,
 }
 
+/// Where a clean-up plan is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanStatus {
+    /// Made (a dry run); nothing moved yet.
+    #[default]
+    Planned,
+    /// Being run: its items are moving to the trash.
+    Running,
+    /// Run; every item it could move is in the trash.
+    Done,
+    /// Run; some items were skipped or deferred.
+    Partial,
+}
+
+/// Where one item of a clean-up plan is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemState {
+    /// Selected by a policy; not run yet.
+    Planned,
+    /// Moved to the trash (restorable until purged).
+    Trashed,
+    /// Not moved: changed since it was planned, protected, or gone (`reason` says which).
+    Skipped,
+    /// Not moved this run (the run stopped early); a later run tries it again.
+    Deferred,
+    /// Moved back from the trash.
+    Restored,
+    /// Deleted from the trash once its grace period ended.
+    Purged,
+}
+
+/// A stored state name, parsed; the error names what was expected.
+macro_rules! stored_names {
+    ($t:ident { $($v:ident => $s:literal),+ $(,)? }) => {
+        impl $t {
+            /// The name stored and shown.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$v => $s),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl TryFrom<String> for $t {
+            type Error = strata_types::Error;
+
+            fn try_from(s: String) -> strata_types::Result<Self> {
+                match s.as_str() {
+                    $($s => Ok(Self::$v),)+
+                    _ => Err(strata_types::Error::new(
+                        strata_types::ErrorKind::InvalidInput,
+                        format!(concat!(stringify!($t), " {:?}: expected one of ", $($s, " "),+), s),
+                    )),
+                }
+            }
+        }
+    };
+}
+
+stored_names!(PlanStatus { Planned => "planned", Running => "running", Done => "done", Partial => "partial" });
+stored_names!(ItemState {
+    Planned => "planned",
+    Trashed => "trashed",
+    Skipped => "skipped",
+    Deferred => "deferred",
+    Restored => "restored",
+    Purged => "purged",
+});
+
 /// A clean-up plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Plan {
@@ -114,8 +191,8 @@ pub struct Plan {
     pub created_at: i64,
     /// Who made it.
     pub created_by: String,
-    /// `planned`, `running`, `done`, `partial`.
-    pub status: String,
+    /// Where it is.
+    pub status: PlanStatus,
     /// JSON details (policies, counts).
     pub detail: String,
 }
@@ -139,8 +216,8 @@ pub struct PlanItem {
     pub team: Option<String>,
     /// Policy that selected it.
     pub policy_id: String,
-    /// `planned`, `trashed`, `skipped`, `deferred`, `restored`, `purged`.
-    pub state: String,
+    /// Where it is.
+    pub state: ItemState,
     /// Why it was selected or skipped.
     pub reason: String,
     /// Where it is in the trash.
@@ -185,7 +262,7 @@ pub struct RunReport {
     /// Items left for a later run by a cap.
     pub deferred: u64,
     /// `done` or `partial`.
-    pub status: String,
+    pub status: PlanStatus,
 }
 
 /// Body of `POST /v1/cleanup/plans`.

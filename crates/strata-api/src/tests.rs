@@ -136,3 +136,35 @@ fn an_untyped_answer_is_caught() {
         &doc["paths"]["/loose"]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
     assert!(says_nothing(schema), "{schema}");
 }
+
+#[test]
+fn plan_and_item_states_round_trip_through_their_stored_names_and_refuse_others() {
+    use crate::lifecycle::{ItemState, PlanStatus};
+    for s in [
+        ItemState::Planned,
+        ItemState::Trashed,
+        ItemState::Skipped,
+        ItemState::Deferred,
+    ]
+    .into_iter()
+    .chain([ItemState::Restored, ItemState::Purged])
+    {
+        assert_eq!(ItemState::try_from(s.as_str().to_string()).ok(), Some(s));
+        assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+    }
+    for s in [
+        PlanStatus::Planned,
+        PlanStatus::Running,
+        PlanStatus::Done,
+        PlanStatus::Partial,
+    ] {
+        assert_eq!(PlanStatus::try_from(s.as_str().to_string()).ok(), Some(s));
+        assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+    }
+    let e = ItemState::try_from("moved".to_string()).unwrap_err();
+    assert_eq!(e.kind(), strata_types::ErrorKind::InvalidInput);
+    assert!(
+        e.to_string().contains("\"moved\"") && e.to_string().contains("trashed"),
+        "{e}"
+    );
+}

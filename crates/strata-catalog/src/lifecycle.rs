@@ -8,7 +8,7 @@ use strata_types::{Error, ErrorKind, Result};
 
 use crate::{Catalog, db_err, new_id, normalize_prefix};
 
-pub use strata_api::lifecycle::PolicyKind;
+pub use strata_api::lifecycle::{ItemState, PlanStatus, PolicyKind};
 
 /// A retention policy of one team on one backend.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,8 +140,9 @@ pub struct Plan {
     pub created_at: i64,
     /// Who made it.
     pub created_by: String,
-    /// `planned`, `running`, `done`, `partial`.
-    pub status: String,
+    /// Where it is.
+    #[sqlx(try_from = "String")]
+    pub status: PlanStatus,
     /// JSON details (policies, counts).
     pub detail: String,
 }
@@ -165,8 +166,9 @@ pub struct PlanItem {
     pub team: Option<String>,
     /// Policy that selected it.
     pub policy_id: String,
-    /// `planned`, `trashed`, `skipped`, `deferred`, `restored`, `purged`.
-    pub state: String,
+    /// Where it is.
+    #[sqlx(try_from = "String")]
+    pub state: ItemState,
     /// Why it was selected or skipped.
     pub reason: String,
     /// Where it is in the trash.
@@ -416,7 +418,7 @@ impl Catalog {
         .bind(plan.team.as_deref())
         .bind(plan.created_at)
         .bind(&plan.created_by)
-        .bind(&plan.status)
+        .bind(plan.status.as_str())
         .bind(&plan.detail)
         .execute(&mut *tx)
         .await
@@ -433,7 +435,7 @@ impl Catalog {
             .bind(i.modified_at)
             .bind(i.team.as_deref())
             .bind(&i.policy_id)
-            .bind(&i.state)
+            .bind(i.state.as_str())
             .bind(&i.reason)
             .bind(i.trash_key.as_deref())
             .bind(i.trashed_at)
@@ -511,7 +513,7 @@ impl Catalog {
     pub async fn set_item_state(
         &self,
         item: &PlanItem,
-        state: &str,
+        state: ItemState,
         reason: &str,
         trash_key: Option<&str>,
         trashed_at: Option<i64>,
@@ -521,7 +523,7 @@ impl Catalog {
                trashed_at = COALESCE($4, trashed_at) \
              WHERE plan_id = $5 AND backend = $6 AND key = $7",
         )
-        .bind(state)
+        .bind(state.as_str())
         .bind(reason)
         .bind(trash_key)
         .bind(trashed_at)
@@ -535,9 +537,9 @@ impl Catalog {
     }
 
     /// Set a plan's status and details.
-    pub async fn set_plan_status(&self, id: &str, status: &str, detail: &str) -> Result<()> {
+    pub async fn set_plan_status(&self, id: &str, status: PlanStatus, detail: &str) -> Result<()> {
         sqlx::query("UPDATE plans SET status = $1, detail = $2 WHERE id = $3")
-            .bind(status)
+            .bind(status.as_str())
             .bind(detail)
             .bind(id)
             .execute(self.pool())

@@ -22,7 +22,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 use strata_catalog::Catalog;
 use strata_catalog::inventory::{Listed, ObjectRecord, owner_in};
-use strata_catalog::lifecycle::{Plan, PlanItem, Policy, PolicyKind, Protection};
+use strata_catalog::lifecycle::{
+    ItemState, Plan, PlanItem, PlanStatus, Policy, PolicyKind, Protection,
+};
 use strata_object::Backend;
 use strata_types::{Error, ErrorKind, IoContext, Result};
 
@@ -67,7 +69,7 @@ pub struct RunReport {
     /// Items left for a later run by a cap.
     pub deferred: u64,
     /// `done` or `partial`.
-    pub status: String,
+    pub status: PlanStatus,
 }
 
 /// Details stored with a plan.
@@ -237,7 +239,7 @@ pub async fn plan(
                         modified_at: o.modified_at,
                         team: Some(pol.team.clone()),
                         policy_id: pol.id.clone(),
-                        state: "planned".into(),
+                        state: ItemState::Planned,
                         reason: describe(pol),
                         trash_key: None,
                         trashed_at: None,
@@ -269,7 +271,7 @@ pub async fn plan(
         team: team.map(str::to_string),
         created_at: now,
         created_by: actor.to_string(),
-        status: "planned".into(),
+        status: PlanStatus::Planned,
         detail: serde_json::to_string(&detail).unwrap_or_default(),
     };
     catalog.insert_plan(&plan, &items).await?;
@@ -380,7 +382,7 @@ pub async fn run(
     let mut ckpts = Checkpoints::default();
     let runs: BTreeSet<(String, String)> = items
         .iter()
-        .filter(|i| i.state == "planned" || i.state == "deferred")
+        .filter(|i| matches!(i.state, ItemState::Planned | ItemState::Deferred))
         .filter_map(|i| step_of(&i.key).map(|(run, _, _)| (i.backend.clone(), run.to_string())))
         .collect();
     for (name, run_prefix) in &runs {
@@ -404,24 +406,27 @@ pub async fn run(
         ..Default::default()
     };
     // Caps count what this plan already moved in earlier runs.
-    let mut moved_objects: u64 = items.iter().filter(|i| i.state == "trashed").count() as u64;
+    let mut moved_objects: u64 = items
+        .iter()
+        .filter(|i| i.state == ItemState::Trashed)
+        .count() as u64;
     let mut moved_bytes: u64 = items
         .iter()
-        .filter(|i| i.state == "trashed")
+        .filter(|i| i.state == ItemState::Trashed)
         .map(|i| i.size.max(0) as u64)
         .sum();
     let mut moved_by_team: BTreeMap<String, u64> = BTreeMap::new();
-    for i in items.iter().filter(|i| i.state == "trashed") {
+    for i in items.iter().filter(|i| i.state == ItemState::Trashed) {
         *moved_by_team
             .entry(i.team.clone().unwrap_or_default())
             .or_default() += i.size.max(0) as u64;
     }
     catalog
-        .set_plan_status(plan_id, "running", &plan.detail)
+        .set_plan_status(plan_id, PlanStatus::Running, &plan.detail)
         .await?;
     for item in items
         .iter()
-        .filter(|i| i.state == "planned" || i.state == "deferred")
+        .filter(|i| matches!(i.state, ItemState::Planned | ItemState::Deferred))
     {
         let backend = backend_of(backends, &item.backend)?;
         let size = item.size.max(0) as u64;
@@ -467,7 +472,7 @@ pub async fn run(
                     catalog
                         .set_item_state(
                             item,
-                            "deferred",
+                            ItemState::Deferred,
                             "cap reached; run the plan again",
                             None,
                             None,
@@ -499,7 +504,7 @@ pub async fn run(
         catalog
             .set_item_state(
                 item,
-                "trashed",
+                ItemState::Trashed,
                 &item.reason,
                 Some(&tkey),
                 Some(catalog.now()),
@@ -531,16 +536,15 @@ pub async fn run(
         report.trashed_bytes += size;
     }
     report.status = if report.deferred > 0 {
-        "partial"
+        PlanStatus::Partial
     } else {
-        "done"
-    }
-    .into();
+        PlanStatus::Done
+    };
     detail.last_run = Some(report.clone());
     catalog
         .set_plan_status(
             plan_id,
-            &report.status,
+            report.status,
             &serde_json::to_string(&detail).unwrap_or_default(),
         )
         .await?;
@@ -562,7 +566,7 @@ async fn skip(catalog: &Catalog, item: &PlanItem, report: &mut RunReport, why: &
         .skipped
         .push((format!("{}:{}", item.backend, item.key), why.to_string()));
     catalog
-        .set_item_state(item, "skipped", why, None, None)
+        .set_item_state(item, ItemState::Skipped, why, None, None)
         .await
 }
 
@@ -579,7 +583,8 @@ pub async fn restore(
     let mut restored = 0;
     let mut refused = Vec::new();
     for item in catalog.plan_items(plan_id).await? {
-        if item.state != "trashed" || key_prefix.is_some_and(|p| !item.key.starts_with(p)) {
+        if item.state != ItemState::Trashed || key_prefix.is_some_and(|p| !item.key.starts_with(p))
+        {
             continue;
         }
         let backend = backend_of(backends, &item.backend)?;
@@ -601,7 +606,13 @@ pub async fn restore(
         let m = backend.head(&ctx, &item.key).await?;
         backend.delete(&ctx, &tkey).await?;
         catalog
-            .set_item_state(&item, "restored", "restored from the trash", None, None)
+            .set_item_state(
+                &item,
+                ItemState::Restored,
+                "restored from the trash",
+                None,
+                None,
+            )
             .await?;
         catalog
             .record_write(&ObjectRecord {
@@ -661,7 +672,7 @@ pub async fn purge(
         };
         backend.delete(&ctx, tkey).await?;
         catalog
-            .set_item_state(&item, "purged", "grace period over", None, None)
+            .set_item_state(&item, ItemState::Purged, "grace period over", None, None)
             .await?;
         catalog
             .audit(

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
+use strata_catalog::lifecycle::{ItemState, PlanStatus};
 
 use strata_catalog::access::SYSTEM;
 use strata_catalog::lifecycle::{Policy, PolicyKind, Protection};
@@ -126,7 +127,10 @@ async fn setup(cat: &Catalog, root: &Path) -> BTreeMap<String, Backend> {
     backends
 }
 
-fn keys(items: &[strata_catalog::lifecycle::PlanItem], state: Option<&str>) -> BTreeSet<String> {
+fn keys(
+    items: &[strata_catalog::lifecycle::PlanItem],
+    state: Option<strata_catalog::lifecycle::ItemState>,
+) -> BTreeSet<String> {
     items
         .iter()
         .filter(|i| state.is_none_or(|s| i.state == s))
@@ -190,7 +194,7 @@ async fn cleanup_plans_and_runs_safely() {
             .await
             .unwrap();
         assert_eq!(r.trashed, 2);
-        assert_eq!(r.status, "partial");
+        assert_eq!(r.status, PlanStatus::Partial);
         let skipped: BTreeMap<_, _> = r.skipped.iter().cloned().collect();
         assert!(
             skipped["default:team-a/tmp/old2"].contains("changed"),
@@ -220,9 +224,9 @@ async fn cleanup_plans_and_runs_safely() {
         let r = cleanup::run(&cat, &backends, SYSTEM, &plan.plan.id, &Caps::default())
             .await
             .unwrap();
-        assert_eq!(r.status, "done");
+        assert_eq!(r.status, PlanStatus::Done);
         let items = cat.plan_items(&plan.plan.id).await.unwrap();
-        let trashed = keys(&items, Some("trashed"));
+        let trashed = keys(&items, Some(ItemState::Trashed));
         let mut want = expect.clone();
         want.remove("team-a/tmp/old2");
         want.remove("team-a/tmp/sub/old3");
@@ -282,7 +286,10 @@ async fn cleanup_plans_and_runs_safely() {
             .unwrap();
         assert!(r2.skipped.is_empty(), "{:?}", r2.skipped);
         let items2 = cat.plan_items(&plan2.plan.id).await.unwrap();
-        assert_eq!(keys(&items2, Some("trashed")), keys(&plan2.items, None));
+        assert_eq!(
+            keys(&items2, Some(ItemState::Trashed)),
+            keys(&plan2.items, None)
+        );
         assert!(!keys(&plan2.items, None).is_empty());
 
         // Purge only after the grace period.
@@ -297,7 +304,7 @@ async fn cleanup_plans_and_runs_safely() {
         let (purged, _) = cleanup::purge(&cat, &backends, SYSTEM, 7 * DAY)
             .await
             .unwrap();
-        assert!(purged >= keys(&items2, Some("trashed")).len() as u64);
+        assert!(purged >= keys(&items2, Some(ItemState::Trashed)).len() as u64);
         assert!(
             !root
                 .join(format!(".strata-trash/{}/team-a/tmp/old2", plan2.plan.id))

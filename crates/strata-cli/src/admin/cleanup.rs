@@ -74,7 +74,7 @@ fn print_plan(plan: &l::Plan, items: &[l::PlanItem]) {
             .iter()
             .map(|i| {
                 vec![
-                    i.state.clone(),
+                    i.state.to_string(),
                     i.backend.clone(),
                     i.key.clone(),
                     size(Some(i.size)),
@@ -151,7 +151,7 @@ pub async fn run(c: CleanupCommand, out: Out) -> Result<()> {
                             vec![
                                 p.id.clone(),
                                 opt(p.team.as_deref()),
-                                p.status.clone(),
+                                p.status.to_string(),
                                 at(Some(p.created_at)),
                                 p.created_by.clone(),
                             ]

@@ -203,7 +203,7 @@ async fn announce_items(a: &Agent, id: &str) {
     let backends = a.backend_map();
     let changes = items
         .iter()
-        .filter(|i| i.state == "trashed" || i.state == "restored")
+        .filter(|i| matches!(i.state, l::ItemState::Trashed | l::ItemState::Restored))
         .filter_map(|i| {
             let b = backends.get(&i.backend)?;
             Some(crate::cluster::coherence::Change::key(b.id(), &i.key))
