@@ -172,6 +172,27 @@ class Cluster:
     def wait_gone(self, ns, name):
         self.wait(f"DataClaim {ns}/{name} to disappear", lambda: self.get(ns, name), lambda dc: dc is None)
 
+    def unchanged_passes(self, kind, ns, name):
+        """Reconciles of one object that found its status as computed and wrote nothing (the operator's log)."""
+        return sum(1 for line in self.operator.log().splitlines()
+                   if "status unchanged, nothing written" in line and f"object={ns}/{name} " in line
+                   and f'kind="{kind}"' in line)
+
+    def assert_not_written_again(self, kind, path):
+        """Touch the object at `path` (an annotation: a change the operator reconciles, with nothing to write),
+        wait until the operator has reconciled it since and found its status as computed, and assert that it
+        wrote nothing: a check of an event that happened, not of a quiet interval."""
+        ns, name = path.split("/namespaces/")[1].split("/")[0], path.rstrip("/").split("/")[-1]
+        before = self.unchanged_passes(kind, ns, name)
+        touched = self.api.merge_patch(path, {"metadata": {"annotations": {"strata.test/touched": str(time.time())}}})
+        rv = touched["metadata"]["resourceVersion"]
+        self.wait(f"the operator to reconcile {kind} {ns}/{name} after a touch", lambda: self.unchanged_passes(
+            kind, ns, name), lambda n: n > before)
+        after = self.api.get(path)
+        assert after["metadata"]["resourceVersion"] == rv, (
+            f"the operator wrote an unchanged {kind} again", rv, after["metadata"], after.get("status"))
+        assert self.operator.metric(f'strata_operator_status_writes_total{{kind="{kind}",result="unchanged"}}') > 0
+
     def agent_claims(self, job_prefix):
         """Every claim on the agent (live and released) whose job starts with `job_prefix`."""
         out = {}
@@ -258,13 +279,8 @@ def test_a_dataclaim_gets_the_finalizer_becomes_ready_with_the_agents_claim_and_
     assert all(e.get("type") == "Normal" and e["regarding"].get("kind") == "DataClaim" for e in evs), evs
     assert cluster.operator.metric('strata_operator_reconciles_total{outcome="ok"}') > 0
 
-    # Nothing changes, so nothing is written: the follow-up reconciles of the last write find the status equal.
-    rv = cluster.get("vision", "resnet")["metadata"]["resourceVersion"]
-    time.sleep(3)
-    cluster.operator.alive()
-    after = cluster.get("vision", "resnet")
-    assert after["metadata"]["resourceVersion"] == rv, (
-        "the operator wrote an unchanged DataClaim again", rv, after["metadata"], after.get("status"))
+    # Nothing changes, so nothing is written: a reconcile of the unchanged claim finds the status equal.
+    cluster.assert_not_written_again("DataClaim", dataclaims("vision", "resnet"))
 
 
 def test_deleting_a_dataclaim_releases_its_claim_and_the_finalizer_goes(cluster, s3):  # noqa: F811
@@ -333,8 +349,14 @@ def test_of_two_operators_only_the_lease_holder_reconciles_and_the_other_takes_o
                  str(tmp_path / "operator-b.log"), holder="op-b")
     try:
         b.alive()
-        # B waits as a candidate while A renews: it reconciles nothing (its log says so) and A keeps the Lease.
-        time.sleep(2 * LEASE_SECS)
+        # B waits as a candidate while A renews (twice since B started: B had its chances): it reconciles
+        # nothing (its log says so) and A keeps the Lease.
+        renewals = [holder().get("renewTime")]
+        for _ in range(2):
+            spec = cluster.wait("op-a to renew the Lease", holder,
+                                lambda s: s.get("renewTime") not in renewals, timeout=4 * LEASE_SECS)
+            renewals.append(spec.get("renewTime"))
+        b.alive()
         assert holder()["holderIdentity"] == "op-a", holder()
         assert "waiting for the lease" in b.log() and "operator leading" not in b.log(), b.log()
         assert b.metric('strata_operator_reconciles_total{outcome="ok"}') == 0
@@ -665,9 +687,9 @@ def test_a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_n
     # A half-written renewal (a key that is not PEM): the last good pair stays in service.
     with open(key, "w") as f:
         f.write("not a key\n")
-    time.sleep(2.5)
+    cluster.wait("the operator to refuse the broken pair", cluster.operator.log,
+                 lambda log: "does not load; keeping the last one" in log)
     assert renewed.review("vision", plain)["allowed"] is True
-    assert "does not load; keeping the last one" in cluster.operator.log()
 
 
 # --- Dataset volumes: a Job's pod gets its DataClaim's datasets as volumes, mounted on the node it is bound to ---
@@ -835,10 +857,8 @@ def test_a_job_pod_gets_its_datasets_as_volumes_mounted_on_its_node_and_reads_th
     # A user of another team cannot read it.
     first = os.path.join(node_path, next(iter(objs))[len(prefix):])
     assert _read_as(OUTSIDER, first).returncode != 0
-    # Not written again while nothing changes.
-    before = cluster.get("vision", "resnet-run-7")["metadata"]["resourceVersion"]
-    time.sleep(2)
-    assert cluster.get("vision", "resnet-run-7")["metadata"]["resourceVersion"] == before
+    # Not written again while nothing changes (mounts included).
+    cluster.assert_not_written_again("DataClaim", dataclaims("vision", "resnet-run-7"))
 
     # The DataClaim deleted: the claim is released and its mount goes; the dataset stays.
     cluster.api.delete(dataclaims("vision", "resnet-run-7"))
@@ -927,10 +947,8 @@ def test_a_prefetched_dataset_is_staged_counted_per_version_followed_to_its_newe
     assert claim["progress"]["blocks_held"] == claim["progress"]["blocks_total"], claim
     assert {e["reason"] for e in cluster.events("vision", "imagenet")} >= {"Staged", "Cached"}
 
-    # Nothing changes: nothing is written, though the operator counts every second.
-    rv = ds["metadata"]["resourceVersion"]
-    time.sleep(3)
-    assert cluster.api.get(datasets("vision", "imagenet"))["metadata"]["resourceVersion"] == rv
+    # Nothing changes: nothing is written, though the operator looks again.
+    cluster.assert_not_written_again("Dataset", datasets("vision", "imagenet"))
 
     # The source gains an object: a new version, staged by a new claim; the old claim is released.
     s3.put_object(Bucket=BUCKET, Key=f"{prefix}zz-new one+.bin", Body=os.urandom(MIB))
@@ -995,7 +1013,8 @@ def test_a_dataset_that_cannot_be_staged_says_why_and_is_not_staged_again_until_
     st = ds["status"]
     assert "datasets[0] (pin)" in st["reason"] and st["failedVersion"] == st["versions"][0]["version"], st
     assert st["cachedFraction"] == "0%" and _condition(ds, "Cached")["status"] == "False", st
-    time.sleep(3)
+    # Looked at again (touched), it stays as it is: no status write, no new claim.
+    cluster.assert_not_written_again("Dataset", datasets("vision", "big"))
     jobs = [c for c in cluster.agent_claims("vision/dataset:big/")]
     assert len(jobs) == 1 and jobs[0]["state"] == "released", jobs
     # The quota raised and the spec touched: staged and pinned.

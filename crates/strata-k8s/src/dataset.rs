@@ -496,7 +496,13 @@ async fn settle<C: Claims>(
     next: Duration,
 ) -> Result<Action> {
     let old = ds.status.as_ref();
-    if old != Some(&status) {
+    let changed = old != Some(&status);
+    ctx.metrics.status("Dataset", changed);
+    if !changed {
+        tracing::debug!(object = %format!("{}/{}", ds.namespace().unwrap_or_default(), ds.name_any()),
+            kind = "Dataset", "status unchanged, nothing written");
+    }
+    if changed {
         write_status(
             api,
             &ds.name_any(),

@@ -13,6 +13,7 @@ pub struct Metrics {
     reconciles: IntCounterVec,
     duration: Histogram,
     forced: IntCounter,
+    statuses: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -46,10 +47,20 @@ impl Metrics {
             "Deleted DataClaims whose finalizer was removed without the agent confirming the release",
         )
         .expect("a valid metric");
+        let statuses = IntCounterVec::new(
+            Opts::new(
+                "strata_operator_status_writes_total",
+                "Reconciles that ended by writing an object's status (written) or found it as computed \
+                 (unchanged), by kind",
+            ),
+            &["kind", "result"],
+        )
+        .expect("a valid metric");
         for c in [
             Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
             Box::new(forced.clone()),
+            Box::new(statuses.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -58,6 +69,7 @@ impl Metrics {
             reconciles,
             duration,
             forced,
+            statuses,
         }
     }
 
@@ -67,6 +79,20 @@ impl Metrics {
             .with_label_values(&[if ok { "ok" } else { "error" }])
             .inc();
         self.duration.observe(took.as_secs_f64());
+    }
+
+    /// A reconcile of a `kind` object wrote its status (`written`) or found nothing to write.
+    pub fn status(&self, kind: &str, written: bool) {
+        self.statuses
+            .with_label_values(&[kind, if written { "written" } else { "unchanged" }])
+            .inc();
+    }
+
+    /// Reconciles of `kind` objects so far that wrote a status (`written`) or did not.
+    pub fn statuses(&self, kind: &str, written: bool) -> u64 {
+        self.statuses
+            .with_label_values(&[kind, if written { "written" } else { "unchanged" }])
+            .get()
     }
 
     /// A finalizer went without a confirmed release.

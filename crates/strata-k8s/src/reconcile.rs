@@ -337,7 +337,13 @@ async fn settle<C: Claims>(
     next: Duration,
 ) -> Result<Action> {
     let old = dc.status.as_ref();
-    if !same(old, &status) {
+    let changed = !same(old, &status);
+    ctx.metrics.status("DataClaim", changed);
+    if !changed {
+        tracing::debug!(object = %format!("{}/{}", dc.namespace().unwrap_or_default(), dc.name_any()),
+            kind = "DataClaim", "status unchanged, nothing written");
+    }
+    if changed {
         write_status(api, &dc.name_any(), old, &status, "writing the status").await?;
         let was = old.map(|o| o.phase);
         if was != Some(status.phase) {
