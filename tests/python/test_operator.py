@@ -687,8 +687,12 @@ def test_a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_n
     # A half-written renewal (a key that is not PEM): the last good pair stays in service.
     with open(key, "w") as f:
         f.write("not a key\n")
-    cluster.wait("the operator to refuse the broken pair", cluster.operator.log,
-                 lambda log: "does not load; keeping the last one" in log)
+    # The files are looked at again on a connection (at most once a second): every review keeps being served
+    # with the last good pair until one has looked and refused the broken one.
+    def served_after_refusal():
+        assert renewed.review("vision", plain)["allowed"] is True
+        return "does not load; keeping the last one" in cluster.operator.log()
+    cluster.wait("the operator to refuse the broken pair", served_after_refusal, bool)
     assert renewed.review("vision", plain)["allowed"] is True
 
 
