@@ -231,7 +231,9 @@ access_key_id = "{KEY}"
 secret_access_key = "{SECRET}"
 """)
     data = os.path.join(scratch, "agent")
-    proc = subprocess.Popen([os.path.join(ROOT, "target", "release", "strata"), "serve", "--config", cfg,
+    # STRATA_BENCH_BIN: another build of `strata` (an A/B of two commits in one sitting, with their wheels).
+    binary = os.environ.get("STRATA_BENCH_BIN") or os.path.join(ROOT, "target", "release", "strata")
+    proc = subprocess.Popen([binary, "serve", "--config", cfg,
                              "--data-dir", data, "--api-listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, STRATA_ADMIN_TOKEN=AGENT_TOKEN))
