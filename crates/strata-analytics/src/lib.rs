@@ -1,0 +1,299 @@
+//! Access analytics: who reads what, how hot it is, how much metadata each job asks for and how long jobs
+//! wait on I/O.
+//!
+//! Every front door (the S3 gateway, the data-plane API, and through them the mount, the loader and
+//! checkpoints) records one [`Access`] per operation: its class ([`OpClass`]: data read or write, metadata read
+//! or write), bytes, latency, the tier that served it and its outcome, attributed to the caller's team,
+//! principal, job and dataset ([`strata_types::IoContext`]) and to a prefix of the key. [`Analytics::record`]
+//! offers it to a bounded channel and never waits: a full channel drops it and counts it. One task folds the
+//! accesses into three views, each bounded whatever the number of jobs and keys:
+//!
+//! - **Per-minute rollups** ([`rollup`]) per (team, job, dataset, prefix to `prefix_depth`, class): counts,
+//!   errors, bytes, a latency sketch ([`sketch`]: p50/p99 within 25%), bytes by tier. At most
+//!   `max_rollup_keys` rows a minute; past it an access folds into its team's `(other)` row (counted). Closed
+//!   minutes wait in a bounded queue for the writer that persists them ([`Analytics::take_minutes`]).
+//! - **Heat** ([`heat`]) per dataset and per prefix: a score that each read raises by one and that halves every
+//!   `heat_half_life`, with the last access and bytes read; at most `max_heat` entries (the coldest tenth goes
+//!   when full).
+//! - **Jobs** ([`jobs`]): the last five minutes in 10-second slots (operations and bytes by class, time spent
+//!   in data reads, bytes by tier), latency by class, and the **runaway** flag: a metadata rate over
+//!   `runaway_ops_per_sec` in every slot for `runaway_window`. At most `max_jobs` jobs (the least recently
+//!   seen tenth goes when full).
+//!
+//! Time is the accesses' own (`Access::at`) and the `now` each view is asked for, so tests drive it.
+
+pub mod access;
+pub mod heat;
+pub mod jobs;
+pub mod rollup;
+pub mod sketch;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use access::{Access, OpClass, Served};
+pub use heat::{Heat, HeatKey, HeatKind, HeatView};
+pub use jobs::{JobKey, JobView, Jobs, Runaway, Slot};
+pub use rollup::{Minute, OTHER, RollupKey, RollupRow, minute_of, prefix_of};
+
+/// Limits and rules.
+#[derive(Debug, Clone)]
+pub struct AnalyticsConfig {
+    /// Key segments a prefix keeps (`bucket/a/b/` for 2). Default 2.
+    pub prefix_depth: usize,
+    /// Rollup rows per minute, at most. Default 20,000.
+    pub max_rollup_keys: usize,
+    /// Closed minutes kept for the writer, at most (older ones are dropped, counted). Default 30.
+    pub max_pending_minutes: usize,
+    /// Heat halves over this. Default one hour.
+    pub heat_half_life: Duration,
+    /// Heat entries, at most. Default 50,000.
+    pub max_heat: usize,
+    /// Jobs tracked, at most. Default 10,000.
+    pub max_jobs: usize,
+    /// The metadata rate (operations a second) over which a job may be a runaway. Default 500.
+    pub runaway_ops_per_sec: f64,
+    /// How long the rate must stay over it. Default 60 s.
+    pub runaway_window: Duration,
+    /// Accesses waiting to be folded, at most (past it they are dropped, counted). Default 65,536.
+    pub queue: usize,
+}
+
+impl Default for AnalyticsConfig {
+    fn default() -> Self {
+        Self {
+            prefix_depth: 2,
+            max_rollup_keys: 20_000,
+            max_pending_minutes: 30,
+            heat_half_life: Duration::from_secs(3600),
+            max_heat: 50_000,
+            max_jobs: 10_000,
+            runaway_ops_per_sec: 500.0,
+            runaway_window: Duration::from_secs(60),
+            queue: 65_536,
+        }
+    }
+}
+
+/// Counters of the analytics themselves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AnalyticsStats {
+    /// Accesses folded into the views.
+    pub recorded: u64,
+    /// Accesses dropped because the queue was full.
+    pub dropped: u64,
+    /// Accesses folded into an `(other)` rollup row by the key bound.
+    pub folded: u64,
+    /// Closed minutes dropped before the writer took them.
+    pub minutes_dropped: u64,
+    pub heat_entries: u64,
+    pub heat_evicted: u64,
+    pub jobs: u64,
+    pub jobs_evicted: u64,
+}
+
+struct State {
+    current: Minute,
+    pending: VecDeque<Minute>,
+    heat: Heat,
+    jobs: Jobs,
+    folded: u64,
+    minutes_dropped: u64,
+}
+
+/// The analytics of one agent.
+pub struct Analytics {
+    cfg: AnalyticsConfig,
+    tx: mpsc::Sender<Access>,
+    rx: Mutex<Option<mpsc::Receiver<Access>>>,
+    state: Mutex<State>,
+    recorded: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl std::fmt::Debug for Analytics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Analytics").field("cfg", &self.cfg).finish()
+    }
+}
+
+impl Analytics {
+    pub fn new(cfg: AnalyticsConfig) -> Arc<Self> {
+        let (tx, rx) = mpsc::channel(cfg.queue.max(1));
+        let state = State {
+            current: Minute::default(),
+            pending: VecDeque::new(),
+            heat: Heat::new(cfg.heat_half_life, cfg.max_heat),
+            jobs: Jobs::new(
+                cfg.max_jobs,
+                Runaway {
+                    ops_per_sec: cfg.runaway_ops_per_sec,
+                    window: cfg.runaway_window,
+                },
+            ),
+            folded: 0,
+            minutes_dropped: 0,
+        };
+        Arc::new(Self {
+            cfg,
+            tx,
+            rx: Mutex::new(Some(rx)),
+            state: Mutex::new(state),
+            recorded: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    pub fn config(&self) -> &AnalyticsConfig {
+        &self.cfg
+    }
+
+    /// Offer one access; never waits (a full queue drops it, counted).
+    pub fn record(&self, a: Access) {
+        if self.tx.try_send(a).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Fold the queued accesses as they come, until `cancel`; a task of `tasks`. Once only.
+    pub fn start(self: &Arc<Self>, tasks: &TaskTracker, cancel: CancellationToken) {
+        let Some(mut rx) = self.rx.lock().take() else {
+            return;
+        };
+        let me = self.clone();
+        tasks.spawn(async move {
+            let mut batch = Vec::with_capacity(256);
+            loop {
+                tokio::select! {
+                    n = rx.recv_many(&mut batch, 256) => {
+                        if n == 0 {
+                            break;
+                        }
+                        me.apply_all(&batch);
+                        batch.clear();
+                    }
+                    _ = cancel.cancelled() => break,
+                }
+            }
+        });
+    }
+
+    /// Fold accesses now (the task's step; tests call it directly).
+    pub fn apply_all(&self, accesses: &[Access]) {
+        let mut st = self.state.lock();
+        for a in accesses {
+            self.apply(&mut st, a);
+        }
+        self.recorded
+            .fetch_add(accesses.len() as u64, Ordering::Relaxed);
+    }
+
+    fn apply(&self, st: &mut State, a: &Access) {
+        let minute = minute_of(a.at);
+        if minute > st.current.start {
+            let closed = std::mem::replace(
+                &mut st.current,
+                Minute {
+                    start: minute,
+                    ..Minute::default()
+                },
+            );
+            if !closed.rows.is_empty() {
+                st.folded += closed.folded;
+                st.pending.push_back(closed);
+                while st.pending.len() > self.cfg.max_pending_minutes.max(1) {
+                    st.pending.pop_front();
+                    st.minutes_dropped += 1;
+                }
+            }
+        }
+        st.current
+            .add(a, self.cfg.prefix_depth, self.cfg.max_rollup_keys.max(1));
+        let team: Arc<str> = a.ctx.team.clone().unwrap_or_else(|| Arc::from(""));
+        if matches!(a.class, OpClass::DataRead | OpClass::MetaRead) {
+            if let Some(ds) = &a.ctx.dataset {
+                st.heat.touch(
+                    HeatKey {
+                        team: team.clone(),
+                        kind: HeatKind::Dataset,
+                        name: ds.clone(),
+                    },
+                    a.at,
+                    a.bytes,
+                );
+            }
+            st.heat.touch(
+                HeatKey {
+                    team: team.clone(),
+                    kind: HeatKind::Prefix,
+                    name: Arc::from(prefix_of(&a.backend, &a.key, self.cfg.prefix_depth)),
+                },
+                a.at,
+                a.bytes,
+            );
+        }
+        if let Some(job) = &a.ctx.job {
+            st.jobs.add(
+                JobKey {
+                    team,
+                    job: job.clone(),
+                },
+                a,
+            );
+        }
+    }
+
+    /// The closed minutes not taken yet, oldest first, and with `current` the minute in progress too (a
+    /// writer's last flush before the agent stops).
+    pub fn take_minutes(&self, current: bool) -> Vec<Minute> {
+        let mut st = self.state.lock();
+        let mut out: Vec<Minute> = st.pending.drain(..).collect();
+        if current && !st.current.rows.is_empty() {
+            let start = st.current.start;
+            let m = std::mem::replace(
+                &mut st.current,
+                Minute {
+                    start,
+                    ..Minute::default()
+                },
+            );
+            st.folded += m.folded;
+            out.push(m);
+        }
+        out
+    }
+
+    /// Jobs `keep` admits, as of `now`.
+    pub fn jobs(&self, now: SystemTime, keep: impl Fn(&JobKey) -> bool) -> Vec<JobView> {
+        self.state.lock().jobs.views(now, keep)
+    }
+
+    /// Heat entries `keep` admits, hottest first, as of `now`.
+    pub fn heat(&self, now: SystemTime, keep: impl Fn(&HeatKey) -> bool) -> Vec<HeatView> {
+        self.state.lock().heat.ranked(now, keep)
+    }
+
+    pub fn stats(&self) -> AnalyticsStats {
+        let st = self.state.lock();
+        AnalyticsStats {
+            recorded: self.recorded.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+            folded: st.folded + st.current.folded,
+            minutes_dropped: st.minutes_dropped,
+            heat_entries: st.heat.len() as u64,
+            heat_evicted: st.heat.evicted,
+            jobs: st.jobs.len() as u64,
+            jobs_evicted: st.jobs.evicted,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,227 @@
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use strata_types::IoContext;
+
+use super::*;
+
+fn t(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
+}
+
+fn ctx(team: &str, job: Option<&str>, dataset: Option<&str>) -> IoContext {
+    IoContext {
+        principal: Some(Arc::from("alice")),
+        team: Some(Arc::from(team)),
+        job: job.map(Arc::from),
+        dataset: dataset.map(Arc::from),
+    }
+}
+
+fn access(at: SystemTime, class: OpClass, ctx: &IoContext, key: &str, bytes: u64) -> Access {
+    Access {
+        at,
+        class,
+        ctx: ctx.clone(),
+        backend: Arc::from("default"),
+        key: Arc::from(key),
+        bytes,
+        latency: Duration::from_millis(2),
+        served: if class == OpClass::DataRead {
+            Served::Origin
+        } else {
+            Served::None
+        },
+        ok: true,
+    }
+}
+
+#[test]
+fn a_metadata_storm_is_its_jobs_and_flags_it_while_the_reader_next_to_it_is_counted_apart() {
+    let a = Analytics::new(AnalyticsConfig {
+        runaway_ops_per_sec: 100.0,
+        runaway_window: Duration::from_secs(60),
+        ..AnalyticsConfig::default()
+    });
+    let storm = ctx("vision", Some("j1"), None);
+    let reader = ctx("vision", Some("j2"), Some("imagenet"));
+    // 90 s: J1 sends 200 HEADs and 50 LISTs a second, J2 reads one 1 MiB block a second.
+    for s in 0..90 {
+        let mut batch = Vec::new();
+        for i in 0..200 {
+            batch.push(access(
+                t(s),
+                OpClass::MetaRead,
+                &storm,
+                &format!("train/x{i}"),
+                0,
+            ));
+        }
+        for _ in 0..50 {
+            batch.push(access(t(s), OpClass::MetaRead, &storm, "train/", 0));
+        }
+        batch.push(access(
+            t(s),
+            OpClass::DataRead,
+            &reader,
+            "imagenet/shard-1.tar",
+            1 << 20,
+        ));
+        a.apply_all(&batch);
+    }
+    let views = a.jobs(t(90), |_| true);
+    let j1 = views.iter().find(|v| &*v.key.job == "j1").expect("j1");
+    let j2 = views.iter().find(|v| &*v.key.job == "j2").expect("j2");
+    assert!(j1.runaway, "{j1:?}");
+    assert!(
+        (j1.meta_ops_per_sec - 250.0).abs() < 1.0,
+        "{}",
+        j1.meta_ops_per_sec
+    );
+    assert_eq!(j1.totals_bytes.iter().sum::<u64>(), 0);
+    assert_eq!(
+        j1.totals_ops[OpClass::DataRead as usize],
+        0,
+        "none of J2's reads counted to J1"
+    );
+    assert!(!j2.runaway && j2.meta_ops_per_sec == 0.0, "{j2:?}");
+    assert_eq!(
+        j2.totals_ops[OpClass::MetaRead as usize],
+        0,
+        "none of J1's storm counted to J2"
+    );
+    assert_eq!(j2.totals_bytes[OpClass::DataRead as usize], 90 << 20);
+    assert!((j2.data_bytes_per_sec - (1 << 20) as f64).abs() < 1.0);
+    // Its read time: 2 ms a second of a minute.
+    assert!((j2.stall_share - 0.002).abs() < 1e-6, "{}", j2.stall_share);
+    assert_eq!(j2.hit_ratio, Some(0.0), "every byte from the origin");
+    // Not a runaway before the window has passed.
+    let early = Analytics::new(AnalyticsConfig {
+        runaway_ops_per_sec: 100.0,
+        ..AnalyticsConfig::default()
+    });
+    for s in 0..30 {
+        let b: Vec<Access> = (0..300)
+            .map(|i| access(t(s), OpClass::MetaRead, &storm, &format!("k{i}"), 0))
+            .collect();
+        early.apply_all(&b);
+    }
+    assert!(
+        !early.jobs(t(30), |_| true)[0].runaway,
+        "30 s over the rate is not yet 60"
+    );
+}
+
+#[test]
+fn rollups_attribute_each_access_and_close_with_their_minute() {
+    let a = Analytics::new(AnalyticsConfig::default());
+    let c = ctx("vision", Some("j1"), Some("imagenet"));
+    a.apply_all(&[
+        access(t(0), OpClass::DataRead, &c, "imagenet/train/a.tar", 100),
+        access(t(10), OpClass::DataRead, &c, "imagenet/train/b.tar", 50),
+        access(t(20), OpClass::MetaRead, &c, "imagenet/val/", 0),
+        access(t(61), OpClass::DataWrite, &c, "imagenet/out.bin", 7),
+    ]);
+    let mut mins = a.take_minutes(false);
+    assert_eq!(mins.len(), 1, "the first minute closed when the next began");
+    let m = mins.remove(0);
+    assert_eq!(m.start, minute_of(t(0)));
+    let row = |prefix: &str, class| {
+        m.rows
+            .iter()
+            .find(|(k, _)| &*k.prefix == prefix && k.class == class)
+            .map(|(k, r)| (k.clone(), r.clone()))
+    };
+    let (k, r) = row("default/imagenet/train/", OpClass::DataRead).expect("reads");
+    assert_eq!(
+        (&*k.team, &*k.job, &*k.dataset),
+        ("vision", "j1", "imagenet")
+    );
+    assert_eq!((r.count, r.bytes, r.tier_bytes[3]), (2, 150, 150));
+    assert_eq!(
+        row("default/imagenet/val/", OpClass::MetaRead)
+            .expect("listing")
+            .1
+            .count,
+        1
+    );
+    let rest = a.take_minutes(true);
+    assert_eq!(rest.len(), 1, "the minute in progress on a final flush");
+    assert_eq!(rest[0].rows.values().map(|r| r.bytes).sum::<u64>(), 7);
+    assert!(a.take_minutes(true).is_empty(), "taken once");
+}
+
+#[test]
+fn memory_stays_bounded_over_100000_keys_and_10000_jobs() {
+    let a = Analytics::new(AnalyticsConfig {
+        max_rollup_keys: 1_000,
+        max_heat: 2_000,
+        max_jobs: 500,
+        ..AnalyticsConfig::default()
+    });
+    let mut batch = Vec::new();
+    for i in 0..100_000u64 {
+        let job = format!("job-{}", i % 10_000);
+        let c = ctx(
+            if i % 2 == 0 { "vision" } else { "speech" },
+            Some(&job),
+            None,
+        );
+        batch.push(access(
+            t(i / 4_000),
+            OpClass::DataRead,
+            &c,
+            &format!("p{i}/q/obj"),
+            1,
+        ));
+        if batch.len() == 1_000 {
+            a.apply_all(&batch);
+            batch.clear();
+        }
+    }
+    let st = a.stats();
+    assert_eq!(st.recorded, 100_000);
+    assert!(st.jobs <= 500 && st.jobs_evicted >= 9_500, "{st:?}");
+    assert!(st.heat_entries <= 2_000 && st.heat_evicted > 0, "{st:?}");
+    assert!(st.folded > 0, "{st:?}");
+    for m in a.take_minutes(true) {
+        // The bound, plus one `(other)` row per team and class.
+        assert!(m.rows.len() <= 1_000 + 2, "{}", m.rows.len());
+        let others: u64 = m
+            .rows
+            .iter()
+            .filter(|(k, _)| &*k.job == OTHER)
+            .map(|(_, r)| r.count)
+            .sum();
+        assert_eq!(others, m.folded, "what was folded is in the (other) rows");
+        assert!(
+            m.rows
+                .keys()
+                .filter(|k| &*k.job == OTHER)
+                .all(|k| &*k.team != OTHER),
+            "teams kept apart"
+        );
+    }
+}
+
+#[test]
+fn a_full_queue_drops_and_counts_and_never_waits() {
+    let a = Analytics::new(AnalyticsConfig {
+        queue: 4,
+        ..AnalyticsConfig::default()
+    });
+    let c = ctx("vision", None, None);
+    for _ in 0..10 {
+        a.record(access(t(0), OpClass::MetaRead, &c, "k", 0));
+    }
+    assert_eq!(a.stats().dropped, 6);
+}
+
+#[test]
+fn prefixes_keep_the_configured_depth() {
+    assert_eq!(prefix_of("b", "a/b/c/d.bin", 2), "b/a/b/");
+    assert_eq!(prefix_of("b", "a/d.bin", 2), "b/a/");
+    assert_eq!(prefix_of("b", "d.bin", 2), "b/");
+    assert_eq!(prefix_of("b", "a/b/c/", 0), "b/");
+    assert_eq!(prefix_of("b", "ünï/cødé/x", 1), "b/ünï/");
+}
