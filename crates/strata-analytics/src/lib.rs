@@ -12,7 +12,7 @@
 //!   errors, bytes, a latency sketch ([`sketch`]: p50/p99 within 25%), bytes by tier. At most
 //!   `max_rollup_keys` rows a minute; past it an access folds into its team's `(other)` row (counted). Closed
 //!   minutes wait in a bounded queue for the writer that persists them ([`Analytics::take_minutes`]).
-//! - **Heat** ([`heat`]) per dataset and per prefix: a score that each read raises by one and that halves every
+//! - **Heat** ([`heat`]) per dataset and per prefix: a score that each successful data read raises by one and that halves every
 //!   `heat_half_life`, with the last access and bytes read; at most `max_heat` entries (the coldest tenth goes
 //!   when full).
 //! - **Jobs** ([`jobs`]): the last five minutes in 10-second slots (operations and bytes by class, time spent
@@ -217,7 +217,9 @@ impl Analytics {
         st.current
             .add(a, self.cfg.prefix_depth, self.cfg.max_rollup_keys.max(1));
         let team: Arc<str> = a.ctx.team.clone().unwrap_or_else(|| Arc::from(""));
-        if matches!(a.class, OpClass::DataRead | OpClass::MetaRead) {
+        // Heat is data read: a refused or failed read names a location, not data anyone read, and metadata
+        // pressure is the jobs' view (a prefix listed in a loop is not data anyone wants closer).
+        if a.ok && a.class == OpClass::DataRead {
             if let Some(ds) = &a.ctx.dataset {
                 st.heat.touch(
                     HeatKey {

@@ -225,3 +225,23 @@ fn prefixes_keep_the_configured_depth() {
     assert_eq!(prefix_of("b", "a/b/c/", 0), "b/");
     assert_eq!(prefix_of("b", "ünï/cødé/x", 1), "b/ünï/");
 }
+
+#[test]
+fn a_refused_read_warms_nothing() {
+    let a = Analytics::new(AnalyticsConfig::default());
+    let c = ctx("team-a", Some("j"), Some("theirs"));
+    let mut refused = access(t(0), OpClass::DataRead, &c, "team-b/x", 0);
+    refused.ok = false;
+    let listing = access(t(0), OpClass::MetaRead, &c, "mine/", 0);
+    a.apply_all(&[refused, listing]);
+    assert!(
+        a.heat(t(1), |_| true).is_empty(),
+        "a refused read names team B's key and warms nothing; a listing is no data read"
+    );
+    let jobs = a.jobs(t(1), |_| true);
+    assert_eq!(
+        jobs[0].totals_ops[OpClass::DataRead as usize],
+        1,
+        "the caller's job still counts what it sent"
+    );
+}

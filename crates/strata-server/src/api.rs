@@ -19,6 +19,7 @@ use strata_types::{Error, ErrorKind, IoContext};
 use crate::Agent;
 use crate::access::Caller;
 use crate::http::{ApiError, ApiResult, Query, Reply, Route, principal_context, route};
+use strata_analytics::{Access, OpClass, Served};
 use strata_api as api;
 use strata_catalog::{Principal, Role};
 
@@ -337,6 +338,26 @@ async fn list(
     Query(q): Query<api::data::ListQuery>,
 ) -> ApiResult<Reply<api::data::List>> {
     let ctx = principal_context(&headers, &principal);
+    let start = std::time::Instant::now();
+    let r = list_page(&agent, &ctx, principal, &q).await;
+    record(
+        &agent,
+        OpClass::MetaRead,
+        ctx,
+        &q.location,
+        0,
+        start,
+        r.is_ok(),
+    );
+    r
+}
+
+async fn list_page(
+    agent: &Agent,
+    ctx: &IoContext,
+    principal: Principal,
+    q: &api::data::ListQuery,
+) -> ApiResult<Reply<api::data::List>> {
     let caller = Caller::Principal(principal);
     let (backend, prefix, _) = agent
         .authorize(&caller, &q.location, Role::Reader, true)
@@ -345,9 +366,9 @@ async fn list(
     if !(1..=1000).contains(&limit) {
         return Err(Error::invalid_input(format!("limit {limit}: between 1 and 1000")).into());
     }
-    let after = q.after.map(|a| format!("{prefix}{a}"));
+    let after = q.after.as_ref().map(|a| format!("{prefix}{a}"));
     let page = backend
-        .list_page(&ctx, &prefix, after.as_deref(), limit)
+        .list_page(ctx, &prefix, after.as_deref(), limit)
         .await?;
     let objects = page
         .objects
@@ -378,13 +399,36 @@ async fn read(
     Query(q): Query<api::data::LocationQuery>,
 ) -> ApiResult<Response> {
     let ctx = principal_context(&headers, &principal);
+    let start = std::time::Instant::now();
+    let r = read_response(&agent, &ctx, principal, &headers, &q).await;
+    let bytes = r.as_ref().map_or(0, |(n, _)| *n);
+    record(
+        &agent,
+        OpClass::DataRead,
+        ctx,
+        &q.location,
+        bytes,
+        start,
+        r.is_ok(),
+    );
+    r.map(|(_, resp)| resp)
+}
+
+/// The response of [`read`] and the bytes it promises.
+async fn read_response(
+    agent: &Agent,
+    ctx: &IoContext,
+    principal: Principal,
+    headers: &HeaderMap,
+    q: &api::data::LocationQuery,
+) -> ApiResult<(u64, Response)> {
     let caller = Caller::Principal(principal);
     let (backend, key, _) = agent
         .authorize(&caller, &q.location, Role::Reader, false)
         .await?;
     let res = agent
         .cache()
-        .get(&ctx, &backend, &key, get_options(&headers)?)
+        .get(ctx, &backend, &key, get_options(headers)?)
         .await?;
     let status = if res.partial {
         StatusCode::PARTIAL_CONTENT
@@ -401,8 +445,36 @@ async fn read(
     if let Some(cr) = res.content_range() {
         resp = resp.header(header::CONTENT_RANGE, cr);
     }
+    let bytes = res.range.end - res.range.start;
     resp.body(Body::from_stream(res.body))
+        .map(|r| (bytes, r))
         .map_err(|e| ApiError(Error::internal(format!("building response: {e}"))))
+}
+
+/// Record one data-plane operation for the analytics: on the backend and key its location names (`name/key`,
+/// or a URL's bucket and key), attributed to `ctx`.
+fn record(
+    agent: &Agent,
+    class: OpClass,
+    ctx: IoContext,
+    location: &str,
+    bytes: u64,
+    start: std::time::Instant,
+    ok: bool,
+) {
+    let rest = location.split_once("://").map_or(location, |(_, r)| r);
+    let (backend, key) = rest.split_once('/').unwrap_or((rest, ""));
+    agent.analytics().record(Access {
+        at: std::time::SystemTime::now(),
+        class,
+        ctx,
+        backend: Arc::from(backend),
+        key: Arc::from(key),
+        bytes,
+        latency: start.elapsed(),
+        served: Served::None,
+        ok,
+    });
 }
 
 /// Start fetching an object, or its `Range`, into the cache (runs of consecutive blocks, one backend request

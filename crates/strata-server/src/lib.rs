@@ -85,6 +85,8 @@ pub struct Agent {
     tasks: tokio_util::task::TaskTracker,
     /// The API's address once bound (`http://host:port`).
     pub(crate) api_url: std::sync::OnceLock<String>,
+    /// Every operation at the front doors, attributed and rolled up ([`strata_analytics`]).
+    analytics: Arc<strata_analytics::Analytics>,
     _lock: std::fs::File,
 }
 
@@ -213,15 +215,20 @@ impl Agent {
             _ => (None, None),
         };
         let s3_roots = locate::s3_roots(&config);
+        let tasks = tokio_util::task::TaskTracker::new();
+        let claim_stop = tokio_util::sync::CancellationToken::new();
+        let analytics = strata_analytics::Analytics::new(config.analytics.clone());
+        analytics.start(&tasks, claim_stop.clone());
         Ok(Arc::new(Self {
             cluster,
             catalog_members,
             peer_principals: Mutex::new(HashMap::new()),
             id,
             claim_tasks: Mutex::new(HashMap::new()),
-            claim_stop: tokio_util::sync::CancellationToken::new(),
-            tasks: tokio_util::task::TaskTracker::new(),
+            claim_stop,
+            tasks,
             api_url: std::sync::OnceLock::new(),
+            analytics,
             config,
             telemetry,
             cache,
@@ -234,6 +241,11 @@ impl Agent {
             access: control::AccessLog::default(),
             _lock: lock,
         }))
+    }
+
+    /// The access analytics: every front door's operations, attributed and rolled up.
+    pub fn analytics(&self) -> &Arc<strata_analytics::Analytics> {
+        &self.analytics
     }
 
     /// The catalog: teams, principals, quotas, inventory, lifecycle.

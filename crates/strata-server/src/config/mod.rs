@@ -40,6 +40,75 @@ pub struct Config {
     pub cluster: ClusterSection,
     /// Claims.
     pub claims: ClaimsSection,
+    /// Access analytics: rollups, heat, jobs.
+    pub analytics: AnalyticsSection,
+}
+
+/// `[analytics]`: how operations are rolled up, how heat decays, when a job's metadata rate is a runaway.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnalyticsSection {
+    /// Key segments a prefix keeps in rollups and heat (`bucket/a/b/` for 2). Default 2, at most 16.
+    pub prefix_depth: usize,
+    /// Heat halves over this many seconds. Default 3600.
+    pub heat_half_life_secs: u64,
+    /// A job whose metadata operations stay over this rate (per second) for `runaway_window_secs` is flagged
+    /// a runaway. Default 500.
+    pub runaway_ops_per_sec: f64,
+    /// See `runaway_ops_per_sec`. Default 60, at least 10, at most 300.
+    pub runaway_window_secs: u64,
+    /// Jobs tracked at most (the least recently seen go first). Default 10,000.
+    pub max_jobs: usize,
+    /// Heat entries (datasets and prefixes) at most (the coldest go first). Default 50,000.
+    pub max_heat: usize,
+    /// Rollup rows per minute at most (past it, a team's `(other)` row). Default 20,000.
+    pub max_rollup_keys: usize,
+}
+
+impl Default for AnalyticsSection {
+    fn default() -> Self {
+        let d = strata_analytics::AnalyticsConfig::default();
+        Self {
+            prefix_depth: d.prefix_depth,
+            heat_half_life_secs: d.heat_half_life.as_secs(),
+            runaway_ops_per_sec: d.runaway_ops_per_sec,
+            runaway_window_secs: d.runaway_window.as_secs(),
+            max_jobs: d.max_jobs,
+            max_heat: d.max_heat,
+            max_rollup_keys: d.max_rollup_keys,
+        }
+    }
+}
+
+impl AnalyticsSection {
+    fn resolve(&self) -> Result<strata_analytics::AnalyticsConfig> {
+        let bad = |what: &str| Err(Error::config(format!("[analytics] {what}")));
+        if self.prefix_depth > 16 {
+            return bad("prefix_depth: at most 16");
+        }
+        if self.heat_half_life_secs == 0 {
+            return bad("heat_half_life_secs: must be positive");
+        }
+        if !(self.runaway_ops_per_sec.is_finite() && self.runaway_ops_per_sec > 0.0) {
+            return bad("runaway_ops_per_sec: must be a positive number");
+        }
+        if !(10..=300).contains(&self.runaway_window_secs) {
+            return bad("runaway_window_secs: 10 to 300");
+        }
+        if self.max_jobs < 10 || self.max_heat < 10 || self.max_rollup_keys < 10 {
+            return bad("max_jobs, max_heat and max_rollup_keys: at least 10");
+        }
+        Ok(strata_analytics::AnalyticsConfig {
+            prefix_depth: self.prefix_depth,
+            heat_half_life: std::time::Duration::from_secs(self.heat_half_life_secs),
+            runaway_ops_per_sec: self.runaway_ops_per_sec,
+            runaway_window: std::time::Duration::from_secs(self.runaway_window_secs),
+            max_jobs: self.max_jobs,
+            max_heat: self.max_heat,
+            max_rollup_keys: self.max_rollup_keys,
+            ..strata_analytics::AnalyticsConfig::default()
+        })
+    }
 }
 
 /// `[claims]`: how claims' mounts are made.
@@ -384,6 +453,8 @@ pub struct Resolved {
     pub sharing: Option<Sharing>,
     /// The mounter's socket (`[claims] mounter`), absolute.
     pub mounter: Option<PathBuf>,
+    /// Access analytics ([`AnalyticsSection`]).
+    pub analytics: strata_analytics::AnalyticsConfig,
     /// A membership source built outside the agent, which `cache = "kubernetes"` needs (`strata serve`
     /// starts the EndpointSlice watch and puts it here). `None` from [`Config::resolve`].
     pub membership: Option<std::sync::Arc<dyn strata_cluster::Membership>>,
@@ -659,7 +730,9 @@ impl Config {
                 m.display()
             )));
         }
+        let analytics = self.analytics.resolve()?;
         Ok(Resolved {
+            analytics,
             mounter: self.claims.mounter.clone(),
             catalog_key: o.catalog_key.clone().filter(|k| !k.trim().is_empty()),
             peers,

@@ -52,6 +52,7 @@ pub mod multipart;
 mod multipart_ops;
 mod part_copy;
 mod read;
+mod record;
 pub mod serve;
 mod service;
 pub mod tenancy;
@@ -74,6 +75,7 @@ use tokio::io::AsyncWriteExt;
 use crate::Agent;
 use auth::AccessKey;
 use multipart::{Staging, UploadInfo};
+use strata_analytics::OpClass;
 use strata_catalog::Role;
 use tenancy::{Caller, Tenancy};
 
@@ -382,161 +384,441 @@ impl S3 for Gateway {
         &self,
         req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
-        self.s3_list_buckets(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (Arc::from(""), Arc::from(""));
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_list_buckets(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn create_bucket(
         &self,
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
-        self.s3_create_bucket(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (Arc::from(req.input.bucket.as_str()), Arc::from(""));
+        self.recorded(
+            OpClass::MetaWrite,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_create_bucket(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn delete_bucket(
         &self,
         req: S3Request<DeleteBucketInput>,
     ) -> S3Result<S3Response<DeleteBucketOutput>> {
-        self.s3_delete_bucket(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (Arc::from(req.input.bucket.as_str()), Arc::from(""));
+        self.recorded(
+            OpClass::MetaWrite,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_delete_bucket(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn head_bucket(
         &self,
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
-        self.s3_head_bucket(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (Arc::from(req.input.bucket.as_str()), Arc::from(""));
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_head_bucket(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn get_bucket_location(
         &self,
         req: S3Request<GetBucketLocationInput>,
     ) -> S3Result<S3Response<GetBucketLocationOutput>> {
-        self.s3_get_bucket_location(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (Arc::from(req.input.bucket.as_str()), Arc::from(""));
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_get_bucket_location(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn get_object(
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        self.s3_get_object(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        self.recorded(
+            OpClass::DataRead,
+            req,
+            at,
+            0,
+            |o: &GetObjectOutput| o.content_length.unwrap_or(0).max(0) as u64,
+            |r| self.s3_get_object(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn head_object(
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        self.s3_head_object(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_head_object(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn get_object_attributes(
         &self,
         req: S3Request<GetObjectAttributesInput>,
     ) -> S3Result<S3Response<GetObjectAttributesOutput>> {
-        self.s3_get_object_attributes(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_get_object_attributes(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn list_objects_v2(
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
-        self.s3_list_objects_v2(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.prefix.as_deref().unwrap_or("")),
+        );
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_list_objects_v2(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn list_objects(
         &self,
         req: S3Request<ListObjectsInput>,
     ) -> S3Result<S3Response<ListObjectsOutput>> {
-        self.s3_list_objects(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.prefix.as_deref().unwrap_or("")),
+        );
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_list_objects(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn list_object_versions(
         &self,
         req: S3Request<ListObjectVersionsInput>,
     ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
-        self.s3_list_object_versions(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.prefix.as_deref().unwrap_or("")),
+        );
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_list_object_versions(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn get_bucket_versioning(
         &self,
         req: S3Request<GetBucketVersioningInput>,
     ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
-        self.s3_get_bucket_versioning(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (Arc::from(req.input.bucket.as_str()), Arc::from(""));
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_get_bucket_versioning(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn put_object(
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        self.s3_put_object(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        let sent = req.input.content_length.unwrap_or(0).max(0) as u64;
+        self.recorded(
+            OpClass::DataWrite,
+            req,
+            at,
+            sent,
+            |_| 0,
+            |r| Box::pin(self.s3_put_object(r)),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn delete_object(
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        self.s3_delete_object(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        self.recorded(
+            OpClass::MetaWrite,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_delete_object(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn delete_objects(
         &self,
         req: S3Request<DeleteObjectsInput>,
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
-        self.s3_delete_objects(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (Arc::from(req.input.bucket.as_str()), Arc::from(""));
+        self.recorded(
+            OpClass::MetaWrite,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_delete_objects(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn copy_object(
         &self,
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
-        self.s3_copy_object(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        self.recorded(
+            OpClass::MetaWrite,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| Box::pin(self.s3_copy_object(r)),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn create_multipart_upload(
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        self.s3_create_multipart_upload(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        self.recorded(
+            OpClass::MetaWrite,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_create_multipart_upload(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn upload_part(
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        self.s3_upload_part(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        let sent = req.input.content_length.unwrap_or(0).max(0) as u64;
+        self.recorded(
+            OpClass::DataWrite,
+            req,
+            at,
+            sent,
+            |_| 0,
+            |r| self.s3_upload_part(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn upload_part_copy(
         &self,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-        self.s3_upload_part_copy(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        self.recorded(
+            OpClass::MetaWrite,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_upload_part_copy(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn list_parts(
         &self,
         req: S3Request<ListPartsInput>,
     ) -> S3Result<S3Response<ListPartsOutput>> {
-        self.s3_list_parts(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_list_parts(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn complete_multipart_upload(
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        self.s3_complete_multipart_upload(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        self.recorded(
+            OpClass::MetaWrite,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_complete_multipart_upload(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn list_multipart_uploads(
         &self,
         req: S3Request<ListMultipartUploadsInput>,
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
-        self.s3_list_multipart_uploads(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.prefix.as_deref().unwrap_or("")),
+        );
+        self.recorded(
+            OpClass::MetaRead,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_list_multipart_uploads(r),
+        )
+        .await
+        .map_err(tagged)
     }
 
     async fn abort_multipart_upload(
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        self.s3_abort_multipart_upload(req).await.map_err(tagged)
+        let at: (Arc<str>, Arc<str>) = (
+            Arc::from(req.input.bucket.as_str()),
+            Arc::from(req.input.key.as_str()),
+        );
+        self.recorded(
+            OpClass::MetaWrite,
+            req,
+            at,
+            0,
+            |_| 0,
+            |r| self.s3_abort_multipart_upload(r),
+        )
+        .await
+        .map_err(tagged)
     }
 }
 
