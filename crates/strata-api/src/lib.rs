@@ -14,6 +14,7 @@ mod contract;
 pub mod openapi;
 
 pub mod admin;
+pub mod analytics;
 pub mod cache;
 pub mod ckpt;
 pub mod claims;
@@ -106,6 +107,7 @@ pub fn endpoints() -> Vec<EndpointDoc> {
         lifecycle::endpoints,
         admin::endpoints,
         claims::endpoints,
+        analytics::endpoints,
     ] {
         all.extend(module());
     }

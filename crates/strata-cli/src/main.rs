@@ -170,6 +170,36 @@ enum Command {
         #[command(flatten)]
         out: admin::Out,
     },
+    /// The jobs this agent serves now, refreshed like `top`: data throughput, metadata operations a second,
+    /// the share of time spent waiting in reads, the cache hit ratio and the metadata-runaway flag.
+    Top {
+        #[command(flatten)]
+        args: admin::analytics::TopArgs,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// Datasets and prefixes by heat (reads, decayed with the configured half-life), hottest first, with
+    /// reads, bytes read and the last read.
+    Heat {
+        /// Only this team's.
+        #[arg(long)]
+        team: Option<String>,
+        /// Only `dataset` or only `prefix` entries.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Most entries.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        out: admin::Out,
+    },
+    /// One job's analytics.
+    Job {
+        #[command(subcommand)]
+        cmd: admin::analytics::JobCommand,
+        #[command(flatten)]
+        out: admin::Out,
+    },
     /// Scratch space allocations, charged to a team's quota until released or expired.
     Scratch {
         #[command(subcommand)]
@@ -531,6 +561,14 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Cleanup { cmd: c, out } => admin::cleanup::run(c, out).await,
         Command::Forecast { out } => admin::forecast::run(out).await,
         Command::Audit { team, limit, out } => admin::audit::run(team, limit, out).await,
+        Command::Top { args, out } => admin::analytics::top(args, out).await,
+        Command::Heat {
+            team,
+            kind,
+            limit,
+            out,
+        } => admin::analytics::heat(team, kind, limit, out).await,
+        Command::Job { cmd, out } => admin::analytics::job(cmd, out).await,
         Command::Scratch { cmd: c, out } => admin::scratch::run(c, out).await,
         Command::Claim { cmd: c, out } => admin::claim::run(c, out).await,
         Command::Ckpt(c) => ckpt(c).await,

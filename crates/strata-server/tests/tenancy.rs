@@ -96,6 +96,23 @@ async fn setup(e: &Env) -> World {
     }
     let bt = tokens["b-team_admin"].clone();
     let bm = tokens["b-member"].clone();
+    // Team B's job as the analytics saw it: a read of its data, under its dataset.
+    e.agent.analytics().apply_all(&[strata_analytics::Access {
+        at: std::time::SystemTime::now(),
+        class: strata_analytics::OpClass::DataRead,
+        ctx: strata_types::IoContext {
+            principal: Some("b-reader".into()),
+            team: Some("team-b".into()),
+            job: Some("job-b".into()),
+            dataset: Some("dataset-team-b".into()),
+        },
+        backend: "default".into(),
+        key: "team-b/secret.bin".into(),
+        bytes: 5,
+        latency: std::time::Duration::from_millis(1),
+        served: strata_analytics::Served::Origin,
+        ok: true,
+    }]);
     let victim = ok(
         app,
         Method::POST,
@@ -293,7 +310,8 @@ fn request(w: &World, method: &str, path: &str) -> (String, Option<Value>) {
         .replace("{principal}", &w.victim)
         .replace("{run}", "run-b")
         .replace("{step}", "1")
-        .replace("{file}", "rank-00000.safetensors");
+        .replace("{file}", "rank-00000.safetensors")
+        .replace("{job}", "job-b");
     let concrete = if concrete.contains("{id}") {
         concrete.replace("{id}", &id(path))
     } else {

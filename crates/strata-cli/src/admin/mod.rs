@@ -2,6 +2,7 @@
 //! scratch and the audit log. Each is a client of the agent's control API; tables by default, `--json` for
 //! scripts.
 
+pub mod analytics;
 pub mod audit;
 pub mod claim;
 pub mod cleanup;

@@ -15,6 +15,7 @@
 //! token cache, forecasts kept on the agent), `common` (imports and helpers). Its background work is in
 //! [`crate::background`].
 
+mod analytics;
 mod auth;
 mod common;
 mod forecasts;
@@ -53,6 +54,9 @@ pub fn routes() -> Vec<Route> {
         route::<api::teams::RevokeToken>(delete(teams::revoke_token)),
         route::<api::quotas::ListQuotas>(get(quotas::list_quotas)),
         route::<api::quotas::TeamQuotas>(get(quotas::team_quotas)),
+        route::<api::analytics::ListJobs>(get(analytics::list_jobs)),
+        route::<api::analytics::GetJobProfile>(get(analytics::job_profile)),
+        route::<api::analytics::ListHeat>(get(analytics::heat)),
         route::<api::quotas::SetQuota>(put(quotas::set_quota)),
         route::<api::quotas::ReserveQuota>(post(quotas::reserve)),
         route::<api::quotas::FreeUsage>(post(quotas::free_usage)),

@@ -1,0 +1,166 @@
+//! Access analytics: the jobs running now (throughput, metadata rate, stall share, hit ratio, the runaway
+//! flag), one job's profile, and heat by dataset and prefix. A principal sees the teams it may read; an
+//! administrator every team.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{Access, Empty, Json, NoQuery, Role, endpoint, endpoint_list};
+
+/// How to order jobs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobSort {
+    /// Data bytes a second over the last minute.
+    #[default]
+    Bytes,
+    /// Metadata operations a second over the last minute.
+    Meta,
+    /// Share of the last minute spent waiting in data reads.
+    Stall,
+}
+
+/// Query of `GET /v1/analytics/jobs`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobsQuery {
+    /// Only this team's jobs.
+    pub team: Option<String>,
+    /// Order (default `bytes`, highest first).
+    pub sort: Option<JobSort>,
+    /// At most this many (default 50, at most 1000).
+    pub limit: Option<u32>,
+}
+
+/// Counts by operation class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ByClass {
+    /// Object bytes read (GET, ranged reads).
+    pub data_read: u64,
+    /// Object bytes written (PUT, parts).
+    pub data_write: u64,
+    /// HEAD, LIST, stat, readdir, manifest reads.
+    pub meta_read: u64,
+    /// DELETE, copy, multipart steps, creates.
+    pub meta_write: u64,
+}
+
+/// Read bytes by the tier that served them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ByTier {
+    pub ram: u64,
+    pub disk: u64,
+    pub peer: u64,
+    pub origin: u64,
+}
+
+/// A job as this agent sees it now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobSummary {
+    pub team: String,
+    pub job: String,
+    /// First and last operation seen (unix seconds).
+    pub first_seen_unix: u64,
+    pub last_seen_unix: u64,
+    /// Over the last minute, per second.
+    pub data_bytes_per_sec: f64,
+    pub meta_ops_per_sec: f64,
+    pub ops_per_sec: f64,
+    /// Share of the last minute the job's readers spent waiting in data reads (summed over readers).
+    pub stall_share: f64,
+    /// Share of read bytes over the last minute that a cache tier served, when known.
+    pub hit_ratio: Option<f64>,
+    /// The metadata rate has stayed over the configured rate for the configured window.
+    pub runaway: bool,
+    /// Since when the metadata rate has been over the rate (unix seconds), if it is.
+    pub over_rate_since_unix: Option<u64>,
+    /// Operations since first seen, by class.
+    pub ops: ByClass,
+    /// Bytes since first seen, by class.
+    pub bytes: ByClass,
+}
+
+/// Latency of one class since the job was first seen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ClassLatency {
+    /// `data_read`, `data_write`, `meta_read` or `meta_write`.
+    pub class: String,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// Ten seconds of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TimelineSlot {
+    /// The slot's start (unix seconds).
+    pub start_unix: u64,
+    pub ops: ByClass,
+    pub bytes: ByClass,
+    /// Time spent waiting in data reads, seconds (summed over readers).
+    pub read_seconds: f64,
+    pub tiers: ByTier,
+}
+
+/// `GET /v1/analytics/jobs/{team}/{job}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobProfile {
+    pub summary: JobSummary,
+    pub latency: Vec<ClassLatency>,
+    /// The last five minutes in 10-second slots, oldest first (slots with nothing left out).
+    pub timeline: Vec<TimelineSlot>,
+}
+
+/// What a heat entry is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HeatKind {
+    /// A dataset (as the client named it: a claim, `x-strata-dataset`).
+    Dataset,
+    /// A prefix: the backend (bucket) and the key's first segments.
+    Prefix,
+}
+
+/// Query of `GET /v1/analytics/heat`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeatQuery {
+    /// Only this team's.
+    pub team: Option<String>,
+    /// Only datasets or only prefixes.
+    pub kind: Option<HeatKind>,
+    /// At most this many, hottest first (default 50, at most 1000).
+    pub limit: Option<u32>,
+}
+
+/// One dataset's or prefix's heat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HeatEntry {
+    pub team: String,
+    pub kind: HeatKind,
+    pub name: String,
+    /// Data reads, each worth 1 when it happened and halving every configured half-life since.
+    pub score: f64,
+    /// The last read (unix seconds).
+    pub last_access_unix: u64,
+    /// Reads and bytes read since this agent started tracking it.
+    pub reads: u64,
+    pub bytes: u64,
+}
+
+endpoint! {
+    /// The jobs this agent serves now: throughput, metadata rate, stall share, hit ratio, runaway flag
+    ListJobs = GET "/v1/analytics/jobs", Control, Access::Any, "any principal (only the teams it may read)";
+    query: JobsQuery, request: Empty, response: Json<Vec<JobSummary>>
+}
+endpoint! {
+    /// One job's profile: classes, latency, the last five minutes
+    GetJobProfile = GET "/v1/analytics/jobs/{team}/{job}", Control, Access::Team(Role::Reader), "reader of the team";
+    query: NoQuery, request: Empty, response: Json<JobProfile>
+}
+endpoint! {
+    /// Datasets and prefixes by heat, hottest first
+    ListHeat = GET "/v1/analytics/heat", Control, Access::Any, "any principal (only the teams it may read)";
+    query: HeatQuery, request: Empty, response: Json<Vec<HeatEntry>>
+}
+
+endpoint_list!(ListJobs, GetJobProfile, ListHeat);

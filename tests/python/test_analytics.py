@@ -1,0 +1,135 @@
+"""Access analytics end to end: a metadata storm by one job next to a reader job, through the real gateway
+(boto3), seen in `/v1/analytics/*`, `strata top`, `strata job profile` and `strata heat`, each team seeing
+only its own."""
+import json
+import os
+import subprocess
+import threading
+import time
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from conftest import ADMIN_TOKEN, STRATA, Gateway, api_get, poll
+
+MIB = 1024 * 1024
+
+
+def cli(gw, *args, token=ADMIN_TOKEN):
+    r = subprocess.run([STRATA, *args], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, STRATA_API=gw.api, STRATA_TOKEN=token))
+    assert r.returncode == 0, f"strata {' '.join(args)}: {r.stdout}{r.stderr}"
+    return r.stdout
+
+
+def cli_json(gw, *args, token=ADMIN_TOKEN):
+    return json.loads(cli(gw, *args, "--json", token=token))
+
+
+def s3(gw, key, job):
+    c = boto3.client("s3", endpoint_url=gw.endpoint, aws_access_key_id=key["access_key"],
+                     aws_secret_access_key=key["secret_key"], region_name="us-east-1",
+                     config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+    # The job, as a job's environment would name it (the gateway reads `x-strata-job`).
+    c.meta.events.register("before-sign.s3.*", lambda request, **_: request.headers.__setitem__(
+        "x-strata-job", job))
+    return c
+
+
+def get(gw, path, token):
+    return json.load(api_get(gw.api + path, token=token))
+
+
+@pytest.fixture(scope="module")
+def agent(origin):
+    gw = Gateway(origin, extra="\n[analytics]\nrunaway_ops_per_sec = 20\nrunaway_window_secs = 10\n")
+    for t in ("vision", "nlp"):
+        cli(gw, "team", "create", t)
+        cli(gw, "prefix", "own", "default", t, t)
+    keys = {t: cli_json(gw, "token", "create", "--name", f"{t}-loader", "--team", t, "--s3") for t in ("vision", "nlp")}
+    readers = {t: cli_json(gw, "token", "create", "--name", f"{t}-viewer", "--team", t, "--role", "reader")["token"]
+               for t in ("vision", "nlp")}
+    yield gw, keys, readers
+    gw.close()
+
+
+def test_a_metadata_storm_is_named_by_its_job_next_to_a_reader_and_each_team_sees_only_its_own(agent):
+    gw, keys, readers = agent
+    storm, reader = s3(gw, keys["vision"], "j1-storm"), s3(gw, keys["vision"], "j2-reader")
+    body = os.urandom(MIB)
+    for i in range(4):
+        reader.put_object(Bucket="default", Key=f"vision/imagenet/shard-{i}.tar", Body=body)
+    for i in range(20):
+        storm.put_object(Bucket="default", Key=f"vision/tmp/f{i}", Body=b"x")
+    nlp = s3(gw, keys["nlp"], "nlp-job")
+    nlp.put_object(Bucket="default", Key="nlp/corpus/a.txt", Body=b"hello")
+    nlp.get_object(Bucket="default", Key="nlp/corpus/a.txt")["Body"].read()
+
+    # J1: HEAD and LIST in a loop for 22 s (over 20 ops/s in every 10-second slot); J2 reads 1 MiB objects.
+    stop = time.time() + 22
+    counts = {"meta": 0, "read": 0}
+
+    def storming():
+        while time.time() < stop:
+            storm.list_objects_v2(Bucket="default", Prefix="vision/tmp/")
+            for i in range(5):
+                storm.head_object(Bucket="default", Key=f"vision/tmp/f{i}")
+            counts["meta"] += 6
+
+    def reading():
+        while time.time() < stop:
+            for i in range(4):
+                assert reader.get_object(Bucket="default", Key=f"vision/imagenet/shard-{i}.tar")["Body"].read() == body
+                counts["read"] += 1
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=storming), threading.Thread(target=reading)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    def jobs(token=ADMIN_TOKEN, q="?sort=meta"):
+        return {j["job"]: j for j in get(gw, "/v1/analytics/jobs" + q, token)}
+
+    # The storm shows as J1's metadata rate and runaway flag; J2's bytes are J2's; nothing of one in the other.
+    js = poll("J1 flagged a runaway", lambda: (lambda j: j if j.get("j1-storm", {}).get("runaway") else None)(jobs()),
+              timeout=30)
+    j1, j2 = js["j1-storm"], js["j2-reader"]
+    assert list(js)[0] == "j1-storm", "sorted by metadata rate, the storm first"
+    assert j1["team"] == "vision" and j1["meta_ops_per_sec"] > 20, j1
+    assert j1["ops"]["meta_read"] >= counts["meta"] and j1["bytes"]["data_read"] == 0, (j1, counts)
+    assert j1["ops"]["data_read"] == 0, "none of J2's reads counted to J1"
+    assert not j2["runaway"] and j2["ops"]["meta_read"] == 0, ("none of J1's storm counted to J2", j2)
+    assert j2["ops"]["data_read"] == counts["read"] and j2["bytes"]["data_read"] == counts["read"] * MIB, (j2, counts)
+    assert j2["data_bytes_per_sec"] > 0
+
+    # `strata top` names the job at once; `strata job profile` says what it did.
+    top = cli(gw, "top", "--once", "--sort", "meta")
+    first = top.splitlines()[2]
+    assert "j1-storm" in first and "YES" in first, top
+    assert cli_json(gw, "top", "--once", "--sort", "bytes")[0]["job"] == "j2-reader"
+    prof = cli_json(gw, "job", "profile", "vision", "j1-storm")
+    assert prof["summary"]["runaway"] and {l["class"] for l in prof["latency"]} >= {"meta_read"}, prof
+    assert sum(s["ops"]["meta_read"] for s in prof["timeline"]) == prof["summary"]["ops"]["meta_read"], prof
+    text = cli(gw, "job", "profile", "vision", "j1-storm")
+    assert "METADATA RUNAWAY" in text, text
+
+    # Heat: the dataset prefix J2 read is the team's hottest prefix.
+    heat = get(gw, "/v1/analytics/heat?kind=prefix&team=vision", ADMIN_TOKEN)
+    assert heat[0]["name"] == "default/vision/imagenet/" and heat[0]["reads"] >= counts["read"], heat
+    assert "default/vision/imagenet/" in cli(gw, "heat", "--team", "vision")
+
+    # Tenancy: nlp's reader sees nlp's job and heat only; vision's sees vision's.
+    nj = jobs(readers["nlp"], "")
+    assert set(nj) == {"nlp-job"}, nj
+    nh = get(gw, "/v1/analytics/heat", readers["nlp"])
+    assert nh and all(h["team"] == "nlp" and "vision" not in h["name"] for h in nh), nh
+    assert set(jobs(readers["vision"], "")) == {"j1-storm", "j2-reader"}
+    try:
+        api_get(gw.api + "/v1/analytics/jobs/vision/j1-storm", token=readers["nlp"])
+        raise AssertionError("another team's job profile was served")
+    except Exception as e:  # noqa: BLE001
+        assert getattr(e, "code", None) in (403, 404), e
+    assert get(gw, "/v1/analytics/jobs?team=vision", readers["nlp"]) == []
