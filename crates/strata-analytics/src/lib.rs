@@ -46,6 +46,9 @@ pub use rollup::{Minute, OTHER, RollupKey, RollupRow, minute_of, prefix_of};
 /// Limits and rules.
 #[derive(Debug, Clone)]
 pub struct AnalyticsConfig {
+    /// Record at all. Default true; off, [`Analytics::record`] does nothing and front doors skip attribution
+    /// (the baseline of the overhead benchmark).
+    pub enabled: bool,
     /// Key segments a prefix keeps (`bucket/a/b/` for 2). Default 2.
     pub prefix_depth: usize,
     /// Rollup rows per minute, at most. Default 20,000.
@@ -69,6 +72,7 @@ pub struct AnalyticsConfig {
 impl Default for AnalyticsConfig {
     fn default() -> Self {
         Self {
+            enabled: true,
             prefix_depth: 2,
             max_rollup_keys: 20_000,
             max_pending_minutes: 30,
@@ -155,8 +159,17 @@ impl Analytics {
         &self.cfg
     }
 
+    /// Whether accesses are recorded ([`AnalyticsConfig::enabled`]): a front door asks before it spends
+    /// anything on attribution.
+    pub fn enabled(&self) -> bool {
+        self.cfg.enabled
+    }
+
     /// Offer one access; never waits (a full queue drops it, counted).
     pub fn record(&self, a: Access) {
+        if !self.cfg.enabled {
+            return;
+        }
         if self.tx.try_send(a).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }

@@ -462,6 +462,9 @@ fn record(
     start: std::time::Instant,
     ok: bool,
 ) {
+    if !agent.analytics().enabled() {
+        return;
+    }
     let rest = location.split_once("://").map_or(location, |(_, r)| r);
     let (backend, key) = rest.split_once('/').unwrap_or((rest, ""));
     agent.analytics().record(Access {

@@ -48,6 +48,8 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AnalyticsSection {
+    /// Record operations at all. Default true.
+    pub enabled: bool,
     /// Key segments a prefix keeps in rollups and heat (`bucket/a/b/` for 2). Default 2, at most 16.
     pub prefix_depth: usize,
     /// Heat halves over this many seconds. Default 3600.
@@ -69,6 +71,7 @@ impl Default for AnalyticsSection {
     fn default() -> Self {
         let d = strata_analytics::AnalyticsConfig::default();
         Self {
+            enabled: d.enabled,
             prefix_depth: d.prefix_depth,
             heat_half_life_secs: d.heat_half_life.as_secs(),
             runaway_ops_per_sec: d.runaway_ops_per_sec,
@@ -99,6 +102,7 @@ impl AnalyticsSection {
             return bad("max_jobs, max_heat and max_rollup_keys: at least 10");
         }
         Ok(strata_analytics::AnalyticsConfig {
+            enabled: self.enabled,
             prefix_depth: self.prefix_depth,
             heat_half_life: std::time::Duration::from_secs(self.heat_half_life_secs),
             runaway_ops_per_sec: self.runaway_ops_per_sec,

@@ -30,6 +30,9 @@ impl Gateway {
     where
         F: std::future::Future<Output = S3Result<S3Response<O>>>,
     {
+        if !self.agent.analytics().enabled() {
+            return op(req).await;
+        }
         // The caller as the operation itself will see it (a catalog key's team comes from its principal).
         let Ok(who) = self.who(&req).await else {
             return op(req).await;
