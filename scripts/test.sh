@@ -23,6 +23,8 @@
 #   its absence a failure, not a skip).
 # - fuse3 and s3fs (Debian's, installed with apt if missing): the mount tests make real FUSE mounts
 #   (tests/python/test_mount.py; STRATA_REQUIRE_FUSE=1); s3fs is the mount benchmark's baseline.
+# - Prometheus (Debian's, installed with apt if missing): a real server scrapes an agent and runs every query of
+#   the shipped Grafana dashboard (tests/python/test_analytics.py; STRATA_REQUIRE_PROMETHEUS=1).
 # - cargo fmt --check, cargo clippy -D warnings (also of strata-object with its `gcp` and `azure` features), the
 #   conformance suite on those two backends against the emulators, and the whole workspace's tests; then the
 #   `strata` Python package is built from python/ (maturin, same target dir) and
@@ -101,6 +103,14 @@ if ! command -v fusermount3 >/dev/null || ! command -v s3fs >/dev/null; then
 fi
 # The mount tests make real mounts on /dev/fuse (tests/python/test_mount.py).
 export STRATA_REQUIRE_FUSE=1
+
+say "Prometheus (Debian's) for the analytics' metrics and dashboard test"
+if ! command -v prometheus >/dev/null; then
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+# A real Prometheus scrapes an agent and runs every query of deploy/grafana/strata-analytics.json
+# (tests/python/test_analytics.py); STRATA_REQUIRE_PROMETHEUS=1 makes its absence a failure, not a skip.
+export STRATA_REQUIRE_PROMETHEUS=1
 echo "rclone $(rclone version | awk 'NR == 1 {print $2}')"
 
 # One clean build: incremental state would only take disk (3.4 GiB of it on a clean clone).

@@ -179,3 +179,73 @@ def test_rollups_are_parquet_that_duckdb_reads_and_a_kill_loses_none_written(ori
         assert {k: v[0] for k, v in by_class("jp-1").items()} == {"data_write": 2, "data_read": 3, "meta_read": 11}
     finally:
         gw.close()
+
+
+def test_a_real_prometheus_scrapes_the_agent_and_every_dashboard_query_returns_data(agent, tmp_path):
+    import shutil
+    import urllib.parse
+    import urllib.request
+    from conftest import free_port, wait_port
+    prom = shutil.which("prometheus")
+    if prom is None:
+        if os.environ.get("STRATA_REQUIRE_PROMETHEUS") == "1":
+            raise AssertionError("prometheus is not installed (scripts/test.sh installs Debian's)")
+        pytest.skip("prometheus is not installed")
+    gw, keys, _ = agent
+    # Traffic of a job: data reads and metadata operations, so every family has samples.
+    c = s3(gw, keys["vision"], "dash-job")
+    c.put_object(Bucket="default", Key="vision/dash/a.bin", Body=os.urandom(64 * 1024))
+    for _ in range(5):
+        c.get_object(Bucket="default", Key="vision/dash/a.bin")["Body"].read()
+        c.head_object(Bucket="default", Key="vision/dash/a.bin")
+    port = free_port()
+    target = gw.api.removeprefix("http://")
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: strata
+    metrics_path: /metrics
+    authorization:
+      type: Bearer
+      credentials: {ADMIN_TOKEN}
+    static_configs:
+      - targets: ["{target}"]
+""")
+    proc = subprocess.Popen([prom, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))
+    try:
+        wait_port(port, proc)
+        base = f"http://127.0.0.1:{port}"
+
+        def query(expr):
+            url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+            v = json.load(urllib.request.urlopen(url, timeout=10))
+            assert v["status"] == "success", v
+            return v["data"]["result"]
+
+        poll("Prometheus to scrape the agent", lambda: query('up{job="strata"} == 1'), timeout=30)
+        # rate() needs two samples in its window; keep some traffic going meanwhile.
+        for _ in range(4):
+            c.get_object(Bucket="default", Key="vision/dash/a.bin")["Body"].read()
+            c.head_object(Bucket="default", Key="vision/dash/a.bin")
+            time.sleep(1)
+        dash = json.load(open(os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "grafana",
+                                           "strata-analytics.json")))
+        exprs = [(p["title"], t["expr"]) for p in dash["panels"] for t in p["targets"]]
+        assert len(exprs) >= 8
+        for title, expr in exprs:
+            res = poll(f"panel {title!r} to return data", lambda e=expr: query(e), timeout=30)
+            assert res, (title, expr)
+        # The job's own series: its team's counters and its gauges carry what the test sent.
+        bytes_ = query('strata_team_bytes_total{team="vision",class="data_read"}')
+        assert float(bytes_[0]["value"][1]) >= 9 * 64 * 1024, bytes_
+        assert query('strata_job_metadata_operations_per_second{team="vision",job_id="dash-job"}')
+        log = open(tmp_path / "prometheus.log").read()
+        assert "error" not in log.lower() or "scrape" not in log.lower(), log[-2000:]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

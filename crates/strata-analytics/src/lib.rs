@@ -109,8 +109,19 @@ pub struct AnalyticsStats {
     pub files_failed: u64,
 }
 
+/// Teams tracked in the per-team totals, at most (past it, `(other)`).
+const MAX_TEAMS: usize = 10_000;
+
+/// Operations and bytes of one team since the agent started, by class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TeamTotals {
+    pub ops: [u64; 4],
+    pub bytes: [u64; 4],
+}
+
 struct State {
     current: Minute,
+    teams: std::collections::HashMap<Arc<str>, TeamTotals>,
     pending: VecDeque<Minute>,
     heat: Heat,
     jobs: Jobs,
@@ -141,6 +152,7 @@ impl Analytics {
         let (tx, rx) = mpsc::channel(cfg.queue.max(1));
         let state = State {
             current: Minute::default(),
+            teams: std::collections::HashMap::new(),
             pending: VecDeque::new(),
             heat: Heat::new(cfg.heat_half_life, cfg.max_heat),
             jobs: Jobs::new(
@@ -240,6 +252,14 @@ impl Analytics {
         st.current
             .add(a, self.cfg.prefix_depth, self.cfg.max_rollup_keys.max(1));
         let team: Arc<str> = a.ctx.team.clone().unwrap_or_else(|| Arc::from(""));
+        let slot = if st.teams.contains_key(&team) || st.teams.len() < MAX_TEAMS {
+            team.clone()
+        } else {
+            Arc::from(OTHER)
+        };
+        let t = st.teams.entry(slot).or_default();
+        t.ops[a.class.index()] += 1;
+        t.bytes[a.class.index()] += a.bytes;
         // Heat is data read: a refused or failed read names a location, not data anyone read, and metadata
         // pressure is the jobs' view (a prefix listed in a loop is not data anyone wants closer).
         if a.ok && a.class == OpClass::DataRead {
@@ -357,6 +377,15 @@ impl Analytics {
                 }
             }
         });
+    }
+
+    /// Per-team totals since the agent started (`""`: no team).
+    pub fn teams(&self) -> Vec<(Arc<str>, TeamTotals)> {
+        let st = self.state.lock();
+        let mut v: Vec<(Arc<str>, TeamTotals)> =
+            st.teams.iter().map(|(k, t)| (k.clone(), *t)).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
     }
 
     /// Jobs `keep` admits, as of `now`.

@@ -58,6 +58,7 @@ async fn metrics(
         text.push_str(&crate::metrics::render_cluster(c));
     }
     text.push_str(&crate::metrics::render_forecasts(&agent));
+    text.push_str(&crate::metrics::render_analytics(agent.analytics()));
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 

@@ -291,3 +291,183 @@ pub(crate) fn render_forecasts(a: &crate::Agent) -> String {
     ));
     s
 }
+
+/// A label value in the text format: `\`, `"` and newlines escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Jobs with series of their own, at most; the rest of a team's jobs are its `job_id="other"`. (The label is
+/// `job_id`: `job` is the scrape job Prometheus attaches to every series.)
+pub(crate) const TOP_JOBS: usize = 20;
+
+/// The analytics' families: per team and class (operations, bytes; counters), per job (rates, stall share,
+/// runaway; gauges) for the [`TOP_JOBS`] busiest jobs, the others summed per team as `job="other"`, and the
+/// analytics' own counters. Cardinality: teams x 4 classes, plus at most TOP_JOBS + teams job series.
+pub(crate) fn render_analytics(a: &strata_analytics::Analytics) -> String {
+    use std::fmt::Write;
+    use strata_analytics::OpClass;
+    let mut o = String::new();
+    let teams = a.teams();
+    for (name, help, f) in [
+        (
+            "strata_team_operations_total",
+            "Operations at the front doors by team and class (data_read, data_write, meta_read, meta_write)",
+            (|t: &strata_analytics::TeamTotals, i: usize| t.ops[i]) as fn(&_, usize) -> u64,
+        ),
+        (
+            "strata_team_bytes_total",
+            "Bytes moved at the front doors by team and class",
+            |t, i| t.bytes[i],
+        ),
+    ] {
+        let _ = writeln!(o, "# HELP {name} {help}");
+        let _ = writeln!(o, "# TYPE {name} counter");
+        for (team, t) in &teams {
+            for c in OpClass::ALL {
+                let _ = writeln!(
+                    o,
+                    "{name}{{team=\"{}\",class=\"{}\"}} {}",
+                    label(team),
+                    c.as_str(),
+                    f(t, c as usize)
+                );
+            }
+        }
+    }
+    let mut jobs = a.jobs(std::time::SystemTime::now(), |_| true);
+    jobs.sort_by(|x, y| {
+        (y.data_bytes_per_sec + y.meta_ops_per_sec)
+            .total_cmp(&(x.data_bytes_per_sec + x.meta_ops_per_sec))
+            .then_with(|| x.key.cmp(&y.key))
+    });
+    // (team, job) -> (data B/s, meta ops/s, stall share, runaway)
+    let mut rows: Vec<(String, String, [f64; 4])> = Vec::new();
+    let mut other: std::collections::BTreeMap<String, [f64; 4]> = Default::default();
+    for (i, j) in jobs.iter().enumerate() {
+        let v = [
+            j.data_bytes_per_sec,
+            j.meta_ops_per_sec,
+            j.stall_share,
+            f64::from(u8::from(j.runaway)),
+        ];
+        if i < TOP_JOBS {
+            rows.push((j.key.team.to_string(), j.key.job.to_string(), v));
+        } else {
+            let e = other.entry(j.key.team.to_string()).or_default();
+            for k in 0..3 {
+                e[k] += v[k];
+            }
+            e[3] = e[3].max(v[3]);
+        }
+    }
+    rows.extend(other.into_iter().map(|(t, v)| (t, "other".to_string(), v)));
+    for (k, (name, help)) in [
+        (
+            "strata_job_data_bytes_per_second",
+            "Data bytes a second over the last minute, per job (the busiest; others as job_id=\"other\")",
+        ),
+        (
+            "strata_job_metadata_operations_per_second",
+            "Metadata operations a second over the last minute, per job",
+        ),
+        (
+            "strata_job_stall_share",
+            "Share of the last minute the job's readers waited in data reads (summed over readers)",
+        ),
+        (
+            "strata_job_metadata_runaway",
+            "1 while the job's metadata rate has stayed over [analytics] runaway_ops_per_sec for the window",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let _ = writeln!(o, "# HELP {name} {help}");
+        let _ = writeln!(o, "# TYPE {name} gauge");
+        for (team, job, v) in &rows {
+            let _ = writeln!(
+                o,
+                "{name}{{team=\"{}\",job_id=\"{}\"}} {}",
+                label(team),
+                label(job),
+                v[k]
+            );
+        }
+    }
+    let st = a.stats();
+    family(
+        &mut o,
+        "strata_analytics_operations_total",
+        "counter",
+        "Operations the analytics folded (recorded), dropped because its queue was full, or counted in a team's (other) rollup row",
+        &[
+            ("outcome=\"recorded\"", st.recorded),
+            ("outcome=\"dropped\"", st.dropped),
+            ("outcome=\"folded\"", st.folded),
+        ],
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime};
+
+    use strata_analytics::{Access, Analytics, AnalyticsConfig, OpClass, Served};
+    use strata_types::IoContext;
+
+    #[test]
+    fn job_series_stay_bounded_and_label_values_are_escaped() {
+        let a = Analytics::new(AnalyticsConfig::default());
+        let now = SystemTime::now();
+        let accesses: Vec<Access> = (0..50)
+            .map(|i| Access {
+                at: now - Duration::from_secs(1),
+                class: OpClass::MetaRead,
+                ctx: IoContext {
+                    principal: None,
+                    team: Some(Arc::from("vision")),
+                    job: Some(Arc::from(if i == 0 {
+                        "a \"quoted\"\nnew\\line".to_string()
+                    } else {
+                        format!("job-{i}")
+                    })),
+                    dataset: None,
+                },
+                backend: Arc::from("default"),
+                key: Arc::from("k"),
+                bytes: 0,
+                latency: Duration::from_millis(1),
+                served: Served::None,
+                ok: true,
+            })
+            .collect();
+        a.apply_all(&accesses);
+        let text = super::render_analytics(&a);
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("strata_job_metadata_operations_per_second{"))
+            .collect();
+        assert_eq!(series.len(), super::TOP_JOBS + 1, "{series:#?}");
+        assert!(series.iter().any(|l| l.contains("job_id=\"other\"")));
+        let other: f64 = series
+            .iter()
+            .find(|l| l.contains("job_id=\"other\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        assert!(
+            (other - 30.0 / 60.0).abs() < 1e-9,
+            "the 30 jobs past the top, summed: {other}"
+        );
+        assert!(
+            !text.contains("\"quoted\"") || text.contains("a \\\"quoted\\\"\\nnew\\\\line"),
+            "escaped"
+        );
+        assert!(text.lines().all(|l| !l.is_empty()));
+    }
+}
