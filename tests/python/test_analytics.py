@@ -104,6 +104,10 @@ def test_a_metadata_storm_is_named_by_its_job_next_to_a_reader_and_each_team_see
     assert not j2["runaway"] and j2["ops"]["meta_read"] == 0, ("none of J1's storm counted to J2", j2)
     assert j2["ops"]["data_read"] == counts["read"] and j2["bytes"]["data_read"] == counts["read"] * MIB, (j2, counts)
     assert j2["data_bytes_per_sec"] > 0
+    # Its bytes by tier come from the cache's lookups and the origin's reads of its own requests: the same four
+    # objects read over and over are mostly cache hits; the storm read no bytes from any tier.
+    assert j2["hit_ratio"] is not None and j2["hit_ratio"] > 0.5, j2
+    assert j1["hit_ratio"] is None, j1
 
     # `strata top` names the job at once; `strata job profile` says what it did.
     top = cli(gw, "top", "--once", "--sort", "meta")

@@ -322,10 +322,13 @@ region = "us-east-1"
                 return m
         return None
 
-    def read(self, key, rng=None, timeout=60):
-        """The object (or `rng` = (start, end_exclusive) of it) through `GET /v1/read`."""
+    def read(self, key, rng=None, timeout=60, job=None):
+        """The object (or `rng` = (start, end_exclusive) of it) through `GET /v1/read`; `job`: for team vision's
+        job of that name (`x-strata-team`, `x-strata-job`)."""
         loc = urllib.parse.quote(f"default/{key}", safe="")
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        if job is not None:
+            headers.update({"x-strata-team": "vision", "x-strata-job": job})
         if rng is not None:
             headers["Range"] = f"bytes={rng[0]}-{rng[1] - 1}"
         req = urllib.request.Request(f"{self.api}/v1/read?location={loc}", headers=headers)
@@ -1037,6 +1040,35 @@ def snapshot(agents):
                                                     "served_to_peers", "served_to_peers_bytes")},
                        "asked": s["asked"], "moved": s["moved"]}
     return out
+
+
+def test_a_jobs_bytes_by_tier_add_up_across_two_agents_to_what_the_origin_sent(origin, bucket, cluster):
+    name, s3 = bucket
+    objects = make_objects(11, 6)
+    upload(s3, name, objects)
+    proxy = cluster.proxy(origin.removeprefix("http://"))
+    agents = static_cluster(cluster, 2, proxy.url, name)
+    for a in agents:
+        poll("metadata trusted", lambda: a.cluster()["coherence"]["trusted"], 30)
+    # One loader job reads every object through both agents (a rank on each node).
+    tasks = [(a, k, None) for k in objects for a in agents]
+    results = read_all(tasks, via=lambda ag: (lambda k, rng: ag.read(k, rng, job="loader-7")))
+    failed, bad = check_bodies(results, objects)
+    assert not failed and not bad, (failed[:3], bad[:3])
+    sent = sum(b - a for spans in object_gets(proxy, name).values() for a, b in spans)
+    assert sent == sum(len(v) for v in objects.values()), "each byte from the origin once"
+
+    def tiers(a):
+        req = urllib.request.Request(f"{a.api}/v1/analytics/jobs/vision/loader-7",
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        p = json.load(urllib.request.urlopen(req, timeout=10))
+        return {t: sum(s["tiers"][t] for s in p["timeline"]) for t in ("ram", "disk", "peer", "origin")}
+    # The job's origin bytes, added up over the agents, are what the origin sent (fills for a peer's ask are
+    # the asking job's); each agent got the other's blocks from it.
+    per = poll("both agents' analytics to hold the job's reads",
+               lambda: (lambda v: v if sum(t["origin"] for t in v) == sent else None)([tiers(a) for a in agents]),
+               timeout=30)
+    assert all(t["peer"] > 0 for t in per), per
 
 
 def test_catalog_members_join_and_leave_without_moving_bytes(origin, bucket, cluster, pg_url):

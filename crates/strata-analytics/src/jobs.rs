@@ -180,6 +180,32 @@ impl Jobs {
         }
     }
 
+    /// `bytes` of a named job's reads served by `served` at `at` (the cache's block lookups and the origin's
+    /// reads, as the telemetry reports them).
+    pub fn add_tier(
+        &mut self,
+        key: JobKey,
+        at: SystemTime,
+        served: crate::access::Served,
+        bytes: u64,
+    ) {
+        let Some(i) = served.index() else { return };
+        if !self.jobs.contains_key(&key) && self.jobs.len() >= self.max {
+            self.evict_idle();
+        }
+        let job = self.jobs.entry(key).or_insert_with(|| Job {
+            first_seen: at,
+            last_seen: at,
+            slots: [Slot::default(); SLOTS],
+            latency: Default::default(),
+            totals_ops: [0; 4],
+            totals_bytes: [0; 4],
+            over_since: None,
+        });
+        let t = unix(at);
+        job.slot(t - t % SLOT_SECS).tier_bytes[i] += bytes;
+    }
+
     fn evict_idle(&mut self) {
         let mut by_age: Vec<(SystemTime, JobKey)> = self
             .jobs

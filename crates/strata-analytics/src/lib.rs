@@ -220,6 +220,59 @@ impl Analytics {
         });
     }
 
+    /// Fold the I/O events of `rx` into the jobs' bytes by tier until `cancel`: block lookups served by RAM,
+    /// disk or a peer, and reads from the origin, each attributed to the job of the read that caused it
+    /// (readahead and fills carry their trigger's context). Events without a job are not kept. A task of
+    /// `tasks`.
+    pub fn start_tiers(
+        self: &Arc<Self>,
+        mut rx: mpsc::Receiver<strata_types::IoEvent>,
+        tasks: &TaskTracker,
+        cancel: CancellationToken,
+    ) {
+        let me = self.clone();
+        tasks.spawn(async move {
+            let mut batch = Vec::with_capacity(256);
+            loop {
+                tokio::select! {
+                    n = rx.recv_many(&mut batch, 256) => {
+                        if n == 0 {
+                            break;
+                        }
+                        me.apply_events(&batch);
+                        batch.clear();
+                    }
+                    _ = cancel.cancelled() => break,
+                }
+            }
+        });
+    }
+
+    /// Fold I/O events into the jobs' tiers now ([`Self::start_tiers`]'s step).
+    pub fn apply_events(&self, events: &[strata_types::IoEvent]) {
+        use strata_types::{Op, Outcome, Tier};
+        let mut st = self.state.lock();
+        for e in events {
+            let Some(job) = &e.ctx.job else { continue };
+            let served = match (e.op, e.tier) {
+                (Op::CacheLookup, Tier::Ram) => Served::Ram,
+                (Op::CacheLookup, Tier::Disk) => Served::Disk,
+                // A block fetched from its owner in a cluster is a read from a peer.
+                (Op::CacheLookup | Op::Get, Tier::Peer) => Served::Peer,
+                (Op::Get, Tier::Backend) => Served::Origin,
+                _ => continue,
+            };
+            if e.bytes == 0 || e.outcome != Outcome::Ok {
+                continue;
+            }
+            let key = JobKey {
+                team: e.ctx.team.clone().unwrap_or_else(|| Arc::from("")),
+                job: job.clone(),
+            };
+            st.jobs.add_tier(key, e.at, served, e.bytes);
+        }
+    }
+
     /// Fold accesses now (the task's step; tests call it directly).
     pub fn apply_all(&self, accesses: &[Access]) {
         let mut st = self.state.lock();

@@ -245,3 +245,45 @@ fn a_refused_read_warms_nothing() {
         "the caller's job still counts what it sent"
     );
 }
+
+#[test]
+fn a_jobs_bytes_by_tier_come_from_the_cache_and_origin_events_of_its_reads() {
+    use strata_types::{IoEvent, Op, Outcome, Tier};
+    let a = Analytics::new(AnalyticsConfig::default());
+    let c = ctx("vision", Some("loader"), None);
+    let ev = |op, tier, bytes| IoEvent {
+        at: t(5),
+        op,
+        backend: Arc::from("s3://b"),
+        key: Arc::from("k"),
+        bytes,
+        latency: Duration::from_millis(1),
+        tier,
+        outcome: Outcome::Ok,
+        ctx: c.clone(),
+    };
+    let mut other = ev(Op::Get, Tier::Backend, 999);
+    other.ctx.job = None;
+    a.apply_events(&[
+        ev(Op::CacheLookup, Tier::Ram, 10),
+        ev(Op::CacheLookup, Tier::Disk, 20),
+        ev(Op::Get, Tier::Peer, 30),
+        ev(Op::CacheLookup, Tier::Miss, 0),
+        ev(Op::Get, Tier::Backend, 40),
+        ev(Op::Head, Tier::Backend, 0),
+        other,
+    ]);
+    let v = &a.jobs(t(6), |_| true)[0];
+    let tiers = v.timeline.iter().fold([0u64; 4], |mut acc, s| {
+        for (a, b) in acc.iter_mut().zip(s.tier_bytes) {
+            *a += b;
+        }
+        acc
+    });
+    assert_eq!(
+        tiers,
+        [10, 20, 30, 40],
+        "RAM, disk, peer, origin; the job-less read is nobody's"
+    );
+    assert_eq!(v.hit_ratio, Some(60.0 / 100.0));
+}

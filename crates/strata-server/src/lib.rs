@@ -220,6 +220,12 @@ impl Agent {
         let analytics = strata_analytics::Analytics::new(config.analytics.clone());
         analytics.start(&tasks, claim_stop.clone());
         if config.analytics.enabled {
+            // The jobs' bytes by tier: the cache's block lookups and the origin's reads, each with its job.
+            let events = telemetry.subscribe_ops(
+                65_536,
+                &[strata_types::Op::CacheLookup, strata_types::Op::Get],
+            );
+            analytics.start_tiers(events, &tasks, claim_stop.clone());
             analytics.start_writer(
                 config.analytics_dir.clone(),
                 id.clone(),
