@@ -95,13 +95,21 @@ impl<E: strata_api::Endpoint> std::fmt::Debug for Reply<E> {
     }
 }
 
-impl<E: strata_api::Endpoint> IntoResponse for Reply<E>
-where
-    <E::Response as strata_api::Payload>::Value: serde::Serialize,
-{
+impl<E: strata_api::Endpoint> IntoResponse for Reply<E> {
+    /// The answer encoded as its payload says (JSON, text, ...), with that media type: a text answer is the
+    /// text, not a JSON string of it.
     fn into_response(self) -> Response {
+        use strata_api::Payload;
         let status = StatusCode::from_u16(E::STATUS).unwrap_or(StatusCode::OK);
-        (status, Json(self.0)).into_response()
+        match <E::Response as Payload>::encode(&self.0) {
+            Ok(Some(body)) => {
+                let media = <E::Response as Payload>::MEDIA
+                    .map_or("application/json", |m| m.content_type());
+                (status, [(axum::http::header::CONTENT_TYPE, media)], body).into_response()
+            }
+            Ok(None) => status.into_response(),
+            Err(e) => ApiError(e).into_response(),
+        }
     }
 }
 
