@@ -94,8 +94,13 @@ def test_a_metadata_storm_is_named_by_its_job_next_to_a_reader_and_each_team_see
         return {j["job"]: j for j in get(gw, "/v1/analytics/jobs" + q, token)}
 
     # The storm shows as J1's metadata rate and runaway flag; J2's bytes are J2's; nothing of one in the other.
-    js = poll("J1 flagged a runaway", lambda: (lambda j: j if j.get("j1-storm", {}).get("runaway") else None)(jobs()),
-              timeout=30)
+    def settled():
+        j = jobs()
+        done = (j.get("j1-storm", {}).get("runaway") and j["j1-storm"]["ops"]["meta_read"] >= counts["meta"]
+                and j.get("j2-reader", {}).get("ops", {}).get("data_read") == counts["read"])
+        return j if done else None
+    # Folded within a drain interval (100 ms) of the last operation.
+    js = poll("J1 flagged a runaway, every operation folded", settled, timeout=30)
     j1, j2 = js["j1-storm"], js["j2-reader"]
     assert list(js)[0] == "j1-storm", "sorted by metadata rate, the storm first"
     assert j1["team"] == "vision" and j1["meta_ops_per_sec"] > 20, j1
@@ -117,6 +122,16 @@ def test_a_metadata_storm_is_named_by_its_job_next_to_a_reader_and_each_team_see
     prof = cli_json(gw, "job", "profile", "vision", "j1-storm")
     assert prof["summary"]["runaway"] and {l["class"] for l in prof["latency"]} >= {"meta_read"}, prof
     assert sum(s["ops"]["meta_read"] for s in prof["timeline"]) == prof["summary"]["ops"]["meta_read"], prof
+    # Lustre's job_stats form, for tools that read it: the same counts.
+    import yaml
+    stats = {j["job_id"]: j for j in yaml.safe_load(cli(gw, "job", "stats", token=readers["vision"]))["job_stats"]}
+    assert set(stats) == {"vision/j1-storm", "vision/j2-reader"}, stats
+    assert stats["vision/j1-storm"]["getattr"]["samples"] == j1["ops"]["meta_read"], stats
+    assert stats["vision/j1-storm"]["getattr"]["unit"] == "usecs"
+    r = stats["vision/j2-reader"]["read_bytes"]
+    assert (r["samples"], r["sum"], r["min"], r["max"]) == (counts["read"], counts["read"] * MIB, MIB, MIB), r
+    assert r["sumsq"] == counts["read"] * MIB * MIB
+    assert "vision" not in cli(gw, "job", "stats", token=readers["nlp"])
     text = cli(gw, "job", "profile", "vision", "j1-storm")
     assert "METADATA RUNAWAY" in text, text
 

@@ -14,6 +14,28 @@ pub const SLOT_SECS: u64 = 10;
 /// Slots kept (five minutes).
 pub const SLOTS: usize = 30;
 
+/// Samples, min, max, sum and sum of squares of one measure: Lustre's `job_stats` counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Moments {
+    pub samples: u64,
+    pub min: u64,
+    pub max: u64,
+    pub sum: u64,
+    pub sumsq: u128,
+}
+
+impl Moments {
+    fn add(&mut self, v: u64) {
+        if self.samples == 0 || v < self.min {
+            self.min = v;
+        }
+        self.max = self.max.max(v);
+        self.samples += 1;
+        self.sum += v;
+        self.sumsq += u128::from(v) * u128::from(v);
+    }
+}
+
 /// A job's identity: its team and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct JobKey {
@@ -42,6 +64,8 @@ struct Job {
     latency: [Sketch; 4],
     totals_ops: [u64; 4],
     totals_bytes: [u64; 4],
+    /// Per class: bytes per operation (data classes), latency in microseconds (metadata classes).
+    moments: [Moments; 4],
     /// Since when the metadata rate has been over the threshold without a break.
     over_since: Option<u64>,
 }
@@ -73,6 +97,8 @@ pub struct JobView {
     pub over_since: Option<u64>,
     pub totals_ops: [u64; 4],
     pub totals_bytes: [u64; 4],
+    /// Per class since first seen: bytes per operation (data), latency in microseconds (metadata).
+    pub moments: [Moments; 4],
     /// p50 and p99 latency by class since first seen.
     pub p50: [Duration; 4],
     pub p99: [Duration; 4],
@@ -161,6 +187,7 @@ impl Jobs {
             latency: Default::default(),
             totals_ops: [0; 4],
             totals_bytes: [0; 4],
+            moments: Default::default(),
             over_since: None,
         });
         job.last_seen = job.last_seen.max(a.at);
@@ -168,6 +195,11 @@ impl Jobs {
         job.totals_ops[c] += 1;
         job.totals_bytes[c] += a.bytes;
         job.latency[c].add(a.latency);
+        job.moments[c].add(if a.class.is_meta() {
+            a.latency.as_micros().min(u128::from(u64::MAX)) as u64
+        } else {
+            a.bytes
+        });
         let t = unix(a.at);
         let s = job.slot(t - t % SLOT_SECS);
         s.ops[c] += 1;
@@ -200,6 +232,7 @@ impl Jobs {
             latency: Default::default(),
             totals_ops: [0; 4],
             totals_bytes: [0; 4],
+            moments: Default::default(),
             over_since: None,
         });
         let t = unix(at);
@@ -266,6 +299,7 @@ impl Jobs {
                 over_since: j.over_since,
                 totals_ops: j.totals_ops,
                 totals_bytes: j.totals_bytes,
+                moments: j.moments,
                 p50: std::array::from_fn(|i| j.latency[i].quantile(0.5)),
                 p99: std::array::from_fn(|i| j.latency[i].quantile(0.99)),
                 timeline,

@@ -163,4 +163,18 @@ endpoint! {
     query: HeatQuery, request: Empty, response: Json<Vec<HeatEntry>>
 }
 
-endpoint_list!(ListJobs, GetJobProfile, ListHeat);
+/// Query of `GET /v1/analytics/job_stats`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobStatsQuery {
+    /// Only this team's jobs.
+    pub team: Option<String>,
+}
+
+endpoint! {
+    /// Every visible job's counters in Lustre's job_stats form (YAML: read_bytes and write_bytes in bytes per operation, getattr for metadata reads and setattr for metadata writes in microseconds; samples, min, max, sum, sumsq since the job was first seen), for tools that read it
+    JobStats = GET "/v1/analytics/job_stats", Control, Access::Any, "any principal (only the teams it may read)";
+    query: JobStatsQuery, request: Empty, response: crate::Text
+}
+
+endpoint_list!(ListJobs, GetJobProfile, ListHeat, JobStats);

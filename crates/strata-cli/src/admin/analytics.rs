@@ -35,6 +35,13 @@ pub enum JobCommand {
         /// The job (a Slurm job id, a pod, a claim's job, what `x-strata-job` said).
         job: String,
     },
+    /// Every job's counters in Lustre's job_stats form (YAML; read_bytes and write_bytes per operation in
+    /// bytes, getattr and setattr for metadata reads and writes in microseconds), for tools that read it.
+    Stats {
+        /// Only this team's jobs.
+        #[arg(long)]
+        team: Option<String>,
+    },
 }
 
 fn sort_of(s: &str) -> Result<an::JobSort> {
@@ -171,7 +178,14 @@ pub async fn heat(team: Option<String>, kind: Option<String>, limit: u32, out: O
 
 pub async fn job(cmd: JobCommand, out: Out) -> Result<()> {
     let api = Api::new(&out.api)?;
-    let JobCommand::Profile { team, job } = cmd;
+    let (team, job) = match cmd {
+        JobCommand::Profile { team, job } => (team, job),
+        JobCommand::Stats { team } => {
+            let q = an::JobStatsQuery { team };
+            print!("{}", api.call::<an::JobStats>(&[], &q, &()).await?);
+            return Ok(());
+        }
+    };
     let v = api
         .call::<an::GetJobProfile>(&[&team, &job], &NoQuery {}, &())
         .await?;

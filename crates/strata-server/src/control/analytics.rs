@@ -167,3 +167,73 @@ pub(super) async fn heat(
     v.truncate(n);
     reply::<an::ListHeat>(v)
 }
+
+/// A YAML string: plain when it is safely plain, else double-quoted with escapes.
+fn yaml_str(v: &str) -> String {
+    let plain = !v.is_empty()
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/' | '@'))
+        && !v.starts_with(['-', '.', '@']);
+    if plain {
+        return v.to_string();
+    }
+    let mut o = String::from("\"");
+    for c in v.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+pub(super) async fn job_stats(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    Query(q): Query<an::JobStatsQuery>,
+) -> ApiResult<Reply<an::JobStats>> {
+    use std::fmt::Write;
+    let now = SystemTime::now();
+    let mut jobs = a.analytics().jobs(now, |k| {
+        visible(&p, &k.team) && q.team.as_deref().is_none_or(|t| *t == *k.team)
+    });
+    jobs.sort_by(|x, y| x.key.cmp(&y.key));
+    let mut o = String::from("job_stats:\n");
+    for j in &jobs {
+        let id = if j.key.team.is_empty() {
+            j.key.job.to_string()
+        } else {
+            format!("{}/{}", j.key.team, j.key.job)
+        };
+        let _ = writeln!(o, "- job_id:          {}", yaml_str(&id));
+        let _ = writeln!(o, "  snapshot_time:   {}", unix(now));
+        let _ = writeln!(o, "  start_time:      {}", unix(j.first_seen));
+        let _ = writeln!(
+            o,
+            "  elapsed_time:    {}",
+            unix(now).saturating_sub(unix(j.first_seen))
+        );
+        for (name, class, unit) in [
+            ("read_bytes", OpClass::DataRead, "bytes"),
+            ("write_bytes", OpClass::DataWrite, "bytes"),
+            ("getattr", OpClass::MetaRead, "usecs"),
+            ("setattr", OpClass::MetaWrite, "usecs"),
+        ] {
+            let m = j.moments[class as usize];
+            let _ = writeln!(
+                o,
+                "  {:<16} {{ samples: {}, unit: {unit}, min: {}, max: {}, sum: {}, sumsq: {} }}",
+                format!("{name}:"),
+                m.samples,
+                m.min,
+                m.max,
+                m.sum,
+                m.sumsq
+            );
+        }
+    }
+    reply::<an::JobStats>(o)
+}

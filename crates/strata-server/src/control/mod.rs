@@ -57,6 +57,7 @@ pub fn routes() -> Vec<Route> {
         route::<api::analytics::ListJobs>(get(analytics::list_jobs)),
         route::<api::analytics::GetJobProfile>(get(analytics::job_profile)),
         route::<api::analytics::ListHeat>(get(analytics::heat)),
+        route::<api::analytics::JobStats>(get(analytics::job_stats)),
         route::<api::quotas::SetQuota>(put(quotas::set_quota)),
         route::<api::quotas::ReserveQuota>(post(quotas::reserve)),
         route::<api::quotas::FreeUsage>(post(quotas::free_usage)),
