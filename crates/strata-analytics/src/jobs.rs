@@ -121,6 +121,19 @@ fn unix(t: SystemTime) -> u64 {
 }
 
 impl Job {
+    fn new(at: SystemTime) -> Self {
+        Job {
+            first_seen: at,
+            last_seen: at,
+            slots: [Slot::default(); SLOTS],
+            latency: Default::default(),
+            totals_ops: [0; 4],
+            totals_bytes: [0; 4],
+            moments: Default::default(),
+            over_since: None,
+        }
+    }
+
     fn slot(&mut self, start: u64) -> &mut Slot {
         let i = ((start / SLOT_SECS) as usize) % SLOTS;
         if self.slots[i].start != start {
@@ -180,16 +193,7 @@ impl Jobs {
         if !self.jobs.contains_key(&key) && self.jobs.len() >= self.max {
             self.evict_idle();
         }
-        let job = self.jobs.entry(key).or_insert_with(|| Job {
-            first_seen: a.at,
-            last_seen: a.at,
-            slots: [Slot::default(); SLOTS],
-            latency: Default::default(),
-            totals_ops: [0; 4],
-            totals_bytes: [0; 4],
-            moments: Default::default(),
-            over_since: None,
-        });
+        let job = self.jobs.entry(key).or_insert_with(|| Job::new(a.at));
         job.last_seen = job.last_seen.max(a.at);
         let c = a.class.index();
         job.totals_ops[c] += 1;
@@ -225,16 +229,7 @@ impl Jobs {
         if !self.jobs.contains_key(&key) && self.jobs.len() >= self.max {
             self.evict_idle();
         }
-        let job = self.jobs.entry(key).or_insert_with(|| Job {
-            first_seen: at,
-            last_seen: at,
-            slots: [Slot::default(); SLOTS],
-            latency: Default::default(),
-            totals_ops: [0; 4],
-            totals_bytes: [0; 4],
-            moments: Default::default(),
-            over_since: None,
-        });
+        let job = self.jobs.entry(key).or_insert_with(|| Job::new(at));
         let t = unix(at);
         job.slot(t - t % SLOT_SECS).tier_bytes[i] += bytes;
     }
