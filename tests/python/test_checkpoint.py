@@ -428,7 +428,12 @@ def test_a_save_killed_mid_upload_leaves_no_incomplete_upload_after_the_next_sta
         assert p.poll() is None, "the save finished before its upload was seen"
         assert time.time() < deadline, "no upload started"
         time.sleep(0.01)
-    time.sleep(0.3)  # a part or two in
+    # A part in, then at once: a fixed pause let a fast machine finish all six parts before the kill.
+    up = s3_env.list_multipart_uploads(Bucket=bucket)["Uploads"][0]
+    while not s3_env.list_parts(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"]).get("Parts"):
+        assert p.poll() is None, "the save finished before a part was seen"
+        assert time.time() < deadline, "no part uploaded"
+        time.sleep(0.005)
     p.kill()
     p.wait()
     assert b"finished" not in p.stdout.read()
