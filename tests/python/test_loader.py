@@ -234,6 +234,10 @@ with open(out, "a") as f:
                             "state": ds.state_dict(consumed=(step + 1) * batch)}) + "\n")
         f.flush()
         os.fsync(f.fileno())
+        # The test's kill lands here: a long step, so that a fast machine cannot finish the epoch first.
+        if step + 1 == int(os.environ.get("STOP_AFTER", "0")):
+            import time
+            time.sleep(600)
 """
 
 
@@ -243,9 +247,9 @@ def test_sigkill_then_resume_with_a_different_world_size(tmp_path, wds_dir):
     script = tmp_path / "train.py"
     script.write_text(KILL_SCRIPT)
     log = tmp_path / "rank0.jsonl"
-    env = dict(os.environ, RANK="0", WORLD_SIZE="1")
-    p = subprocess.Popen([sys.executable, str(script), wds_dir, str(log), str(tmp_path / "none"), "4"], env=env)
     kill_after = random.Random(7).randint(8, 40)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", STOP_AFTER=str(kill_after))
+    p = subprocess.Popen([sys.executable, str(script), wds_dir, str(log), str(tmp_path / "none"), "4"], env=env)
     deadline = time.time() + 120
     while time.time() < deadline:
         lines = log.read_text().splitlines() if log.exists() else []
