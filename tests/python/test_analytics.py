@@ -154,6 +154,122 @@ def test_a_metadata_storm_is_named_by_its_job_next_to_a_reader_and_each_team_see
     assert get(gw, "/v1/analytics/jobs?team=vision", readers["nlp"]) == []
 
 
+def test_a_stat_and_readdir_storm_on_a_mount_is_counted_to_the_mounts_job(agent, tmp_path):
+    """The mount answers metadata from its listing, never asking the agent: it counts what its kernel asked and
+    reports it, so a storm of `stat`/`os.path.exists`/`listdir` on a mount shows as its job's metadata rate."""
+    from test_mount import _MISSING, Mounter
+    if _MISSING:
+        if os.environ.get("STRATA_REQUIRE_FUSE") == "1":
+            pytest.fail("FUSE mounts need " + ", ".join(_MISSING), pytrace=False)
+        pytest.skip("FUSE mounts need " + ", ".join(_MISSING))
+    gw, keys, readers = agent
+    up = s3(gw, keys["vision"], "setup")
+    for i in range(40):
+        up.put_object(Bucket="default", Key=f"vision/mnt/d{i % 4}/f{i}", Body=b"x" * 100)
+    token = cli_json(gw, "token", "create", "--name", "vision-mount", "--team", "vision")["token"]
+    mounts = Mounter(tmp_path)
+    try:
+        m = mounts.mount(gw.api, "default/vision/mnt/", "--job", "j3-mount", token=token)
+        # 12 s of stat of names that are not there (each reaches the mount: a failed lookup is not cached),
+        # of every file, and listings of every directory.
+        stop, did = time.time() + 12, {"missing": 0}
+        while time.time() < stop:
+            for i in range(20):
+                assert not os.path.exists(m.path(f"d{i % 4}", f"nope-{did['missing']}-{i}"))
+            did["missing"] += 20
+            for d in range(4):
+                assert len(os.listdir(m.path(f"d{d}"))) == 10
+            for i in range(40):
+                os.stat(m.path(f"d{i % 4}", f"f{i}"))
+        with open(m.path("d0", "f0"), "rb") as f:
+            assert f.read() == b"x" * 100
+
+        def j3():
+            js = {j["job"]: j for j in get(gw, "/v1/analytics/jobs?sort=meta", ADMIN_TOKEN)}
+            j = js.get("j3-mount")
+            return j if j and j["ops"]["meta_read"] >= did["missing"] and j["runaway"] else None
+        j = poll("the mount's storm counted to its job (reported every second)", j3, timeout=30)
+        assert j["team"] == "vision" and j["meta_ops_per_sec"] > 20, j
+        # Its read went to the agent with its job: counted there, once.
+        assert j["ops"]["data_read"] >= 1 and j["bytes"]["data_read"] >= 100, j
+        prof = cli_json(gw, "job", "profile", "vision", "j3-mount")
+        assert prof["summary"]["ops"]["meta_read"] >= j["ops"]["meta_read"], prof
+        assert any("j3-mount" in line and "YES" in line for line in cli(gw, "top", "--once", "--sort", "meta").splitlines())
+        # Another team's reader sees none of it.
+        assert "j3-mount" not in {x["job"] for x in get(gw, "/v1/analytics/jobs", readers["nlp"])}
+    finally:
+        mounts.cleanup()
+
+
+def test_an_ops_report_is_counted_to_the_callers_own_team_and_needs_the_location(agent):
+    """`POST /v1/analytics/report` (what a mount sends): counted to the caller's team whatever team it names,
+    refused for a location it may not read and for rows out of bounds."""
+    import urllib.error
+    import urllib.request
+    gw, keys, readers = agent
+    nlp_member = cli_json(gw, "token", "create", "--name", "nlp-reporter", "--team", "nlp")["token"]
+
+    def report(body, token, headers=None):
+        req = urllib.request.Request(gw.api + "/v1/analytics/report", data=json.dumps(body).encode(), method="POST",
+                                     headers={"authorization": f"Bearer {token}", "content-type": "application/json",
+                                              **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    row = {"class": "meta_read", "count": 7, "errors": 2, "latency_us": 70}
+    # Naming vision's team does not make nlp's report vision's.
+    assert report({"location": "default/nlp/x/", "ops": [row]}, nlp_member,
+                  {"x-strata-job": "forged", "x-strata-team": "vision"}) == 204
+    j = poll("the report folded", lambda: {x["job"]: x for x in get(gw, "/v1/analytics/jobs", ADMIN_TOKEN)}.get(
+        "forged"), timeout=10)
+    assert j["team"] == "nlp" and j["ops"]["meta_read"] == 7, j
+    # A location of another team, none, or bad rows: refused, nothing counted.
+    assert report({"location": "default/vision/mnt/", "ops": [row]}, nlp_member, {"x-strata-job": "f2"}) == 403
+    assert report({"location": "default/nlp/x/", "ops": [row]}, "forged-token", {"x-strata-job": "f2"}) == 401
+    for bad in ([dict(row, count=0)], [dict(row, errors=8)], [row] * 17, [dict(row, **{"class": "nope"})]):
+        assert report({"location": "default/nlp/x/", "ops": bad}, nlp_member, {"x-strata-job": "f2"}) == 400, bad
+    time.sleep(0.5)
+    assert "f2" not in {x["job"] for x in get(gw, "/v1/analytics/jobs", ADMIN_TOKEN)}
+
+
+def test_a_prefix_unused_for_the_cold_window_is_listed_cold_with_its_size(agent):
+    gw, keys, readers = agent
+    v, n = s3(gw, keys["vision"], "writer"), s3(gw, keys["nlp"], "writer")
+    for i, size in enumerate((1000, 2000, 3000)):
+        v.put_object(Bucket="default", Key=f"vision/coldset/part-{i} +%#é", Body=b"c" * size)
+    v.put_object(Bucket="default", Key="vision/warmset/a", Body=b"w" * 500)
+    n.put_object(Bucket="default", Key="nlp/old/x", Body=b"n" * 700)
+    idle = 10
+    time.sleep(idle + 1)
+    # Read now: the warm prefix is used again; the cold one was last used when written.
+    assert v.get_object(Bucket="default", Key="vision/warmset/a")["Body"].read() == b"w" * 500
+
+    def cold(token=ADMIN_TOKEN, q=""):
+        return {(c["team"], c["prefix"]): c for c in get(gw, f"/v1/analytics/cold?idle_secs={idle}{q}", token)}
+    # Access times reach the inventory within its flush (5 s); the window holds for `idle` s after the read.
+    c = poll("the warm prefix's read recorded", lambda: (lambda c: c if ("vision", "default/vision/warmset/") not in c
+                                                       else None)(cold()), timeout=8)
+    got = c[("vision", "default/vision/coldset/")]
+    assert (got["bytes"], got["objects"]) == (6000, 3), got
+    assert ("nlp", "default/nlp/old/") in c, c
+    sizes = [x["bytes"] for x in c.values()]
+    assert sizes == sorted(sizes, reverse=True), "largest first"
+    # The CLI says the same, with sizes; a deeper prefix is asked for by depth.
+    out = cli(gw, "heat", "--cold", "--idle-secs", str(idle), "--team", "vision")
+    assert "default/vision/coldset/" in out and "warmset" not in out and "nlp" not in out, out
+    assert cli_json(gw, "heat", "--cold", "--idle-secs", str(idle), "--depth", "1", "--team", "nlp")[0]["prefix"] == \
+        "default/nlp/"
+    # A long window: nothing is that cold.
+    assert get(gw, "/v1/analytics/cold", ADMIN_TOKEN) == []
+    # Tenancy: each team's reader sees its own cold data only.
+    assert {t for t, _ in cold(readers["nlp"])} == {"nlp"}
+    assert {t for t, _ in cold(readers["vision"])} == {"vision"}
+    assert cold(readers["nlp"], "&team=vision") == {}
+
+
 def test_rollups_are_parquet_that_duckdb_reads_and_a_kill_loses_none_written(origin):
     import duckdb
     gw = Gateway(origin, extra="\n[analytics]\nflush_secs = 1\n")

@@ -94,7 +94,8 @@ impl From<Tier> for Served {
     }
 }
 
-/// One operation at a front door.
+/// One operation at a front door, or `count` alike (a mount reports the metadata operations its kernel
+/// asked for in batches).
 #[derive(Debug, Clone)]
 pub struct Access {
     /// When it ended.
@@ -106,12 +107,26 @@ pub struct Access {
     pub backend: Arc<str>,
     /// The object key, or a listing's prefix.
     pub key: Arc<str>,
-    /// Bytes moved.
+    /// Operations this stands for (1 for one request; at least 1).
+    pub count: u64,
+    /// Bytes moved, by all `count` operations together.
     pub bytes: u64,
-    /// How long the operation took at the front door.
+    /// How long each operation took at the front door (a batch: their mean).
     pub latency: Duration,
     /// Where most of its bytes came from (reads).
     pub served: Served,
     /// Whether it worked.
     pub ok: bool,
+}
+
+impl Access {
+    /// The operations this stands for, at least one.
+    pub fn ops(&self) -> u64 {
+        self.count.max(1)
+    }
+
+    /// Latency of all its operations together, microseconds.
+    pub(crate) fn latency_total_us(&self) -> u64 {
+        (self.latency.as_micros().min(u128::from(u64::MAX)) as u64).saturating_mul(self.ops())
+    }
 }

@@ -75,8 +75,8 @@ impl Heat {
         }
     }
 
-    /// One read of `bytes` under `key` at `at`.
-    pub fn touch(&mut self, key: HeatKey, at: SystemTime, bytes: u64) {
+    /// `reads` reads of `bytes` in all under `key` at `at`.
+    pub fn touch(&mut self, key: HeatKey, at: SystemTime, reads: u64, bytes: u64) {
         if !self.entries.contains_key(&key) && self.entries.len() >= self.max {
             self.evict_coldest(at);
         }
@@ -93,9 +93,9 @@ impl Heat {
             e.score = decay(e.score, e.at, at, hl);
             e.at = at;
         }
-        e.score += 1.0;
+        e.score += reads as f64;
         e.last_access = e.last_access.max(at);
-        e.reads += 1;
+        e.reads += reads;
         e.bytes += bytes;
     }
 
@@ -159,11 +159,11 @@ mod tests {
         let mut h = Heat::new(Duration::from_secs(600), 100);
         // An hour ago: 20 reads of "old" at once.
         for _ in 0..20 {
-            h.touch(key("old"), t0, 1);
+            h.touch(key("old"), t0, 1, 1);
         }
         // Then "steady" once a minute for the hour.
         for m in 1..=60 {
-            h.touch(key("steady"), t0 + Duration::from_secs(60 * m), 1);
+            h.touch(key("steady"), t0 + Duration::from_secs(60 * m), 1, 1);
         }
         let now = t0 + Duration::from_secs(3600);
         let r = h.ranked(now, |_| true);
@@ -179,10 +179,10 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let mut h = Heat::new(Duration::from_secs(60), 100);
         for _ in 0..50 {
-            h.touch(key("hot"), t0, 1);
+            h.touch(key("hot"), t0, 1, 1);
         }
         for i in 0..10_000 {
-            h.touch(key(&format!("k{i}")), t0 + Duration::from_millis(i), 1);
+            h.touch(key(&format!("k{i}")), t0 + Duration::from_millis(i), 1, 1);
         }
         assert!(h.len() <= 100, "{}", h.len());
         assert!(h.evicted >= 9_900);

@@ -25,14 +25,18 @@ pub struct Moments {
 }
 
 impl Moments {
-    fn add(&mut self, v: u64) {
+    /// `n` samples of `v`.
+    fn add_n(&mut self, v: u64, n: u64) {
+        if n == 0 {
+            return;
+        }
         if self.samples == 0 || v < self.min {
             self.min = v;
         }
         self.max = self.max.max(v);
-        self.samples += 1;
-        self.sum += v;
-        self.sumsq += u128::from(v) * u128::from(v);
+        self.samples += n;
+        self.sum = self.sum.saturating_add(v.saturating_mul(n));
+        self.sumsq += u128::from(v) * u128::from(v) * u128::from(n);
     }
 }
 
@@ -196,20 +200,24 @@ impl Jobs {
         let job = self.jobs.entry(key).or_insert_with(|| Job::new(a.at));
         job.last_seen = job.last_seen.max(a.at);
         let c = a.class.index();
-        job.totals_ops[c] += 1;
+        let n = a.ops();
+        job.totals_ops[c] += n;
         job.totals_bytes[c] += a.bytes;
-        job.latency[c].add(a.latency);
-        job.moments[c].add(if a.class.is_meta() {
-            a.latency.as_micros().min(u128::from(u64::MAX)) as u64
-        } else {
-            a.bytes
-        });
+        job.latency[c].add_n(a.latency, n);
+        job.moments[c].add_n(
+            if a.class.is_meta() {
+                a.latency.as_micros().min(u128::from(u64::MAX)) as u64
+            } else {
+                a.bytes / n
+            },
+            n,
+        );
         let t = unix(a.at);
         let s = job.slot(t - t % SLOT_SECS);
-        s.ops[c] += 1;
+        s.ops[c] += n;
         s.bytes[c] += a.bytes;
         if a.class == OpClass::DataRead {
-            s.read_us += a.latency.as_micros() as u64;
+            s.read_us += a.latency_total_us();
             if let Some(i) = a.served.index() {
                 s.tier_bytes[i] += a.bytes;
             }

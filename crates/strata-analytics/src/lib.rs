@@ -114,6 +114,9 @@ pub struct AnalyticsConfig {
     pub runaway_window: Duration,
     /// Accesses waiting to be folded, at most (past it they are dropped, counted). Default 65,536.
     pub queue: usize,
+    /// Data nothing has used for this long is cold (the agent's cold report, from its inventory). Default
+    /// 30 days.
+    pub cold_after: Duration,
 }
 
 impl Default for AnalyticsConfig {
@@ -129,6 +132,7 @@ impl Default for AnalyticsConfig {
             runaway_ops_per_sec: 500.0,
             runaway_window: Duration::from_secs(60),
             queue: 65_536,
+            cold_after: Duration::from_secs(30 * 86_400),
         }
     }
 }
@@ -299,8 +303,8 @@ impl Analytics {
         for a in accesses {
             self.apply(&mut st, a);
         }
-        self.recorded
-            .fetch_add(accesses.len() as u64, Ordering::Relaxed);
+        let ops: u64 = accesses.iter().map(Access::ops).sum();
+        self.recorded.fetch_add(ops, Ordering::Relaxed);
     }
 
     fn apply(&self, st: &mut State, a: &Access) {
@@ -331,7 +335,7 @@ impl Analytics {
             Arc::from(OTHER)
         };
         let t = st.teams.entry(slot).or_default();
-        t.ops[a.class.index()] += 1;
+        t.ops[a.class.index()] += a.ops();
         t.bytes[a.class.index()] += a.bytes;
         // Heat is data read: a refused or failed read names a location, not data anyone read, and metadata
         // pressure is the jobs' view (a prefix listed in a loop is not data anyone wants closer).
@@ -344,6 +348,7 @@ impl Analytics {
                         name: ds.clone(),
                     },
                     a.at,
+                    a.ops(),
                     a.bytes,
                 );
             }
@@ -354,6 +359,7 @@ impl Analytics {
                     name: Arc::from(prefix_of(&a.backend, &a.key, self.cfg.prefix_depth)),
                 },
                 a.at,
+                a.ops(),
                 a.bytes,
             );
         }

@@ -85,16 +85,17 @@ impl Minute {
                 prefix: other,
                 class: key.class,
             };
-            self.folded += 1;
+            self.folded += a.ops();
         }
+        let n = a.ops();
         let row = self.rows.entry(key).or_default();
-        row.count += 1;
+        row.count += n;
         if !a.ok {
-            row.errors += 1;
+            row.errors += n;
         }
         row.bytes += a.bytes;
-        row.latency_sum_us += a.latency.as_micros() as u64;
-        row.latency.add(a.latency);
+        row.latency_sum_us += a.latency_total_us();
+        row.latency.add_n(a.latency, n);
         if let Some(i) = a.served.index() {
             row.tier_bytes[i] += a.bytes;
         }

@@ -36,8 +36,13 @@ fn upper(i: usize) -> Duration {
 
 impl Sketch {
     pub fn add(&mut self, d: Duration) {
+        self.add_n(d, 1);
+    }
+
+    /// `n` samples of `d`.
+    pub fn add_n(&mut self, d: Duration, n: u64) {
         let c = &mut self.counts[bucket_of(d)];
-        *c = c.saturating_add(1);
+        *c = c.saturating_add(n.try_into().unwrap_or(u32::MAX));
     }
 
     pub fn merge(&mut self, other: &Sketch) {

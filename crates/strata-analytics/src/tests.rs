@@ -25,6 +25,7 @@ fn access(at: SystemTime, class: OpClass, ctx: &IoContext, key: &str, bytes: u64
         ctx: ctx.clone(),
         backend: Arc::from("default"),
         key: Arc::from(key),
+        count: 1,
         bytes,
         latency: Duration::from_millis(2),
         served: if class == OpClass::DataRead {
@@ -286,4 +287,44 @@ fn a_jobs_bytes_by_tier_come_from_the_cache_and_origin_events_of_its_reads() {
         "RAM, disk, peer, origin; the job-less read is nobody's"
     );
     assert_eq!(v.hit_ratio, Some(60.0 / 100.0));
+}
+
+#[test]
+fn a_batch_counts_as_its_operations_everywhere() {
+    let a = Analytics::new(AnalyticsConfig {
+        runaway_ops_per_sec: 100.0,
+        runaway_window: Duration::from_secs(20),
+        ..AnalyticsConfig::default()
+    });
+    let c = ctx("vision", Some("mount-job"), None);
+    // A mount's reports: 3,000 lookups a second for 30 s, 1,000 of each report failed, 5 µs each.
+    for s in 0..30 {
+        let mut ok = access(t(s), OpClass::MetaRead, &c, "train/", 0);
+        ok.count = 2_000;
+        ok.latency = Duration::from_micros(5);
+        let mut failed = ok.clone();
+        failed.count = 1_000;
+        failed.ok = false;
+        a.apply_all(&[ok, failed]);
+    }
+    let j = &a.jobs(t(30), |_| true)[0];
+    assert_eq!(j.totals_ops[OpClass::MetaRead as usize], 90_000);
+    assert!(j.runaway, "{j:?}");
+    // Over the last minute, of which the job ran half.
+    assert!(
+        (j.meta_ops_per_sec - 1_500.0).abs() < 1.0,
+        "{}",
+        j.meta_ops_per_sec
+    );
+    let m = j.moments[OpClass::MetaRead as usize];
+    assert_eq!((m.samples, m.min, m.max, m.sum), (90_000, 5, 5, 450_000));
+    assert_eq!(m.sumsq, 90_000 * 25);
+    let rows: Vec<_> = a.take_minutes(true);
+    let (count, errors): (u64, u64) = rows
+        .iter()
+        .flat_map(|m| m.rows.values())
+        .fold((0, 0), |(c, e), r| (c + r.count, e + r.errors));
+    assert_eq!((count, errors), (90_000, 30_000));
+    assert_eq!(a.stats().recorded, 90_000);
+    assert_eq!(a.teams()[0].1.ops[OpClass::MetaRead as usize], 90_000);
 }

@@ -177,4 +177,92 @@ endpoint! {
     query: JobStatsQuery, request: Empty, response: crate::Text
 }
 
-endpoint_list!(ListJobs, GetJobProfile, ListHeat, JobStats);
+/// An operation class, as a client reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OpClass {
+    DataRead,
+    DataWrite,
+    MetaRead,
+    MetaWrite,
+}
+
+/// Operations of one class a client answered itself since its last report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportedOps {
+    pub class: OpClass,
+    /// Operations (at least 1, at most 1,000,000,000).
+    pub count: u64,
+    /// Of them, how many failed (`ENOENT`, ...).
+    #[serde(default)]
+    pub errors: u64,
+    /// Bytes they moved, in all.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Time they took, in all, microseconds.
+    #[serde(default)]
+    pub latency_us: u64,
+}
+
+/// Body of `POST /v1/analytics/report`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpsReport {
+    /// The location the operations were on (a mount's location), which the caller must be able to read.
+    pub location: String,
+    /// At most 16 rows.
+    pub ops: Vec<ReportedOps>,
+}
+
+/// Most rows in one [`OpsReport`].
+pub const MAX_REPORT_ROWS: usize = 16;
+
+endpoint! {
+    /// Report operations a client answered itself (a mount's stat, lookup and readdir, which its kernel asks it and it answers from its listing), counted to the caller's team and the `x-strata-job`/`x-strata-dataset` the request names, as the agent counts its own
+    ReportOps = POST "/v1/analytics/report", Data, Access::Location(Role::Reader), "reader of the teams owning the location";
+    query: NoQuery, request: Json<OpsReport>, response: Empty, status: 204
+}
+
+/// Query of `GET /v1/analytics/cold`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ColdQuery {
+    /// Only this team's.
+    pub team: Option<String>,
+    /// Cold: nothing under the prefix used (read, else written) for this many seconds. Default the agent's
+    /// `[analytics] cold_after_days`.
+    pub idle_secs: Option<u64>,
+    /// Key segments a prefix keeps (default the agent's `prefix_depth`, at most 16).
+    pub depth: Option<u32>,
+    /// At most this many, largest first (default 50, at most 1000).
+    pub limit: Option<u32>,
+}
+
+/// A prefix nothing has used for the cold window: what moving it to a colder tier would free.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ColdPrefix {
+    pub team: String,
+    /// `backend/first/segments/`.
+    pub prefix: String,
+    /// Bytes and objects under it, as the inventory knows them.
+    pub bytes: u64,
+    pub objects: u64,
+    /// The last read of anything under it, else the last write (unix seconds).
+    pub last_used_unix: i64,
+}
+
+endpoint! {
+    /// Cold prefixes with their sizes, largest first: nothing under them read or written for the cold window (from the inventory)
+    ListCold = GET "/v1/analytics/cold", Control, Access::Any, "any principal (only the teams it may read)";
+    query: ColdQuery, request: Empty, response: Json<Vec<ColdPrefix>>
+}
+
+endpoint_list!(
+    ListJobs,
+    GetJobProfile,
+    ListHeat,
+    JobStats,
+    ReportOps,
+    ListCold
+);

@@ -42,6 +42,17 @@ pub struct ObjectRecord {
     pub accessed_at: Option<i64>,
 }
 
+/// One object as [`Catalog::scan_objects`] passes it.
+#[derive(Debug, Clone, Copy)]
+pub struct ScannedObject<'a> {
+    pub backend: &'a str,
+    pub key: &'a str,
+    pub size: u64,
+    pub team: Option<&'a str>,
+    /// Its last read seen by Strata, else its last modification (unix seconds).
+    pub last_used: i64,
+}
+
 /// One object found by a listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Listed {
@@ -340,6 +351,39 @@ impl Catalog {
         .iter()
         .map(object_of)
         .collect()
+    }
+
+    /// Every object of the inventory, one at a time and never all in memory, with its last use (its last
+    /// read, else its last write); the objects of `teams` only when given. For reports that fold them (cold
+    /// data by prefix).
+    pub async fn scan_objects(
+        &self,
+        teams: Option<&[String]>,
+        mut f: impl FnMut(ScannedObject<'_>),
+    ) -> Result<()> {
+        use futures::TryStreamExt;
+        let mut rows = sqlx::query(
+            "SELECT backend, key, size, team, COALESCE(accessed_at, modified_at) AS used FROM objects",
+        )
+        .fetch(self.pool());
+        while let Some(r) = rows.try_next().await.map_err(db_err)? {
+            let team: Option<String> = r.try_get("team").map_err(db_err)?;
+            if let Some(ts) = teams
+                && !team.as_ref().is_some_and(|t| ts.contains(t))
+            {
+                continue;
+            }
+            let backend: String = r.try_get("backend").map_err(db_err)?;
+            let key: String = r.try_get("key").map_err(db_err)?;
+            f(ScannedObject {
+                backend: &backend,
+                key: &key,
+                size: r.try_get::<i64, _>("size").map_err(db_err)?.max(0) as u64,
+                team: team.as_deref(),
+                last_used: r.try_get("used").map_err(db_err)?,
+            });
+        }
+        Ok(())
     }
 
     /// Record reads: the latest access time per key (batched by the caller).

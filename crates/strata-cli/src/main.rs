@@ -179,17 +179,27 @@ enum Command {
         out: admin::Out,
     },
     /// Datasets and prefixes by heat (reads, decayed with the configured half-life), hottest first, with
-    /// reads, bytes read and the last read.
+    /// reads, bytes read and the last read; with --cold, the prefixes nothing has used for the cold window,
+    /// largest first, with their sizes: the data worth moving to a colder tier.
     Heat {
         /// Only this team's.
         #[arg(long)]
         team: Option<String>,
         /// Only `dataset` or only `prefix` entries.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "cold")]
         kind: Option<String>,
         /// Most entries.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Cold prefixes instead (from the inventory: sizes, objects, last use).
+        #[arg(long)]
+        cold: bool,
+        /// With --cold: unused for this many seconds (default: the agent's `cold_after_days`).
+        #[arg(long, value_name = "SECS", requires = "cold")]
+        idle_secs: Option<u64>,
+        /// With --cold: key segments a prefix keeps (default: the agent's `prefix_depth`).
+        #[arg(long, value_name = "N", requires = "cold")]
+        depth: Option<u32>,
         #[command(flatten)]
         out: admin::Out,
     },
@@ -564,9 +574,19 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Top { args, out } => admin::analytics::top(args, out).await,
         Command::Heat {
             team,
+            limit,
+            cold: true,
+            idle_secs,
+            depth,
+            out,
+            ..
+        } => admin::analytics::cold(team, idle_secs, depth, limit, out).await,
+        Command::Heat {
+            team,
             kind,
             limit,
             out,
+            ..
         } => admin::analytics::heat(team, kind, limit, out).await,
         Command::Job { cmd, out } => admin::analytics::job(cmd, out).await,
         Command::Scratch { cmd: c, out } => admin::scratch::run(c, out).await,

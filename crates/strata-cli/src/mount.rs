@@ -54,6 +54,10 @@ pub struct MountArgs {
     /// fifth on a slow disk (docs/mount.md).
     #[arg(long, value_name = "SIZE", default_value = "16GiB")]
     pub hot_size: strata_types::ByteSize,
+    /// The job the mount's reads and metadata operations are counted to in the agent's analytics
+    /// (default: $STRATA_JOB, else $SLURM_JOB_ID, else the pod's name on Kubernetes).
+    #[arg(long, value_name = "JOB")]
+    pub job: Option<String>,
     #[command(flatten)]
     pub api: ApiArgs,
 }
@@ -154,6 +158,7 @@ pub async fn run(a: MountArgs) -> Result<()> {
             .clone()
             .or_else(|| (caller.0 == 0).then(|| PathBuf::from("/var/cache/strata/mount-hot"))),
         hot_bytes: a.hot_size.bytes(),
+        job: a.job.clone().or_else(strata_client::token::job_from_env),
     };
     let exe = std::env::current_exe().context("the strata binary's path")?;
     let server: Vec<OsString> = vec![exe.into(), "__mount-serve".into()];

@@ -48,6 +48,8 @@ pub struct ClientOptions {
     pub retry: RetryPolicy,
     /// Speak as an agent of the cluster (peer routes only) instead of with a token.
     pub cluster: Option<ClusterCredential>,
+    /// The job every request is attributed to (`x-strata-job`; see [`token::job_from_env`]).
+    pub job: Option<String>,
 }
 
 /// How one agent authenticates to another: the cluster's shared secret, and the team whose replicas the call
@@ -70,6 +72,8 @@ impl std::fmt::Debug for ClusterCredential {
 
 /// The header carrying [`ClusterCredential::secret`].
 pub const CLUSTER_KEY_HEADER: &str = "x-strata-cluster-key";
+/// The header naming the job a request is for.
+pub const JOB_HEADER: &str = "x-strata-job";
 /// The header carrying [`ClusterCredential::team`].
 pub const CLUSTER_TEAM_HEADER: &str = "x-strata-team";
 
@@ -82,6 +86,7 @@ impl Default for ClientOptions {
             pool_max_idle_per_host: 64,
             retry: RetryPolicy::default(),
             cluster: None,
+            job: None,
         }
     }
 }
@@ -143,6 +148,14 @@ impl AgentClient {
                     reqwest::header::HeaderValue::from_str(t).map_err(|_| bad())?,
                 );
             }
+        }
+        if let Some(j) = &opts.job {
+            headers.insert(
+                JOB_HEADER,
+                reqwest::header::HeaderValue::from_str(j).map_err(|_| {
+                    Error::invalid_input(format!("job {j:?}: cannot be sent in a header"))
+                })?,
+            );
         }
         let mut b = reqwest::Client::builder()
             .connect_timeout(opts.connect_timeout)

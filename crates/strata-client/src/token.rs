@@ -2,7 +2,8 @@
 //!
 //! In order: a token given explicitly (`--token`), `STRATA_TOKEN` from the environment, the local agent's
 //! administrator token file `<data-dir>/admin-token` (written by the agent's first start, mode 0600). This
-//! module is the only place a client reads the environment.
+//! module is the only place a client reads the environment: the token, and the job its I/O is for
+//! ([`job_from_env`]).
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +18,20 @@ pub fn admin_token_file(data_dir: &Path) -> PathBuf {
 /// `STRATA_TOKEN`, trimmed, if set and not empty.
 pub fn from_env() -> Option<String> {
     clean(std::env::var("STRATA_TOKEN").ok())
+}
+
+/// The job a process's I/O is attributed to: `STRATA_JOB` (a claim gives its job this, on Slurm and in a
+/// DataClaim's pods), else `SLURM_JOB_ID`, else, in a Kubernetes pod, the pod's name (`HOSTNAME` there).
+pub fn job_from_env() -> Option<String> {
+    let var = |n: &str| clean(std::env::var(n).ok()).filter(|v| v.len() <= 256);
+    var("STRATA_JOB")
+        .or_else(|| var("SLURM_JOB_ID"))
+        .or_else(|| {
+            std::env::var_os("KUBERNETES_SERVICE_HOST")
+                .is_some()
+                .then(|| var("HOSTNAME"))
+                .flatten()
+        })
 }
 
 /// The token in `<data_dir>/admin-token`, if the file is there and readable.

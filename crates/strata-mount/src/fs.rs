@@ -21,6 +21,7 @@ use strata_types::ErrorKind;
 use crate::hot::Hot;
 use crate::passthrough::{Handles, Mode, PASSTHROUGH_FH};
 use crate::reader::Reader;
+use crate::report::Counts;
 use crate::snapshot::{Kind, Tree};
 
 /// How long the kernel may keep names and attributes (they never change).
@@ -50,6 +51,8 @@ pub struct StrataFs {
     handles: Option<Arc<Handles>>,
     /// The hot copies, once the server knows passthrough works.
     hot: Arc<OnceLock<Arc<Hot>>>,
+    /// Metadata operations answered, for the agent's analytics ([`crate::report`]).
+    counts: Arc<Counts>,
 }
 
 impl StrataFs {
@@ -69,7 +72,13 @@ impl StrataFs {
             max_io,
             handles: None,
             hot: Arc::default(),
+            counts: Arc::default(),
         }
+    }
+
+    /// The metadata operations this file system answers, counted.
+    pub fn counts(&self) -> Arc<Counts> {
+        self.counts.clone()
     }
 
     /// Open files through their hot copies (once `hot` is filled), counting handles in `handles`.
@@ -211,24 +220,33 @@ impl Filesystem for StrataFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let mut op = self.counts.op();
         match self
             .tree
             .lookup(parent.0, name)
             .and_then(|ino| self.attr(ino))
         {
             Some(a) => reply.entry(&TTL, &a, Generation(0)),
-            None => reply.error(Errno::ENOENT),
+            None => {
+                op.fail();
+                reply.error(Errno::ENOENT)
+            }
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let mut op = self.counts.op();
         match self.attr(ino.0) {
             Some(a) => reply.attr(&TTL, &a),
-            None => reply.error(Errno::ENOENT),
+            None => {
+                op.fail();
+                reply.error(Errno::ENOENT)
+            }
         }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _op = self.counts.op();
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
             return reply.error(Errno::EROFS);
         }
@@ -372,6 +390,7 @@ impl Filesystem for StrataFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _op = self.counts.op();
         match self.tree.node(ino.0).map(|n| &n.kind) {
             Some(Kind::Dir(_)) => reply.opened(
                 FileHandle(0),
@@ -390,6 +409,7 @@ impl Filesystem for StrataFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _op = self.counts.op();
         let Some(entries) = self.entries(ino.0) else {
             return reply.error(Errno::ENOTDIR);
         };
@@ -409,6 +429,7 @@ impl Filesystem for StrataFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _op = self.counts.op();
         let Some(entries) = self.entries(ino.0) else {
             return reply.error(Errno::ENOTDIR);
         };
@@ -422,6 +443,7 @@ impl Filesystem for StrataFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _op = self.counts.op();
         let bsize = 4096u64;
         reply.statfs(
             self.tree.total_bytes.div_ceil(bsize),

@@ -55,6 +55,9 @@ pub struct MountConfig {
     /// At most this many bytes of hot copies in `hot_dir` (0: no copies).
     #[serde(default)]
     pub hot_bytes: u64,
+    /// The job the mount's reads and metadata operations are counted to (`x-strata-job`).
+    #[serde(default)]
+    pub job: Option<String>,
 }
 
 /// Files in a state directory.
@@ -64,11 +67,12 @@ const SOCKET: &str = "holder.sock";
 /// Written by a server once the kernel's handshake is done: the mount can be used.
 pub const READY: &str = "ready";
 
-fn client(api: &str, token: Option<String>) -> Result<AgentClient> {
+fn client(api: &str, token: Option<String>, job: Option<String>) -> Result<AgentClient> {
     AgentClient::new(
         api,
         &ClientOptions {
             token,
+            job,
             ..ClientOptions::default()
         },
     )
@@ -532,7 +536,7 @@ pub fn serve(state: &Path) -> Result<Stopped> {
         .build()
         .map_err(io("the mount's runtime"))?;
     let token = strata_client::token::from_env();
-    let client = client(&cfg.api, token)?;
+    let client = client(&cfg.api, token, cfg.job.clone())?;
     let tree = Arc::new(Tree::build(snapshot));
     if tree.skipped > 0 {
         tracing::warn!(
@@ -542,7 +546,7 @@ pub fn serve(state: &Path) -> Result<Stopped> {
         );
     }
     let reader = Arc::new(Reader::new(
-        client,
+        client.clone(),
         tree.snapshot.location.clone(),
         Duration::from_secs(cfg.agent_wait_secs),
     ));
@@ -558,6 +562,10 @@ pub fn serve(state: &Path) -> Result<Stopped> {
         cfg.ownership,
         relay.max_io(),
     );
+    {
+        let _enter = rt.enter();
+        crate::report::start(fs.counts(), client, location.clone());
+    }
     // Counted from the first open on, before the kernel can send one (passthrough or not is decided later).
     let handles = match Handles::open(state, resuming, relay.dev_shared()) {
         Ok(h) => {

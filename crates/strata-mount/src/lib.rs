@@ -15,7 +15,8 @@
 //! Layout: `snapshot` (listing → tree, inode numbers), `reader` (ranges through the agent, chunks,
 //! read-ahead), `fs` (the `fuser::Filesystem`), `relay` (`/dev/fuse` ⇄ `fuser`, INIT replay, resend),
 //! `holder` (mount, hand the descriptor over, restart the server), `hot` (copies of files read whole),
-//! `passthrough` (backing files, the open-handle table kept across servers).
+//! `passthrough` (backing files, the open-handle table kept across servers), `report` (the metadata the
+//! mount answers itself, counted and sent to the agent's analytics).
 
 pub mod fs;
 pub mod holder;
@@ -23,6 +24,7 @@ pub mod hot;
 pub mod passthrough;
 pub mod reader;
 pub mod relay;
+pub mod report;
 pub mod snapshot;
 
 pub use fs::Ownership;

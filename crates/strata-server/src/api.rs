@@ -424,13 +424,19 @@ async fn read_response(
     q: &api::data::LocationQuery,
 ) -> ApiResult<(u64, Response)> {
     let caller = Caller::Principal(principal);
-    let (backend, key, _) = agent
-        .authorize(&caller, &q.location, Role::Reader, false)
+    let (name, backend, key, _) = agent
+        .authorize_named(&caller, &q.location, Role::Reader, false)
         .await?;
     let res = agent
         .cache()
         .get(ctx, &backend, &key, get_options(headers)?)
         .await?;
+    // Its access time, as the gateway records a GET's: a dataset read through mounts and loaders from the
+    // cache is not cold.
+    let now = agent.catalog().now();
+    if res.mark_read(now, crate::control::ACCESS_RESOLUTION_SECS) {
+        agent.access_log().record(&name, &key, now);
+    }
     let status = if res.partial {
         StatusCode::PARTIAL_CONTENT
     } else {
@@ -474,6 +480,7 @@ fn record(
         ctx,
         backend: Arc::from(backend),
         key: Arc::from(key),
+        count: 1,
         bytes,
         latency: start.elapsed(),
         served: Served::None,

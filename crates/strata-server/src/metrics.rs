@@ -440,6 +440,7 @@ mod tests {
                 },
                 backend: Arc::from("default"),
                 key: Arc::from("k"),
+                count: 1,
                 bytes: 0,
                 latency: Duration::from_millis(1),
                 served: Served::None,

@@ -108,6 +108,7 @@ async fn setup(e: &Env) -> World {
         },
         backend: "default".into(),
         key: "team-b/secret.bin".into(),
+        count: 1,
         bytes: 5,
         latency: std::time::Duration::from_millis(1),
         served: strata_analytics::Served::Origin,

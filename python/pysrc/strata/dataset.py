@@ -16,6 +16,18 @@ except ImportError:  # pragma: no cover - exercised where torch is absent
     _tud = None
     _Base = object
 
+
+def _job_from_env():
+    """The job a process's I/O is counted to, by the rule ``strata mount`` follows: ``STRATA_JOB`` (a claim
+    gives its job this), else ``SLURM_JOB_ID``, else in a Kubernetes pod its name (``HOSTNAME`` there)."""
+    for name in ("STRATA_JOB", "SLURM_JOB_ID"):
+        v = os.environ.get(name, "").strip()
+        if v:
+            return v
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return os.environ.get("HOSTNAME", "").strip() or None
+    return None
+
 class _SharedSample(dict):
     """A DataLoader worker's sample (copying mode) whose bytes fields were copied out of shared memory.
 
@@ -166,7 +178,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         prefetch_samples: samples fetched concurrently per consumer.
         skip_corrupt: skip samples that fail to decode (counted in ``stats()["skipped"]``) instead of raising.
         job: job id recorded with the I/O (default ``STRATA_JOB``, which a claim gives its job, else
-            ``SLURM_JOB_ID``).
+            ``SLURM_JOB_ID``, else the pod's name on Kubernetes).
         zero_copy: binary fields come as :class:`strata.Buffer` (read-only, shares Strata's memory: the buffer
             protocol, ``len``, ``bytes()``, ``decode()``, indexing and slicing, ``==``; it pickles as ``bytes``)
             instead of ``bytes``, and numpy fields share it too where aligned. It saves one copy of every sample
@@ -242,7 +254,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             prefetch_bytes=prefetch_bytes,
             prefetch_samples=prefetch_samples,
             skip_corrupt=skip_corrupt,
-            job=job if job is not None else (os.environ.get("STRATA_JOB") or os.environ.get("SLURM_JOB_ID")),
+            job=job if job is not None else _job_from_env(),
             shared_memory_bytes=max(0, int(shared_memory_bytes)),
         )
         self.shuffle_window = self._native.window

@@ -176,6 +176,39 @@ pub async fn heat(team: Option<String>, kind: Option<String>, limit: u32, out: O
     })
 }
 
+pub async fn cold(
+    team: Option<String>,
+    idle_secs: Option<u64>,
+    depth: Option<u32>,
+    limit: u32,
+    out: Out,
+) -> Result<()> {
+    let api = Api::new(&out.api)?;
+    let q = an::ColdQuery {
+        team,
+        idle_secs,
+        depth,
+        limit: Some(limit),
+    };
+    let v = api.call::<an::ListCold>(&[], &q, &()).await?;
+    show(&out, &v, |v| {
+        table(
+            &["team", "cold prefix", "size", "objects", "last used"],
+            v.iter()
+                .map(|c| {
+                    vec![
+                        c.team.clone(),
+                        c.prefix.clone(),
+                        size(Some(c.bytes as i64)),
+                        c.objects.to_string(),
+                        at(Some(c.last_used_unix)),
+                    ]
+                })
+                .collect(),
+        )
+    })
+}
+
 pub async fn job(cmd: JobCommand, out: Out) -> Result<()> {
     let api = Api::new(&out.api)?;
     let (team, job) = match cmd {

@@ -53,6 +53,9 @@ pub struct MountRequest {
     pub mode: String,
     /// The token the mount reads with.
     pub token: String,
+    /// The claim's job, which the mount's I/O is counted to.
+    #[serde(default)]
+    pub job: Option<String>,
 }
 
 /// The mounter's answer.
@@ -87,6 +90,11 @@ impl MountRequest {
         if !self.api.starts_with("http://") && !self.api.starts_with("https://") {
             return bad(format!("api {:?}: not an http(s) URL", self.api));
         }
+        if let Some(j) = &self.job
+            && (j.is_empty() || j.len() > 256 || j.chars().any(char::is_control))
+        {
+            return bad(format!("job {j:?}: 1 to 256 bytes, no control characters"));
+        }
         if u32::from_str_radix(&self.mode, 8).map_or(true, |m| m > 0o777) {
             return bad(format!("mode {:?}: not an octal file mode", self.mode));
         }
@@ -115,6 +123,7 @@ impl MountRequest {
                 &self.gid.to_string(),
             ])
             .args(["--mode", &self.mode, "--allow-other"])
+            .args(self.job.iter().map(|j| format!("--job={j}")))
             .env("STRATA_TOKEN", &self.token)
             .kill_on_drop(true);
         c
@@ -290,6 +299,7 @@ mod tests {
             gid: 1000,
             mode: "0440".into(),
             token: "t".into(),
+            job: Some("4242".into()),
         }
     }
 
@@ -315,6 +325,14 @@ mod tests {
             },
             MountRequest {
                 mode: "7777".into(),
+                ..req()
+            },
+            MountRequest {
+                job: Some("a\nb".into()),
+                ..req()
+            },
+            MountRequest {
+                job: Some("j".repeat(257)),
                 ..req()
             },
         ] {

@@ -166,6 +166,7 @@ pub(super) async fn mount_all(a: &Agent, id: &str, spec: &ClaimSpec) -> Result<(
             gid,
             mode: "0440".into(),
             token: token.clone(),
+            job: Some(spec.job.clone()),
         };
         let done = match &a.config().mounter {
             Some(socket) => super::mounter::mount_via(socket, &req).await,

@@ -18,8 +18,8 @@ use strata_types::{Error, ErrorKind, IoContext, ObjectMeta, Result};
 pub const BLOCK_HASH_HEADER: &str = "x-strata-blake3";
 /// The header naming the principal a peer read is for.
 pub const PRINCIPAL_HEADER: &str = "x-strata-principal";
-/// The header naming the job a peer read is for.
-pub const JOB_HEADER: &str = "x-strata-job";
+/// The header naming the job a peer read is for (as any client's request names it).
+pub use strata_client::JOB_HEADER;
 /// The header naming the dataset a peer read is for.
 pub const DATASET_HEADER: &str = "x-strata-dataset";
 /// The header saying how long the owner may take before it answers "still reading" (milliseconds).

@@ -70,6 +70,9 @@ pub struct AnalyticsSection {
     pub max_heat: usize,
     /// Rollup rows per minute at most (past it, a team's `(other)` row). Default 20,000.
     pub max_rollup_keys: usize,
+    /// A prefix nothing has read or written for this many days is cold (`strata heat --cold`). Default 30,
+    /// 1 to 3650.
+    pub cold_after_days: u64,
 }
 
 impl Default for AnalyticsSection {
@@ -86,6 +89,7 @@ impl Default for AnalyticsSection {
             max_jobs: d.max_jobs,
             max_heat: d.max_heat,
             max_rollup_keys: d.max_rollup_keys,
+            cold_after_days: d.cold_after.as_secs() / 86_400,
         }
     }
 }
@@ -108,6 +112,9 @@ impl AnalyticsSection {
         if !(10..=300).contains(&self.runaway_window_secs) {
             return bad("runaway_window_secs: 10 to 300");
         }
+        if !(1..=3650).contains(&self.cold_after_days) {
+            return bad("cold_after_days: 1 to 3650");
+        }
         if self.max_jobs < 10 || self.max_heat < 10 || self.max_rollup_keys < 10 {
             return bad("max_jobs, max_heat and max_rollup_keys: at least 10");
         }
@@ -120,6 +127,7 @@ impl AnalyticsSection {
             max_jobs: self.max_jobs,
             max_heat: self.max_heat,
             max_rollup_keys: self.max_rollup_keys,
+            cold_after: std::time::Duration::from_secs(self.cold_after_days * 86_400),
             ..strata_analytics::AnalyticsConfig::default()
         })
     }

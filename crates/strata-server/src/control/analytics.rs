@@ -237,3 +237,153 @@ pub(super) async fn job_stats(
     }
     reply::<an::JobStats>(o)
 }
+
+/// Operations a client answered itself (a mount's metadata from its listing), counted as the agent counts its
+/// own: to the caller's team (never another's: [`crate::http::principal_context`]) and the job and dataset
+/// the request names, under the location's prefix. The caller must read the location, so a report names only
+/// data its team may see.
+pub(super) async fn report(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    headers: axum::http::HeaderMap,
+    b: Bytes,
+) -> ApiResult<Reply<an::ReportOps>> {
+    let r: an::OpsReport = body(&b)?;
+    if r.ops.len() > an::MAX_REPORT_ROWS {
+        return Err(Error::invalid_input(format!(
+            "{} rows: a report holds at most {}",
+            r.ops.len(),
+            an::MAX_REPORT_ROWS
+        ))
+        .into());
+    }
+    for o in &r.ops {
+        if !(1..=1_000_000_000).contains(&o.count) || o.errors > o.count {
+            return Err(Error::invalid_input(format!(
+                "{:?}: count {} and errors {}: 1 to 1,000,000,000 operations, of which at most all failed",
+                o.class, o.count, o.errors
+            ))
+            .into());
+        }
+    }
+    let ctx = crate::http::principal_context(&headers, &p);
+    let caller = crate::access::Caller::Principal(p);
+    let (name, _, key, _) = a
+        .authorize_named(&caller, &r.location, Role::Reader, true)
+        .await?;
+    if !a.analytics().enabled() {
+        return reply::<an::ReportOps>(());
+    }
+    let at = SystemTime::now();
+    let (backend, key): (Arc<str>, Arc<str>) = (Arc::from(name.as_str()), Arc::from(key));
+    for o in r.ops {
+        let class = match o.class {
+            an::OpClass::DataRead => OpClass::DataRead,
+            an::OpClass::DataWrite => OpClass::DataWrite,
+            an::OpClass::MetaRead => OpClass::MetaRead,
+            an::OpClass::MetaWrite => OpClass::MetaWrite,
+        };
+        let mean = std::time::Duration::from_micros(o.latency_us / o.count);
+        // The failed and the good as two records: the rollups count errors by record.
+        for (n, ok, bytes) in [(o.count - o.errors, true, o.bytes), (o.errors, false, 0)] {
+            if n == 0 {
+                continue;
+            }
+            a.analytics().record(strata_analytics::Access {
+                at,
+                class,
+                ctx: ctx.clone(),
+                backend: backend.clone(),
+                key: key.clone(),
+                count: n,
+                bytes,
+                latency: mean,
+                served: strata_analytics::Served::None,
+                ok,
+            });
+        }
+    }
+    reply::<an::ReportOps>(())
+}
+
+/// Most prefixes one cold report folds the inventory into; past it, a team's further prefixes are not
+/// reported (the report says so in the log).
+const MAX_COLD_GROUPS: usize = 200_000;
+
+/// Cold prefixes with their sizes: the inventory folded by (team, prefix), one pass, streamed; a prefix is
+/// cold when nothing under it was read or written for the window.
+pub(super) async fn cold(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    Query(q): Query<an::ColdQuery>,
+) -> ApiResult<Reply<an::ListCold>> {
+    let n = limit(q.limit)?;
+    let depth = match q.depth {
+        None => a.analytics().config().prefix_depth,
+        Some(d @ 0..=16) => d as usize,
+        Some(d) => return Err(Error::invalid_input(format!("depth {d}: at most 16")).into()),
+    };
+    let idle = q
+        .idle_secs
+        .unwrap_or(a.analytics().config().cold_after.as_secs());
+    let cutoff = a
+        .catalog()
+        .now()
+        .saturating_sub(i64::try_from(idle).unwrap_or(i64::MAX));
+    // A non-administrator's scan reads only its teams' rows.
+    let teams: Option<Vec<String>> = (!p.is_admin).then(|| {
+        p.memberships
+            .iter()
+            .map(|m| m.team.clone())
+            .chain(p.team.clone())
+            .filter(|t| visible(&p, t))
+            .collect()
+    });
+    let mut groups: HashMap<(String, String), (u64, u64, i64)> = HashMap::new();
+    let mut over = 0u64;
+    a.catalog()
+        .scan_objects(teams.as_deref(), |o| {
+            let team = o.team.unwrap_or("");
+            if q.team.as_deref().is_some_and(|t| t != team) {
+                return;
+            }
+            let key = (
+                team.to_string(),
+                strata_analytics::prefix_of(o.backend, o.key, depth),
+            );
+            if !groups.contains_key(&key) && groups.len() >= MAX_COLD_GROUPS {
+                over += 1;
+                return;
+            }
+            let g = groups.entry(key).or_insert((0, 0, i64::MIN));
+            g.0 += o.size;
+            g.1 += 1;
+            g.2 = g.2.max(o.last_used);
+        })
+        .await?;
+    if over > 0 {
+        tracing::warn!(
+            objects = over,
+            groups = MAX_COLD_GROUPS,
+            "the cold report left out objects past its bound of prefixes"
+        );
+    }
+    let mut v: Vec<an::ColdPrefix> = groups
+        .into_iter()
+        .filter(|((team, _), (_, _, used))| *used < cutoff && visible(&p, team))
+        .map(|((team, prefix), (bytes, objects, used))| an::ColdPrefix {
+            team,
+            prefix,
+            bytes,
+            objects,
+            last_used_unix: used,
+        })
+        .collect();
+    v.sort_by(|x, y| {
+        y.bytes
+            .cmp(&x.bytes)
+            .then_with(|| (&x.team, &x.prefix).cmp(&(&y.team, &y.prefix)))
+    });
+    v.truncate(n);
+    reply::<an::ListCold>(v)
+}

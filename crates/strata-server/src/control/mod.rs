@@ -34,7 +34,7 @@ use strata_api as api;
 pub use auth::{bootstrap_admin, require_token};
 pub use forecasts::compute_forecasts;
 pub(crate) use scratch::{allocate_scratch, release_scratch, scratch_path};
-pub use state::{AccessLog, ForecastLine};
+pub use state::{ACCESS_RESOLUTION_SECS, AccessLog, ForecastLine};
 /// Where a generated administrator token is written (where clients look for it too).
 pub use strata_client::token::admin_token_file;
 
@@ -58,6 +58,8 @@ pub fn routes() -> Vec<Route> {
         route::<api::analytics::GetJobProfile>(get(analytics::job_profile)),
         route::<api::analytics::ListHeat>(get(analytics::heat)),
         route::<api::analytics::JobStats>(get(analytics::job_stats)),
+        route::<api::analytics::ReportOps>(post(analytics::report)),
+        route::<api::analytics::ListCold>(get(analytics::cold)),
         route::<api::quotas::SetQuota>(put(quotas::set_quota)),
         route::<api::quotas::ReserveQuota>(post(quotas::reserve)),
         route::<api::quotas::FreeUsage>(post(quotas::free_usage)),

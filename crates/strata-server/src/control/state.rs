@@ -25,6 +25,12 @@ struct PendingReads {
     len: usize,
 }
 
+/// Reads of one object version within this many seconds of the last recorded one are not recorded again.
+/// One second is the catalog's own resolution (a clean-up skips an object read *after* its plan, compared in
+/// whole seconds), so nothing it decides on is lost, and a hot object costs one record a second, not one per
+/// read.
+pub const ACCESS_RESOLUTION_SECS: i64 = 1;
+
 /// Most distinct objects whose read times wait for the next flush; more are dropped (and counted).
 const MAX_PENDING_READS: usize = 100_000;
 /// How long an authenticated token is remembered (revocation takes effect within this).

@@ -86,11 +86,6 @@ const SINGLE_PUT_MAX: usize = 8 * 1024 * 1024;
 const BACKEND_PART: usize = 8 * 1024 * 1024;
 /// The largest client part a completed upload sends to an object store as one part (bounding what is buffered).
 const CLIENT_PART_MAX: u64 = 64 * 1024 * 1024;
-/// Reads of one object version within this many seconds of the last recorded one are not recorded again.
-/// One second is the catalog's own resolution (a clean-up skips an object read *after* its plan, compared in
-/// whole seconds), so nothing it decides on is lost, and a hot object costs one record a second, not one per
-/// read.
-const ACCESS_RESOLUTION_SECS: i64 = 1;
 /// The S3 minimum size of every part but the last.
 const MIN_PART: u64 = 5 * 1024 * 1024;
 

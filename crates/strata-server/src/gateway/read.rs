@@ -222,7 +222,7 @@ impl Gateway {
         let now = self.agent.catalog().now();
         // One access-time record per object version and second: a hot object read thousands of times a
         // second takes the access log's lock once.
-        if res.mark_read(now, ACCESS_RESOLUTION_SECS) {
+        if res.mark_read(now, crate::control::ACCESS_RESOLUTION_SECS) {
             self.agent
                 .access_log()
                 .record(&input.bucket, &input.key, now);

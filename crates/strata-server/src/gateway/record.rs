@@ -50,6 +50,7 @@ impl Gateway {
             ctx,
             backend,
             key,
+            count: 1,
             bytes: moved,
             latency: start.elapsed(),
             served: Served::None,
