@@ -1042,12 +1042,14 @@ def snapshot(agents):
     return out
 
 
-def test_a_jobs_bytes_by_tier_add_up_across_two_agents_to_what_the_origin_sent(origin, bucket, cluster):
+def test_a_jobs_bytes_by_tier_add_up_across_two_agents_to_what_the_origin_sent(origin, bucket, cluster, pg_url):
     name, s3 = bucket
     objects = make_objects(11, 6)
     upload(s3, name, objects)
     proxy = cluster.proxy(origin.removeprefix("http://"))
-    agents = static_cluster(cluster, 2, proxy.url, name)
+    # The two agents share a catalog (PostgreSQL), where each puts its rollups every second: the fleet view.
+    agents = static_cluster(cluster, 2, proxy.url, name, env={"STRATA_CATALOG_KEY": CATALOG_KEY},
+                            extra=f'[catalog]\nurl = "{pg_url}"\n[analytics]\nflush_secs = 1')
     for a in agents:
         poll("metadata trusted", lambda: a.cluster()["coherence"]["trusted"], 30)
     # One loader job reads every object through both agents (a rank on each node).
@@ -1069,6 +1071,21 @@ def test_a_jobs_bytes_by_tier_add_up_across_two_agents_to_what_the_origin_sent(o
                lambda: (lambda v: v if sum(t["origin"] for t in v) == sent else None)([tiers(a) for a in agents]),
                timeout=30)
     assert all(t["peer"] > 0 for t in per), per
+
+    # The fleet view, asked of either agent, is both agents' rollups added up: the same bytes by tier, the
+    # origin's exactly what it sent, and every read the job made through either agent.
+    def fleet(a):
+        req = urllib.request.Request(f"{a.api}/v1/analytics/fleet?by=job&minutes=10",
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        return {(x["team"], x["name"]): x for x in json.load(urllib.request.urlopen(req, timeout=10))}
+    want = {t: sum(p[t] for p in per) for t in ("ram", "disk", "peer", "origin")}
+    line = poll("the fleet view to add both agents up", lambda: (lambda f: f if f.get(("vision", "loader-7"), {}).get(
+        "tiers") == want else None)(fleet(agents[0])), timeout=30)[("vision", "loader-7")]
+    assert len(line["agents"]) == 2, line
+    assert line["tiers"]["origin"] == sent, (line, sent)
+    assert line["ops"]["data_read"] == len(tasks), line
+    assert line["bytes"]["data_read"] == 2 * sum(len(v) for v in objects.values()), line
+    assert fleet(agents[1])[("vision", "loader-7")]["tiers"] == want
 
 
 def test_catalog_members_join_and_leave_without_moving_bytes(origin, bucket, cluster, pg_url):

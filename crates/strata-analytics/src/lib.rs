@@ -90,6 +90,17 @@ async fn drain<T: Send + 'static>(
     }
 }
 
+/// Where the writer also sends the minutes it writes: the rollups shared by the agents of a fleet (the
+/// catalog). Called with the agent's name (unique per process start) and minutes that may be sent again as
+/// they grow (the minute in progress): a sink replaces what it holds for the same agent, minute and key.
+pub trait MinuteSink: Send + Sync + 'static {
+    fn put<'a>(
+        &'a self,
+        agent: &'a str,
+        minutes: &'a [Minute],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = strata_types::Result<()>> + Send + 'a>>;
+}
+
 /// Limits and rules.
 #[derive(Debug, Clone)]
 pub struct AnalyticsConfig {
@@ -155,6 +166,9 @@ pub struct AnalyticsStats {
     /// Parquet files written, and minutes whose write failed.
     pub files_written: u64,
     pub files_failed: u64,
+    /// Minutes sent to the fleet's sink, and minutes it did not take.
+    pub fleet_written: u64,
+    pub fleet_failed: u64,
 }
 
 /// Teams tracked in the per-team totals, at most (past it, `(other)`).
@@ -187,6 +201,8 @@ pub struct Analytics {
     dropped: AtomicU64,
     files_written: AtomicU64,
     files_failed: AtomicU64,
+    fleet_written: AtomicU64,
+    fleet_failed: AtomicU64,
 }
 
 impl std::fmt::Debug for Analytics {
@@ -222,6 +238,8 @@ impl Analytics {
             dropped: AtomicU64::new(0),
             files_written: AtomicU64::new(0),
             files_failed: AtomicU64::new(0),
+            fleet_written: AtomicU64::new(0),
+            fleet_failed: AtomicU64::new(0),
         })
     }
 
@@ -262,18 +280,28 @@ impl Analytics {
     /// disk or a peer, and reads from the origin, each attributed to the job of the read that caused it
     /// (readahead and fills carry their trigger's context). Events without a job are not kept. A task of
     /// `tasks`.
+    ///
+    /// The bytes go to the jobs' timelines and to the rollups' tier mix (a data-read row with no operations
+    /// of its own), under the backend's configured name from `names` (events name a backend by its id).
     pub fn start_tiers(
         self: &Arc<Self>,
         rx: mpsc::Receiver<strata_types::IoEvent>,
+        names: std::collections::HashMap<String, String>,
         tasks: &TaskTracker,
         cancel: CancellationToken,
     ) {
         let me = self.clone();
-        tasks.spawn(drain(rx, cancel, move |batch| me.apply_events(batch)));
+        tasks.spawn(drain(rx, cancel, move |batch| {
+            me.apply_events(batch, &names)
+        }));
     }
 
     /// Fold I/O events into the jobs' tiers now ([`Self::start_tiers`]'s step).
-    pub fn apply_events(&self, events: &[strata_types::IoEvent]) {
+    pub fn apply_events(
+        &self,
+        events: &[strata_types::IoEvent],
+        names: &std::collections::HashMap<String, String>,
+    ) {
         use strata_types::{Op, Outcome, Tier};
         let mut st = self.state.lock();
         for e in events {
@@ -294,6 +322,17 @@ impl Analytics {
                 job: job.clone(),
             };
             st.jobs.add_tier(key, e.at, served, e.bytes);
+            self.roll(&mut st, e.at);
+            let backend = names
+                .get(e.backend.as_ref())
+                .map_or(&*e.backend, String::as_str);
+            st.current.add_tier(
+                &e.ctx,
+                prefix_of(backend, &e.key, self.cfg.prefix_depth),
+                served,
+                e.bytes,
+                self.cfg.max_rollup_keys.max(1),
+            );
         }
     }
 
@@ -307,8 +346,9 @@ impl Analytics {
         self.recorded.fetch_add(ops, Ordering::Relaxed);
     }
 
-    fn apply(&self, st: &mut State, a: &Access) {
-        let minute = minute_of(a.at);
+    /// Close the minute in progress if `at` is past it.
+    fn roll(&self, st: &mut State, at: SystemTime) {
+        let minute = minute_of(at);
         if minute > st.current.start {
             let closed = std::mem::replace(
                 &mut st.current,
@@ -326,6 +366,10 @@ impl Analytics {
                 }
             }
         }
+    }
+
+    fn apply(&self, st: &mut State, a: &Access) {
+        self.roll(st, a.at);
         st.current
             .add(a, self.cfg.prefix_depth, self.cfg.max_rollup_keys.max(1));
         let team: Arc<str> = a.ctx.team.clone().unwrap_or_else(|| Arc::from(""));
@@ -403,12 +447,15 @@ impl Analytics {
     /// Write the rollups under `dir` every `every` ([`files`]): the minutes closed since the last write, and
     /// the minute in progress as it stands (rewritten in place until it closes), so a kill loses at most
     /// `every`; a last write when `cancel` fires. Files are named by `agent` and this process's start, so a
-    /// restarted agent never overwrites what the last one wrote. A task of `tasks`.
+    /// restarted agent never overwrites what the last one wrote. The same minutes go to `sink` after the
+    /// files, if there is one (a sink that fails loses those minutes for the fleet view only; counted). A
+    /// task of `tasks`.
     pub fn start_writer(
         self: &Arc<Self>,
         dir: std::path::PathBuf,
         agent: String,
         every: Duration,
+        sink: Option<Arc<dyn MinuteSink>>,
         tasks: &TaskTracker,
         cancel: CancellationToken,
     ) {
@@ -431,9 +478,10 @@ impl Analytics {
                     minutes.extend(me.current_minute());
                 }
                 if !minutes.is_empty() {
-                    let (dir, name, n) = (dir.clone(), name.clone(), minutes.len());
+                    let minutes = Arc::new(minutes);
+                    let (dir, file, n, m) = (dir.clone(), name.clone(), minutes.len(), minutes.clone());
                     match tokio::task::spawn_blocking(move || {
-                        files::write_minutes(&dir, &name, &minutes)
+                        files::write_minutes(&dir, &file, &m)
                     })
                     .await
                     {
@@ -449,6 +497,15 @@ impl Analytics {
                             me.files_failed.fetch_add(n as u64, Ordering::Relaxed);
                             tracing::warn!(error = %e, "analytics writer task failed");
                         }
+                    }
+                    if let Some(sink) = &sink {
+                        match sink.put(&name, &minutes).await {
+                            Ok(()) => me.fleet_written.fetch_add(n as u64, Ordering::Relaxed),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "analytics rollups not shared with the fleet");
+                                me.fleet_failed.fetch_add(n as u64, Ordering::Relaxed)
+                            }
+                        };
                     }
                 }
                 if last {
@@ -490,6 +547,8 @@ impl Analytics {
             jobs_evicted: st.jobs.evicted,
             files_written: self.files_written.load(Ordering::Relaxed),
             files_failed: self.files_failed.load(Ordering::Relaxed),
+            fleet_written: self.fleet_written.load(Ordering::Relaxed),
+            fleet_failed: self.fleet_failed.load(Ordering::Relaxed),
         }
     }
 }

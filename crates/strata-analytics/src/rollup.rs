@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::access::{Access, OpClass, Served};
 use crate::sketch::Sketch;
+use strata_types::IoContext;
 
 /// The name of rows that stand for what a bound folded away.
 pub const OTHER: &str = "(other)";
@@ -65,16 +66,24 @@ pub fn prefix_of(backend: &str, key: &str, depth: usize) -> String {
 }
 
 impl Minute {
-    /// Add one access (to the row of its key, or its team's `(other)` row past `max_keys`).
-    pub fn add(&mut self, a: &Access, depth: usize, max_keys: usize) {
+    /// The row of an operation of `class` under `prefix` for `ctx`, or its team's `(other)` row past
+    /// `max_keys` (then `folded` counts `n` more).
+    fn row(
+        &mut self,
+        ctx: &IoContext,
+        prefix: String,
+        class: OpClass,
+        max_keys: usize,
+        n: u64,
+    ) -> &mut RollupRow {
         let none: Arc<str> = Arc::from("");
-        let team = a.ctx.team.clone().unwrap_or_else(|| none.clone());
+        let team = ctx.team.clone().unwrap_or_else(|| none.clone());
         let mut key = RollupKey {
             team,
-            job: a.ctx.job.clone().unwrap_or_else(|| none.clone()),
-            dataset: a.ctx.dataset.clone().unwrap_or(none),
-            prefix: Arc::from(prefix_of(&a.backend, &a.key, depth)),
-            class: a.class,
+            job: ctx.job.clone().unwrap_or_else(|| none.clone()),
+            dataset: ctx.dataset.clone().unwrap_or(none),
+            prefix: Arc::from(prefix),
+            class,
         };
         if !self.rows.contains_key(&key) && self.rows.len() >= max_keys {
             let other: Arc<str> = Arc::from(OTHER);
@@ -85,10 +94,31 @@ impl Minute {
                 prefix: other,
                 class: key.class,
             };
-            self.folded += a.ops();
+            self.folded += n;
         }
+        self.rows.entry(key).or_default()
+    }
+
+    /// `bytes` of a data read under `prefix` ([`prefix_of`]) served by `served` (the cache's and the
+    /// origin's events): the tier mix of its row, no operation of its own.
+    pub fn add_tier(
+        &mut self,
+        ctx: &IoContext,
+        prefix: String,
+        served: Served,
+        bytes: u64,
+        max_keys: usize,
+    ) {
+        let Some(i) = served.index() else { return };
+        self.row(ctx, prefix, OpClass::DataRead, max_keys, 0)
+            .tier_bytes[i] += bytes;
+    }
+
+    /// Add one access (to the row of its key, or its team's `(other)` row past `max_keys`).
+    pub fn add(&mut self, a: &Access, depth: usize, max_keys: usize) {
         let n = a.ops();
-        let row = self.rows.entry(key).or_default();
+        let prefix = prefix_of(&a.backend, &a.key, depth);
+        let row = self.row(&a.ctx, prefix, a.class, max_keys, n);
         row.count += n;
         if !a.ok {
             row.errors += n;

@@ -265,15 +265,19 @@ fn a_jobs_bytes_by_tier_come_from_the_cache_and_origin_events_of_its_reads() {
     };
     let mut other = ev(Op::Get, Tier::Backend, 999);
     other.ctx.job = None;
-    a.apply_events(&[
-        ev(Op::CacheLookup, Tier::Ram, 10),
-        ev(Op::CacheLookup, Tier::Disk, 20),
-        ev(Op::Get, Tier::Peer, 30),
-        ev(Op::CacheLookup, Tier::Miss, 0),
-        ev(Op::Get, Tier::Backend, 40),
-        ev(Op::Head, Tier::Backend, 0),
-        other,
-    ]);
+    let names = std::collections::HashMap::from([("s3://b".to_string(), "origin".to_string())]);
+    a.apply_events(
+        &[
+            ev(Op::CacheLookup, Tier::Ram, 10),
+            ev(Op::CacheLookup, Tier::Disk, 20),
+            ev(Op::Get, Tier::Peer, 30),
+            ev(Op::CacheLookup, Tier::Miss, 0),
+            ev(Op::Get, Tier::Backend, 40),
+            ev(Op::Head, Tier::Backend, 0),
+            other,
+        ],
+        &names,
+    );
     let v = &a.jobs(t(6), |_| true)[0];
     let tiers = v.timeline.iter().fold([0u64; 4], |mut acc, s| {
         for (a, b) in acc.iter_mut().zip(s.tier_bytes) {
@@ -287,6 +291,16 @@ fn a_jobs_bytes_by_tier_come_from_the_cache_and_origin_events_of_its_reads() {
         "RAM, disk, peer, origin; the job-less read is nobody's"
     );
     assert_eq!(v.hit_ratio, Some(60.0 / 100.0));
+    // The rollups' tier mix too, under the backend's configured name, with no operation of its own.
+    let m = a.take_minutes(true);
+    let rows: Vec<_> = m.iter().flat_map(|m| m.rows.iter()).collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (k, r) = rows[0];
+    assert_eq!(
+        (&*k.job, &*k.prefix, k.class),
+        ("loader", "origin/", OpClass::DataRead)
+    );
+    assert_eq!((r.count, r.tier_bytes), (0, [10, 20, 30, 40]));
 }
 
 #[test]

@@ -258,11 +258,63 @@ endpoint! {
     query: ColdQuery, request: Empty, response: Json<Vec<ColdPrefix>>
 }
 
+/// What the fleet view groups by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FleetBy {
+    Team,
+    #[default]
+    Job,
+    Dataset,
+    Prefix,
+}
+
+/// Query of `GET /v1/analytics/fleet`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FleetQuery {
+    /// Group by team, job (default), dataset or prefix.
+    pub by: Option<FleetBy>,
+    /// Over the last this many minutes (default 15, at most 10,080: a week).
+    pub minutes: Option<u32>,
+    /// Only this team's.
+    pub team: Option<String>,
+    /// At most this many, most bytes first (default 50, at most 1000).
+    pub limit: Option<u32>,
+}
+
+/// One team's job, dataset or prefix over every agent of the fleet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FleetLine {
+    pub team: String,
+    /// The job, dataset or prefix (the team when grouped by team).
+    pub name: String,
+    /// The agents that served it (their names).
+    pub agents: Vec<String>,
+    pub ops: ByClass,
+    pub bytes: ByClass,
+    pub errors: u64,
+    /// Read bytes by the tier that served them, summed over the agents.
+    pub tiers: ByTier,
+    /// Time spent in data reads, seconds, summed.
+    pub read_seconds: f64,
+    /// The first and last minute seen (unix seconds).
+    pub first_minute_unix: i64,
+    pub last_minute_unix: i64,
+}
+
+endpoint! {
+    /// The fleet view: every agent's rollups (shared through the catalog) by team, job, dataset or prefix over the last minutes, most bytes first
+    GetFleet = GET "/v1/analytics/fleet", Control, Access::Any, "any principal (only the teams it may read)";
+    query: FleetQuery, request: Empty, response: Json<Vec<FleetLine>>
+}
+
 endpoint_list!(
     ListJobs,
     GetJobProfile,
     ListHeat,
     JobStats,
     ReportOps,
-    ListCold
+    ListCold,
+    GetFleet
 );

@@ -26,6 +26,7 @@ use strata_types::{Error, ErrorKind, Result};
 pub mod access;
 pub mod buckets;
 pub mod claims;
+pub mod fleet;
 pub mod inventory;
 pub mod lifecycle;
 pub mod members;

@@ -203,6 +203,14 @@ enum Command {
         #[command(flatten)]
         out: admin::Out,
     },
+    /// The fleet view: every agent's operations over the last minutes (shared through the catalog) by job,
+    /// team, dataset or prefix, with bytes by the tier that served them.
+    Fleet {
+        #[command(flatten)]
+        args: admin::analytics::FleetArgs,
+        #[command(flatten)]
+        out: admin::Out,
+    },
     /// One job's analytics.
     Job {
         #[command(subcommand)]
@@ -589,6 +597,7 @@ async fn run(cli: Cli) -> Result<()> {
             ..
         } => admin::analytics::heat(team, kind, limit, out).await,
         Command::Job { cmd, out } => admin::analytics::job(cmd, out).await,
+        Command::Fleet { args, out } => admin::analytics::fleet(args, out).await,
         Command::Scratch { cmd: c, out } => admin::scratch::run(c, out).await,
         Command::Claim { cmd: c, out } => admin::claim::run(c, out).await,
         Command::Ckpt(c) => ckpt(c).await,

@@ -225,11 +225,23 @@ impl Agent {
                 65_536,
                 &[strata_types::Op::CacheLookup, strata_types::Op::Get],
             );
-            analytics.start_tiers(events, &tasks, claim_stop.clone());
+            let names = backends
+                .iter()
+                .map(|b| (b.backend.id().to_string(), b.name.clone()))
+                .collect();
+            analytics.start_tiers(events, names, &tasks, claim_stop.clone());
+            let sink = config.analytics_fleet.map(|retention| {
+                Arc::new(control::CatalogSink {
+                    catalog: catalog.clone(),
+                    retention,
+                    pruned_at: std::sync::atomic::AtomicI64::new(0),
+                }) as Arc<dyn strata_analytics::MinuteSink>
+            });
             analytics.start_writer(
                 config.analytics_dir.clone(),
                 id.clone(),
                 config.analytics_flush,
+                sink,
                 &tasks,
                 claim_stop.clone(),
             );

@@ -209,6 +209,65 @@ pub async fn cold(
     })
 }
 
+/// `strata fleet` arguments.
+#[derive(Debug, Args, Clone)]
+pub struct FleetArgs {
+    /// Group by `job`, `team`, `dataset` or `prefix`.
+    #[arg(long, default_value = "job")]
+    pub by: String,
+    /// Over the last this many minutes.
+    #[arg(long, default_value_t = 15)]
+    pub minutes: u32,
+    /// Only this team's.
+    #[arg(long)]
+    pub team: Option<String>,
+    /// Rows shown.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+}
+
+pub async fn fleet(args: FleetArgs, out: Out) -> Result<()> {
+    let api = Api::new(&out.api)?;
+    let by = match args.by.as_str() {
+        "job" => an::FleetBy::Job,
+        "team" => an::FleetBy::Team,
+        "dataset" => an::FleetBy::Dataset,
+        "prefix" => an::FleetBy::Prefix,
+        b => bail!("--by {b:?}: expected job, team, dataset or prefix"),
+    };
+    let q = an::FleetQuery {
+        by: Some(by),
+        minutes: Some(args.minutes),
+        team: args.team,
+        limit: Some(args.limit),
+    };
+    let v = api.call::<an::GetFleet>(&[], &q, &()).await?;
+    show(&out, &v, |v| {
+        table(
+            &[
+                "team", "name", "agents", "read", "written", "meta ops", "origin", "peer", "hit",
+            ],
+            v.iter()
+                .map(|l| {
+                    let t = &l.tiers;
+                    let known = t.ram + t.disk + t.peer + t.origin;
+                    vec![
+                        l.team.clone(),
+                        l.name.clone(),
+                        l.agents.len().to_string(),
+                        size(Some(l.bytes.data_read as i64)),
+                        size(Some(l.bytes.data_write as i64)),
+                        (l.ops.meta_read + l.ops.meta_write).to_string(),
+                        size(Some(t.origin as i64)),
+                        size(Some(t.peer as i64)),
+                        pct((known > 0).then(|| (known - t.origin) as f64 / known as f64)),
+                    ]
+                })
+                .collect(),
+        )
+    })
+}
+
 pub async fn job(cmd: JobCommand, out: Out) -> Result<()> {
     let api = Api::new(&out.api)?;
     let (team, job) = match cmd {

@@ -73,6 +73,9 @@ pub struct AnalyticsSection {
     /// A prefix nothing has read or written for this many days is cold (`strata heat --cold`). Default 30,
     /// 1 to 3650.
     pub cold_after_days: u64,
+    /// Days the rollups are kept in the catalog for the fleet view (`/v1/analytics/fleet`); 0: this agent's
+    /// rollups are not shared. Default 7, at most 366.
+    pub fleet_retention_days: u64,
 }
 
 impl Default for AnalyticsSection {
@@ -90,6 +93,7 @@ impl Default for AnalyticsSection {
             max_heat: d.max_heat,
             max_rollup_keys: d.max_rollup_keys,
             cold_after_days: d.cold_after.as_secs() / 86_400,
+            fleet_retention_days: 7,
         }
     }
 }
@@ -111,6 +115,9 @@ impl AnalyticsSection {
         }
         if !(10..=300).contains(&self.runaway_window_secs) {
             return bad("runaway_window_secs: 10 to 300");
+        }
+        if self.fleet_retention_days > 366 {
+            return bad("fleet_retention_days: at most 366");
         }
         if !(1..=3650).contains(&self.cold_after_days) {
             return bad("cold_after_days: 1 to 3650");
@@ -480,6 +487,8 @@ pub struct Resolved {
     /// Where the analytics' rollups are written, and how often.
     pub analytics_dir: PathBuf,
     pub analytics_flush: std::time::Duration,
+    /// How long the fleet's rollups are kept in the catalog; `None`: not shared.
+    pub analytics_fleet: Option<std::time::Duration>,
     /// A membership source built outside the agent, which `cache = "kubernetes"` needs (`strata serve`
     /// starts the EndpointSlice watch and puts it here). `None` from [`Config::resolve`].
     pub membership: Option<std::sync::Arc<dyn strata_cluster::Membership>>,
@@ -765,6 +774,9 @@ impl Config {
             analytics,
             analytics_dir,
             analytics_flush: std::time::Duration::from_secs(self.analytics.flush_secs),
+            analytics_fleet: (self.analytics.fleet_retention_days > 0).then(|| {
+                std::time::Duration::from_secs(self.analytics.fleet_retention_days * 86_400)
+            }),
             mounter: self.claims.mounter.clone(),
             catalog_key: o.catalog_key.clone().filter(|k| !k.trim().is_empty()),
             peers,

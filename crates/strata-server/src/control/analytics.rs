@@ -387,3 +387,141 @@ pub(super) async fn cold(
     v.truncate(n);
     reply::<an::ListCold>(v)
 }
+
+/// The fleet's share of the rollups: every minute the writer persists also goes to the catalog, which the
+/// agents of a cluster share ([`strata_catalog::fleet`]); what is past the retention is pruned, at most once
+/// an hour per agent.
+pub(crate) struct CatalogSink {
+    pub catalog: Catalog,
+    pub retention: Duration,
+    pub pruned_at: std::sync::atomic::AtomicI64,
+}
+
+impl strata_analytics::MinuteSink for CatalogSink {
+    fn put<'a>(
+        &'a self,
+        agent: &'a str,
+        minutes: &'a [strata_analytics::Minute],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>> {
+        Box::pin(async move {
+            for m in minutes {
+                let rows: Vec<strata_catalog::fleet::FleetRow> = m
+                    .rows
+                    .iter()
+                    .map(|(k, r)| {
+                        let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                        strata_catalog::fleet::FleetRow {
+                            team: k.team.to_string(),
+                            job: k.job.to_string(),
+                            dataset: k.dataset.to_string(),
+                            prefix: k.prefix.to_string(),
+                            class: k.class.as_str().to_string(),
+                            ops: i(r.count),
+                            errors: i(r.errors),
+                            bytes: i(r.bytes),
+                            latency_us: i(r.latency_sum_us),
+                            tiers: r.tier_bytes.map(i),
+                        }
+                    })
+                    .collect();
+                self.catalog
+                    .put_minutes(agent, i64::try_from(m.start).unwrap_or(0), &rows)
+                    .await?;
+            }
+            let now = self.catalog.now();
+            let last = self.pruned_at.load(std::sync::atomic::Ordering::Relaxed);
+            if now - last >= 3600 {
+                self.pruned_at
+                    .store(now, std::sync::atomic::Ordering::Relaxed);
+                let before = now - i64::try_from(self.retention.as_secs()).unwrap_or(i64::MAX);
+                let n = self.catalog.prune_minutes(before).await?;
+                if n > 0 {
+                    tracing::debug!(rows = n, "pruned the fleet's rollups past their retention");
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The fleet view: every agent's rollups in the catalog, grouped, only the teams the caller may read.
+pub(super) async fn fleet(
+    State(a): State<Arc<Agent>>,
+    Extension(p): Authed,
+    Query(q): Query<an::FleetQuery>,
+) -> ApiResult<Reply<an::GetFleet>> {
+    use strata_catalog::fleet::FleetBy;
+    let n = limit(q.limit)?;
+    let minutes = q.minutes.unwrap_or(15);
+    if !(1..=10_080).contains(&minutes) {
+        return Err(Error::invalid_input(format!("minutes {minutes}: 1 to 10080")).into());
+    }
+    let by = match q.by.unwrap_or_default() {
+        an::FleetBy::Team => FleetBy::Team,
+        an::FleetBy::Job => FleetBy::Job,
+        an::FleetBy::Dataset => FleetBy::Dataset,
+        an::FleetBy::Prefix => FleetBy::Prefix,
+    };
+    let now = a.catalog().now();
+    let since = now - now.rem_euclid(60) - 60 * (i64::from(minutes) - 1);
+    let groups = a.catalog().fleet_groups(by, since).await?;
+    let mut lines: BTreeMap<(String, String), an::FleetLine> = BTreeMap::new();
+    for g in groups {
+        if !visible(&p, &g.team) || q.team.as_deref().is_some_and(|t| t != g.team) {
+            continue;
+        }
+        let l = lines
+            .entry((g.team.clone(), g.name.clone()))
+            .or_insert_with(|| an::FleetLine {
+                team: g.team.clone(),
+                name: g.name.clone(),
+                agents: Vec::new(),
+                ops: an::ByClass::default(),
+                bytes: an::ByClass::default(),
+                errors: 0,
+                tiers: an::ByTier::default(),
+                read_seconds: 0.0,
+                first_minute_unix: g.first_minute,
+                last_minute_unix: g.last_minute,
+            });
+        // An agent's name is `<agent>-<process start>`: the agent, whichever of its runs.
+        let agent = g
+            .agent
+            .rsplit_once('-')
+            .map_or(g.agent.as_str(), |(name, _)| name);
+        if !l.agents.iter().any(|x| x == agent) {
+            l.agents.push(agent.to_string());
+        }
+        let u = |v: i64| u64::try_from(v).unwrap_or(0);
+        let (ops, bytes) = match g.class.as_str() {
+            "data_read" => {
+                l.read_seconds += g.latency_us as f64 / 1e6;
+                (&mut l.ops.data_read, &mut l.bytes.data_read)
+            }
+            "data_write" => (&mut l.ops.data_write, &mut l.bytes.data_write),
+            "meta_read" => (&mut l.ops.meta_read, &mut l.bytes.meta_read),
+            _ => (&mut l.ops.meta_write, &mut l.bytes.meta_write),
+        };
+        *ops += u(g.ops);
+        *bytes += u(g.bytes);
+        l.errors += u(g.errors);
+        l.tiers.ram += u(g.tiers[0]);
+        l.tiers.disk += u(g.tiers[1]);
+        l.tiers.peer += u(g.tiers[2]);
+        l.tiers.origin += u(g.tiers[3]);
+        l.first_minute_unix = l.first_minute_unix.min(g.first_minute);
+        l.last_minute_unix = l.last_minute_unix.max(g.last_minute);
+    }
+    let total = |l: &an::FleetLine| l.bytes.data_read + l.bytes.data_write;
+    let mut v: Vec<an::FleetLine> = lines.into_values().collect();
+    for l in &mut v {
+        l.agents.sort();
+    }
+    v.sort_by(|x, y| {
+        total(y)
+            .cmp(&total(x))
+            .then_with(|| (&x.team, &x.name).cmp(&(&y.team, &y.name)))
+    });
+    v.truncate(n);
+    reply::<an::GetFleet>(v)
+}

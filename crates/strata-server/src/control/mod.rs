@@ -31,6 +31,7 @@ use axum::routing::{delete, get, post, put};
 use crate::http::{Route, route};
 use strata_api as api;
 
+pub(crate) use analytics::CatalogSink;
 pub use auth::{bootstrap_admin, require_token};
 pub use forecasts::compute_forecasts;
 pub(crate) use scratch::{allocate_scratch, release_scratch, scratch_path};
@@ -60,6 +61,7 @@ pub fn routes() -> Vec<Route> {
         route::<api::analytics::JobStats>(get(analytics::job_stats)),
         route::<api::analytics::ReportOps>(post(analytics::report)),
         route::<api::analytics::ListCold>(get(analytics::cold)),
+        route::<api::analytics::GetFleet>(get(analytics::fleet)),
         route::<api::quotas::SetQuota>(put(quotas::set_quota)),
         route::<api::quotas::ReserveQuota>(post(quotas::reserve)),
         route::<api::quotas::FreeUsage>(post(quotas::free_usage)),
