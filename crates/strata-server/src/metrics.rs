@@ -409,6 +409,39 @@ pub(crate) fn render_analytics(a: &strata_analytics::Analytics) -> String {
             ("outcome=\"folded\"", st.folded),
         ],
     );
+    family(
+        &mut o,
+        "strata_analytics_entries",
+        "gauge",
+        "Jobs and heat entries the analytics hold now (each bounded: [analytics] max_jobs, max_heat)",
+        &[
+            ("kind=\"jobs\"", st.jobs),
+            ("kind=\"heat\"", st.heat_entries),
+        ],
+    );
+    family(
+        &mut o,
+        "strata_analytics_evicted_total",
+        "counter",
+        "Jobs (the least recently seen) and heat entries (the coldest) dropped by their bound",
+        &[
+            ("kind=\"jobs\"", st.jobs_evicted),
+            ("kind=\"heat\"", st.heat_evicted),
+        ],
+    );
+    family(
+        &mut o,
+        "strata_analytics_minutes_total",
+        "counter",
+        "Rollup minutes written as Parquet files and put in the catalog for the fleet, or not (failed; dropped before the writer took them)",
+        &[
+            ("sink=\"files\",result=\"written\"", st.files_written),
+            ("sink=\"files\",result=\"failed\"", st.files_failed),
+            ("sink=\"fleet\",result=\"written\"", st.fleet_written),
+            ("sink=\"fleet\",result=\"failed\"", st.fleet_failed),
+            ("sink=\"any\",result=\"dropped\"", st.minutes_dropped),
+        ],
+    );
     o
 }
 
