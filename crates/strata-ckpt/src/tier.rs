@@ -82,12 +82,15 @@ impl Peer {
         u
     }
 
+    /// Store `file`, whose `len` bytes `body` streams: the length goes first (`Content-Length`), so the
+    /// agent admits a replica charged to its team's quota before it reads it.
     async fn put(
         &self,
         run: &str,
         step: u64,
         file: &str,
         body: strata_client::Body,
+        len: u64,
         blake3: Option<&str>,
     ) -> Result<()> {
         let mut req = self
@@ -96,6 +99,7 @@ impl Peer {
                 strata_client::Method::PUT,
                 self.url(run, Some(step), Some(file)),
             )
+            .header(strata_client::reqwest::header::CONTENT_LENGTH, len)
             .body(body);
         if let Some(h) = blake3 {
             req = req.header("x-strata-blake3", h);
@@ -264,7 +268,7 @@ impl Tier {
                 let body = strata_client::Body::wrap_stream(futures::stream::iter(
                     chunks.into_iter().map(Ok::<_, std::io::Error>),
                 ));
-                p.put(run, step, &file, body, Some(&sum)).await?;
+                p.put(run, step, &file, body, size, Some(&sum)).await?;
                 Ok(ShardRecord {
                     rank,
                     file,
@@ -433,7 +437,8 @@ impl Tier {
                 .map_err(|e| Error::internal(e.to_string()))?
             }
             Tier::Peer(p) => {
-                p.put(run, step, &file, strata_client::Body::from(text), None)
+                let len = text.len() as u64;
+                p.put(run, step, &file, strata_client::Body::from(text), len, None)
                     .await
             }
             Tier::Remote(b) => {
@@ -488,11 +493,13 @@ impl Tier {
             }
             Tier::Peer(p) => {
                 failpoint("ckpt-manifest-write")?;
+                let len = text.len() as u64;
                 p.put(
                     &m.run_id,
                     m.step,
                     MANIFEST,
                     strata_client::Body::from(text),
+                    len,
                     None,
                 )
                 .await
