@@ -92,10 +92,12 @@ impl Default for ClientOptions {
 }
 
 impl ClientOptions {
-    /// Defaults with the token from the environment ([`token::from_env`]).
+    /// Defaults with the token and the job from the environment ([`token::from_env`],
+    /// [`token::job_from_env`]).
     pub fn from_env() -> Self {
         Self {
             token: token::from_env(),
+            job: token::job_from_env(),
             ..Self::default()
         }
     }

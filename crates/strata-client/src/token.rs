@@ -23,7 +23,10 @@ pub fn from_env() -> Option<String> {
 /// The job a process's I/O is attributed to: `STRATA_JOB` (a claim gives its job this, on Slurm and in a
 /// DataClaim's pods), else `SLURM_JOB_ID`, else, in a Kubernetes pod, the pod's name (`HOSTNAME` there).
 pub fn job_from_env() -> Option<String> {
-    let var = |n: &str| clean(std::env::var(n).ok()).filter(|v| v.len() <= 256);
+    // A value no header can carry is no job (every client built from the environment would fail).
+    let var = |n: &str| {
+        clean(std::env::var(n).ok()).filter(|v| v.len() <= 256 && !v.chars().any(char::is_control))
+    };
     var("STRATA_JOB")
         .or_else(|| var("SLURM_JOB_ID"))
         .or_else(|| {

@@ -44,12 +44,15 @@ use crate::access::{Caller, ClusterCall};
 use crate::http::{ApiError, Route, route};
 use strata_api as api;
 
+pub(crate) mod record;
+
 /// Largest replica accepted in one request (a shard, streamed to disk).
 const MAX_REPLICA: u64 = 64 << 30;
 /// Largest record or manifest (held in memory to be parsed).
 const MAX_DOCUMENT: usize = 16 << 20;
 
-/// Routes of the peer API, for the route table of [`crate::routes`].
+/// Routes of the peer API, for the route table of [`crate::routes`] (which records their operations:
+/// [`record`]).
 pub fn routes() -> Vec<Route> {
     // Records and manifests are held in memory to be parsed; replicas stream to disk (their own limit).
     fn r<E: api::Endpoint>(h: axum::routing::MethodRouter<Arc<Agent>>) -> Route {

@@ -29,7 +29,13 @@ pub fn router(agent: Arc<Agent>) -> Router {
     for (doc, mr) in table() {
         r = r.route(doc.path, mr);
     }
+    // Inside the token check (the caller is known) and around every route: the checkpoint routes'
+    // operations recorded for the analytics.
     r.with_state(agent.clone())
+        .layer(axum::middleware::from_fn_with_state(
+            agent.clone(),
+            crate::replicas::record::record,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             agent,
             crate::control::require_token,
