@@ -229,7 +229,8 @@ url = "s3://{BUCKET}"
 endpoint = "{endpoint}"
 access_key_id = "{KEY}"
 secret_access_key = "{SECRET}"
-""")
+""" + os.environ.get("STRATA_BENCH_AGENT_EXTRA", "").replace(";", "\n"))
+    # STRATA_BENCH_AGENT_EXTRA: more of the agent's configuration, `;` for newlines (an on/off A/B).
     data = os.path.join(scratch, "agent")
     # STRATA_BENCH_BIN: another build of `strata` (an A/B of two commits in one sitting, with their wheels).
     binary = os.environ.get("STRATA_BENCH_BIN") or os.path.join(ROOT, "target", "release", "strata")
