@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -22,7 +23,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, client
+from conftest import ADMIN_TOKEN, ORIGIN_KEY, ORIGIN_SECRET, STRATA, client, poll
 
 MIB = 1024 * 1024
 BUCKET = "claims-origin"
@@ -719,6 +720,7 @@ def test_the_loaders_io_stall_is_in_the_claims_accounting_counted_once(agent, s3
     assert agent.wait_settled(c["id"])["state"] == "ready"
     # The job's environment, as `strata claim env` gives it.
     monkeypatch.setenv("STRATA_CLAIM", c["id"])
+    monkeypatch.setenv("STRATA_JOB", "job-stall")
     monkeypatch.setenv("STRATA_AGENT", agent.api)
     monkeypatch.setenv("STRATA_TOKEN", ADMIN_TOKEN)
     ds = strata.StreamingDataset("s3://claims-origin/ds-stall", agent=agent.api, cache="agent", shuffle=False)
@@ -732,6 +734,15 @@ def test_the_loaders_io_stall_is_in_the_claims_accounting_counted_once(agent, s3
         agent.ok("POST", f"/v1/claims/{c['id']}/heartbeat", {"stall_secs": 1.5, "reporter": "other:1"})
     u = agent.ok("GET", f"/v1/claims/{c['id']}")["usage"]
     assert abs(u["stall_secs"] - (stall + 1.5)) < 0.002, (u, stall)
+    # The job's analytics profile says it by reader (rank), most stalled first, beside its reads.
+    prof = poll("the job's reads in its profile", lambda: (lambda s, v: v if s == 200 else None)(
+        *agent.call("GET", "/v1/analytics/jobs/vision/job-stall")), timeout=10)
+    readers = {r["reporter"]: r["stall_secs"] for r in prof["readers"]}
+    mine = [k for k in readers if k.startswith(f"{socket.gethostname()}:{os.getpid()}:")]
+    assert len(readers) == 2 and len(mine) == 1 and readers["other:1"] == 1.5, readers
+    assert abs(readers[mine[0]] - stall) < 0.002, (readers, stall)
+    assert [r["stall_secs"] for r in prof["readers"]] == sorted(readers.values(), reverse=True)
+    assert prof["summary"]["ops"]["data_read"] > 0, prof["summary"]
     # A report is its reporter's total or nothing: half of one, a negative or infinite total are refused.
     for body in ({"stall_secs": 1.0}, {"reporter": "x"}, {"stall_secs": -1, "reporter": "x"},
                  {"stall_secs": "1e999", "reporter": "x"}, {"stall_secs": 1, "reporter": ""}):

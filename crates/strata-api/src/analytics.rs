@@ -101,6 +101,18 @@ pub struct TimelineSlot {
     pub tiers: ByTier,
 }
 
+/// One reader's I/O stall (a rank's process), as its loader reported it to the job's claim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReaderStall {
+    pub claim: String,
+    /// Who reported (`host:pid`).
+    pub reporter: String,
+    /// Its running total of time waiting for samples, seconds.
+    pub stall_secs: f64,
+    /// When it last reported (unix seconds).
+    pub reported_at_unix: i64,
+}
+
 /// `GET /v1/analytics/jobs/{team}/{job}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct JobProfile {
@@ -108,6 +120,9 @@ pub struct JobProfile {
     pub latency: Vec<ClassLatency>,
     /// The last five minutes in 10-second slots, oldest first (slots with nothing left out).
     pub timeline: Vec<TimelineSlot>,
+    /// Stall by reader (rank), from the job's claims, most stalled first (none without a claim).
+    #[serde(default)]
+    pub readers: Vec<ReaderStall>,
 }
 
 /// What a heat entry is about.

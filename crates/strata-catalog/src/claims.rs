@@ -322,6 +322,33 @@ impl Catalog {
         Ok(total)
     }
 
+    /// What each reader of `team`'s job `job` reported as its I/O stall to the job's claims: (claim, reporter,
+    /// stall in milliseconds, when last reported), most stalled first, at most 1,000.
+    pub async fn job_stalls(
+        &self,
+        team: &str,
+        job: &str,
+    ) -> Result<Vec<(String, String, i64, i64)>> {
+        sqlx::query(
+            "SELECT r.claim_id AS claim_id, r.reporter AS reporter, r.stall_ms AS stall_ms,                r.reported_at AS reported_at              FROM claim_reports r JOIN claims c ON c.id = r.claim_id              WHERE c.team = $1 AND c.job = $2 ORDER BY r.stall_ms DESC, r.reporter LIMIT 1000",
+        )
+        .bind(team)
+        .bind(job)
+        .fetch_all(self.pool())
+        .await
+        .map_err(db_err)?
+        .iter()
+        .map(|r| {
+            Ok((
+                r.try_get("claim_id").map_err(db_err)?,
+                r.try_get("reporter").map_err(db_err)?,
+                r.try_get("stall_ms").map_err(db_err)?,
+                r.try_get("reported_at").map_err(db_err)?,
+            ))
+        })
+        .collect()
+    }
+
     /// Mark a claim released with its final accounting and why. Returns false if it already was (a release
     /// is idempotent: the first one wins, the rest change nothing).
     pub async fn release_claim(&self, id: &str, reason: &str, usage: &str) -> Result<bool> {

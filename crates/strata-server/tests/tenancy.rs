@@ -342,6 +342,8 @@ fn request(w: &World, method: &str, path: &str) -> (String, Option<Value>) {
         }
         ("POST", "/v1/ckpt/handoff") => Some(handoff_body("run-b", &w.b_local, None, vec![])),
         ("POST", "/v1/cache/warm") => Some(json!({"location": "default/team-b/"})),
+        ("POST", "/v1/analytics/report") => Some(json!({"location": "default/team-b/",
+                                                        "ops": [{"class": "meta_read", "count": 1}]})),
         ("POST", "/v1/cache/pin") => Some(json!({"location": "default/team-b/pinme/"})),
         ("POST", "/v1/cache/unpin") => Some(json!({"location": "default/team-b/pinned/"})),
         ("POST", "/v1/teams") => Some(json!({"name": "team-c"})),

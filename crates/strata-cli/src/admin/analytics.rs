@@ -345,5 +345,21 @@ pub async fn job(cmd: JobCommand, out: Out) -> Result<()> {
                 })
                 .collect(),
         );
+        if !p.readers.is_empty() {
+            table(
+                &["reader (rank)", "claim", "stall", "reported"],
+                p.readers
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.reporter.clone(),
+                            r.claim.clone(),
+                            format!("{:.2} s", r.stall_secs),
+                            at(Some(r.reported_at_unix)),
+                        ]
+                    })
+                    .collect(),
+            );
+        }
     })
 }

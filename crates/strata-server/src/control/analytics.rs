@@ -122,10 +122,23 @@ pub(super) async fn job_profile(
             p99_ms: v.p99[c as usize].as_secs_f64() * 1e3,
         })
         .collect();
+    let readers = a
+        .catalog()
+        .job_stalls(&team, &job)
+        .await?
+        .into_iter()
+        .map(|(claim, reporter, ms, at)| an::ReaderStall {
+            claim,
+            reporter,
+            stall_secs: ms as f64 / 1e3,
+            reported_at_unix: at,
+        })
+        .collect();
     reply::<an::GetJobProfile>(an::JobProfile {
         summary: summary(v),
         latency,
         timeline: v.timeline.iter().map(slot).collect(),
+        readers,
     })
 }
 
