@@ -362,6 +362,7 @@ def test_rollups_are_parquet_that_duckdb_reads_and_a_kill_loses_none_written(ori
 
 def test_a_real_prometheus_scrapes_the_agent_and_every_dashboard_query_returns_data(agent, tmp_path):
     import shutil
+    import urllib.error
     import urllib.parse
     import urllib.request
     from conftest import free_port, wait_port
@@ -406,7 +407,15 @@ scrape_configs:
             assert v["status"] == "success", v
             return v["data"]["result"]
 
-        poll("Prometheus to scrape the agent", lambda: query('up{job="strata"} == 1'), timeout=30)
+        def ready():
+            # Prometheus answers 503 until its storage is open (a loaded machine takes a while).
+            try:
+                return query('up{job="strata"} == 1')
+            except urllib.error.HTTPError as e:
+                if e.code == 503:
+                    return None
+                raise
+        poll("Prometheus to scrape the agent", ready, timeout=60)
         # rate() needs two samples in its window; keep some traffic going meanwhile.
         for _ in range(4):
             c.get_object(Bucket="default", Key="vision/dash/a.bin")["Body"].read()

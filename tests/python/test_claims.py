@@ -734,7 +734,12 @@ def test_the_loaders_io_stall_is_in_the_claims_accounting_counted_once(agent, s3
         agent.ok("POST", f"/v1/claims/{c['id']}/heartbeat", {"stall_secs": 1.5, "reporter": "other:1"})
     u = agent.ok("GET", f"/v1/claims/{c['id']}")["usage"]
     assert abs(u["stall_secs"] - (stall + 1.5)) < 0.002, (u, stall)
-    # The job's analytics profile says it by reader (rank), most stalled first, beside its reads.
+    # The job's analytics profile says it by reader (rank), most stalled first, beside its reads (the loader read
+    # as the administrator, whose I/O has no team: one read names the claim's team, as a team's token would).
+    req = urllib.request.Request(f"{agent.api}/v1/read?location=origin/ds-stall/shard-00000.tar",
+                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "x-strata-team": "vision",
+                                          "x-strata-job": "job-stall"})
+    assert len(urllib.request.urlopen(req, timeout=30).read()) > 0
     prof = poll("the job's reads in its profile", lambda: (lambda s, v: v if s == 200 else None)(
         *agent.call("GET", "/v1/analytics/jobs/vision/job-stall")), timeout=10)
     readers = {r["reporter"]: r["stall_secs"] for r in prof["readers"]}
