@@ -120,6 +120,31 @@ pub struct Access {
 }
 
 impl Access {
+    /// One operation that just ended at a front door (no tier known): what the gateway, the data plane and the
+    /// checkpoint routes record.
+    pub fn one(
+        class: OpClass,
+        ctx: IoContext,
+        backend: Arc<str>,
+        key: Arc<str>,
+        bytes: u64,
+        latency: Duration,
+        ok: bool,
+    ) -> Self {
+        Self {
+            at: SystemTime::now(),
+            class,
+            ctx,
+            backend,
+            key,
+            count: 1,
+            bytes,
+            latency,
+            served: Served::None,
+            ok,
+        }
+    }
+
     /// The operations this stands for, at least one.
     pub fn ops(&self) -> u64 {
         self.count.max(1)

@@ -19,7 +19,7 @@ use strata_types::{Error, ErrorKind, IoContext};
 use crate::Agent;
 use crate::access::Caller;
 use crate::http::{ApiError, ApiResult, Query, Reply, Route, principal_context, route};
-use strata_analytics::{Access, OpClass, Served};
+use strata_analytics::{Access, OpClass};
 use strata_api as api;
 use strata_catalog::{Principal, Role};
 
@@ -474,18 +474,15 @@ fn record(
     }
     let rest = location.split_once("://").map_or(location, |(_, r)| r);
     let (backend, key) = rest.split_once('/').unwrap_or((rest, ""));
-    agent.analytics().record(Access {
-        at: std::time::SystemTime::now(),
+    agent.analytics().record(Access::one(
         class,
         ctx,
-        backend: Arc::from(backend),
-        key: Arc::from(key),
-        count: 1,
+        Arc::from(backend),
+        Arc::from(key),
         bytes,
-        latency: start.elapsed(),
-        served: Served::None,
+        start.elapsed(),
         ok,
-    });
+    ));
 }
 
 /// Start fetching an object, or its `Range`, into the cache (runs of consecutive blocks, one backend request

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use s3s::{S3Request, S3Response, S3Result};
-use strata_analytics::{Access, OpClass, Served};
+use strata_analytics::{Access, OpClass};
 
 use super::Gateway;
 
@@ -44,18 +44,15 @@ impl Gateway {
             Ok(resp) => (true, sent + bytes(&resp.output)),
             Err(_) => (false, 0),
         };
-        self.agent.analytics().record(Access {
-            at: std::time::SystemTime::now(),
+        self.agent.analytics().record(Access::one(
             class,
             ctx,
             backend,
             key,
-            count: 1,
-            bytes: moved,
-            latency: start.elapsed(),
-            served: Served::None,
+            moved,
+            start.elapsed(),
             ok,
-        });
+        ));
         r
     }
 }

@@ -9,13 +9,13 @@
 //! the request names (`x-strata-job`, which a checkpointer sends from `STRATA_JOB`/`SLURM_JOB_ID`).
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::Response;
-use strata_analytics::{Access, OpClass, Served};
+use strata_analytics::{Access, OpClass};
 use strata_catalog::Principal;
 
 use crate::Agent;
@@ -78,18 +78,15 @@ pub(crate) async fn record(State(agent): State<Arc<Agent>>, req: Request, next: 
         }
         _ => 0,
     };
-    agent.analytics().record(Access {
-        at: SystemTime::now(),
+    agent.analytics().record(Access::one(
         class,
         ctx,
-        backend: Arc::from("ckpt"),
-        key: Arc::from(key),
-        count: 1,
+        Arc::from("ckpt"),
+        Arc::from(key),
         bytes,
-        latency: start.elapsed(),
-        served: Served::None,
+        start.elapsed(),
         ok,
-    });
+    ));
     resp
 }
 
